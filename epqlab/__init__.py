@@ -1,0 +1,30 @@
+"""epqlab: run MoE GGUF models larger than RAM by paging routed experts from SSD into a fixed
+RAM arena during llama.cpp generation, and measure everything about doing so.
+
+Public API: :func:`inspect` (GGUF expert layout), :class:`Pager` (native expert pager),
+:class:`Session` (generation with paged experts), :mod:`epqlab.models`, :mod:`epqlab.routes`.
+"""
+from __future__ import annotations
+
+import llama_cpp  # noqa: F401  -- import before the extension (one copy of libllama); see _native.py
+
+from .errors import (
+    ArenaTooSmall,
+    EpqlabError,
+    ModelNotFoundError,
+    NotGGUFError,
+    NotMoEError,
+    PagerIOError,
+    SplitModelError,
+    TruncatedModelError,
+)
+from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
+from .units import fmt_bytes, parse_bytes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArenaTooSmall", "EpqlabError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
+    "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
+    "inspect", "fmt_bytes", "parse_bytes", "__version__",
+]

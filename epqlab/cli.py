@@ -1,0 +1,38 @@
+"""The ``epqlab`` command line. Each subcommand lives in ``epqlab/commands/<name>.py`` and
+defines ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order `epqlab --help` lists them.
+COMMANDS = ["info"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="epqlab", description="Expert paging for MoE GGUF models on small machines.")
+    p.add_argument("--version", action="version", version=f"epqlab {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f".commands.{name}", __package__).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import EpqlabError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except EpqlabError as e:
+        print(f"epqlab: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""CLI subcommands; see epqlab/cli.py."""

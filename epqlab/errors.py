@@ -1,0 +1,38 @@
+"""Exceptions raised by epqlab. Each message names the file or value at fault and what to do.
+
+All derive from :class:`EpqlabError`, so ``except epqlab.EpqlabError`` catches every problem
+epqlab itself diagnoses.
+"""
+from __future__ import annotations
+
+
+class EpqlabError(Exception):
+    """Base class of every error epqlab raises on purpose."""
+
+
+class ModelNotFoundError(EpqlabError, FileNotFoundError):
+    """The model path does not exist (or is not a regular file)."""
+
+
+class NotGGUFError(EpqlabError, ValueError):
+    """The file is not a GGUF file (bad magic or unsupported version)."""
+
+
+class TruncatedModelError(EpqlabError, ValueError):
+    """Tensor data (or the header) extends past the end of the file: an incomplete download or copy."""
+
+
+class NotMoEError(EpqlabError, ValueError):
+    """The model has no routed experts (``blk.N.ffn_*_exps.weight``): a dense model cannot be paged."""
+
+
+class SplitModelError(EpqlabError, ValueError):
+    """Split GGUF shards (``-0000N-of-0000M.gguf``) are not supported yet."""
+
+
+class ArenaTooSmall(EpqlabError, ValueError):
+    """The RAM budget or arena cannot hold one layer's top-k experts; the message states the minimum."""
+
+
+class PagerIOError(EpqlabError, OSError):
+    """A read of expert bytes failed or came back short; names the file, offset and errno."""

@@ -1,0 +1,334 @@
+"""Where every routed expert lives in a GGUF file (read with gguf-py, never a hand parser).
+
+A routed-expert tensor is ``blk.N.ffn_{gate,up,down,gate_up}_exps.weight`` with ggml shape
+``[ne0, ne1, n_expert]`` (ne0 = row length, the fastest dimension). Expert ``e`` of it is the
+contiguous byte range ``[data_offset + e*nb2, data_offset + (e+1)*nb2)`` where
+``nb2 = ne1 * row_bytes(ne0)`` is the per-expert byte size of that matrix. The unit of residency
+in the pager is one (layer, expert): all its matrices together, ``expert_bytes`` = the sum of
+their ``nb2``. Layers whose ``expert_bytes`` are equal share a *slot class*.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
+from .units import fmt_bytes
+
+EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
+SPLIT_NAME_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """One routed-expert weight tensor of one layer.
+
+    Attributes:
+        name: GGUF tensor name, e.g. ``blk.3.ffn_up_exps.weight``.
+        kind: ``"gate"``, ``"up"``, ``"down"`` or ``"gate_up"`` (fused).
+        ggml_type: ggml type name, e.g. ``"Q8_0"``, ``"F16"``, ``"BF16"``.
+        shape: ggml order ``(ne0, ne1, n_expert)``; ne0 is the row length.
+        offset: absolute file offset of the tensor data, bytes.
+        expert_bytes: bytes per expert = nb[2].
+        n_bytes: bytes of the whole tensor = ``expert_bytes * n_expert``.
+    """
+
+    name: str
+    kind: str
+    ggml_type: str
+    shape: tuple[int, int, int]
+    offset: int
+    expert_bytes: int
+    n_bytes: int
+
+    def expert_offset(self, expert: int) -> int:
+        """Absolute file offset (bytes) of expert ``expert``'s slice of this tensor."""
+        return self.offset + expert * self.expert_bytes
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """The routed experts of one MoE layer (GGUF block ``layer``).
+
+    ``tensors`` are in a fixed order: gate, up, down (or gate_up, down).
+    ``expert_bytes`` is the size of one (layer, expert) unit: the sum of its matrices' nb[2].
+    """
+
+    layer: int
+    tensors: tuple[ExpertTensor, ...]
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(t.expert_bytes for t in self.tensors)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(t.ggml_type for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class SlotClass:
+    """A distinct per-(layer, expert) byte size, the layers that have it and their tensor types."""
+
+    expert_bytes: int
+    layers: tuple[int, ...]
+    types: tuple[str, ...]
+    n_experts: int  # (layer, expert) units of this class = len(layers) * n_expert
+
+    @property
+    def total_bytes(self) -> int:
+        return self.expert_bytes * self.n_experts
+
+
+@dataclass
+class ModelLayout:
+    """Routed-expert layout of a MoE GGUF. Built by :func:`inspect`.
+
+    Attributes:
+        path: the GGUF file.
+        file_size: bytes.
+        architecture: ``general.architecture`` (e.g. ``llama``, ``qwen3moe``).
+        name: ``general.name`` or the file stem.
+        n_layer: ``<arch>.block_count``.
+        n_expert: ``<arch>.expert_count``.
+        n_expert_used: ``<arch>.expert_used_count`` (top-k).
+        layers: MoE layers in block order.
+        routed_expert_bytes: bytes of all routed-expert tensors.
+        non_expert_bytes: bytes of every other tensor (attention, norms, router, shared experts, embeddings).
+        alignment: ``general.alignment`` (tensor data alignment, bytes; 32 by default).
+    """
+
+    path: Path
+    file_size: int
+    architecture: str
+    name: str
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    layers: list[ExpertLayer]
+    routed_expert_bytes: int
+    non_expert_bytes: int
+    alignment: int
+    n_tensors: int
+    metadata: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """GGUF block ids of the layers that have routed experts, ascending."""
+        return [l.layer for l in self.layers]
+
+    def layer(self, il: int) -> ExpertLayer:
+        """The :class:`ExpertLayer` of GGUF block ``il``. Raises KeyError if it has no routed experts."""
+        for l in self.layers:
+            if l.layer == il:
+                return l
+        raise KeyError(f"block {il} has no routed experts; MoE layers are {self.moe_layers}")
+
+    @property
+    def slot_classes(self) -> list[SlotClass]:
+        """Distinct per-expert unit sizes, largest first (the pager's slot classes)."""
+        by_size: dict[int, list[ExpertLayer]] = {}
+        for l in self.layers:
+            by_size.setdefault(l.expert_bytes, []).append(l)
+        out = []
+        for size in sorted(by_size, reverse=True):
+            ls = by_size[size]
+            types = tuple(sorted({t for l in ls for t in l.types}))
+            out.append(SlotClass(size, tuple(l.layer for l in ls), types, len(ls) * self.n_expert))
+        return out
+
+    @property
+    def max_expert_bytes(self) -> int:
+        return max(l.expert_bytes for l in self.layers)
+
+    def budget_coverage(self, budget_bytes: int) -> float:
+        """Fraction (0..1) of all (layer, expert) units that fit in ``budget_bytes`` when the
+        budget is shared across slot classes in proportion to their total bytes (the pager's split)."""
+        return min(1.0, budget_bytes / self.routed_expert_bytes) if self.routed_expert_bytes else 1.0
+
+    def summary(self) -> str:
+        """Human-readable table: layers grouped by expert type, bytes/expert and totals."""
+        lines = [
+            f"model        {self.path}",
+            f"arch         {self.architecture}  ({self.name})",
+            f"layers       {self.n_layer} blocks, {len(self.layers)} MoE",
+            f"experts      {self.n_expert} per layer, top-k {self.n_expert_used}",
+            f"file         {fmt_bytes(self.file_size)}",
+            f"routed       {fmt_bytes(self.routed_expert_bytes)} ({self.routed_expert_bytes / max(1, self.file_size):.1%} of file)",
+            f"non-expert   {fmt_bytes(self.non_expert_bytes)}",
+            "",
+            f"{'layers':<16} {'types':<22} {'bytes/expert':>14} {'experts':>8} {'total':>12}",
+        ]
+        for c in self.slot_classes:
+            lines.append(
+                f"{_ranges(c.layers):<16} {'/'.join(c.types):<22} {fmt_bytes(c.expert_bytes):>14} "
+                f"{c.n_experts:>8} {fmt_bytes(c.total_bytes):>12}"
+            )
+        return "\n".join(lines)
+
+
+def _ranges(xs) -> str:
+    xs = sorted(xs)
+    out, start, prev = [], None, None
+    for x in xs:
+        if start is None:
+            start = prev = x
+        elif x == prev + 1:
+            prev = x
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = x
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def _field_value(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except Exception:  # older gguf-py without contents()
+        v = f.parts[f.data[0]]
+        return v.tolist()[0] if len(v) == 1 else bytes(v).decode("utf-8", "replace")
+
+
+def _open_reader(path: Path):
+    from gguf import GGUFReader
+
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise NotGGUFError(
+            f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
+            "Pass a .gguf model file; convert other formats with llama.cpp's convert_hf_to_gguf.py."
+        )
+    try:
+        return GGUFReader(path, "r")
+    except (ValueError, IndexError, OverflowError, KeyError) as e:
+        msg = str(e)
+        if "version" in msg and "handle" in msg:
+            raise NotGGUFError(f"{path}: unsupported GGUF version ({msg}). Re-convert with a current llama.cpp.") from e
+        raise TruncatedModelError(
+            f"{path} ({os.path.getsize(path)} bytes) ends before its header or tensor data does ({msg}). "
+            "The file is truncated or corrupt: download or copy it again."
+        ) from e
+
+
+_KIND_ORDER = {"gate": 0, "gate_up": 0, "up": 1, "down": 2}
+
+
+def inspect(path: str | os.PathLike) -> ModelLayout:
+    """Read the routed-expert layout of a MoE GGUF file.
+
+    Args:
+        path: a single-file GGUF.
+
+    Returns:
+        :class:`ModelLayout` with per-layer expert tensors (type, shape, file offset, bytes per
+        expert = nb[2]), totals and slot classes.
+
+    Raises:
+        ModelNotFoundError: the path does not exist or is not a file.
+        NotGGUFError: bad magic or unsupported GGUF version.
+        TruncatedModelError: header or tensor data past end of file.
+        SplitModelError: split shards (``*-00001-of-00003.gguf`` or ``split.count`` > 1).
+        NotMoEError: no ``blk.N.ffn_*_exps.weight`` tensors (a dense model).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ModelNotFoundError(f"model file not found: {path}. Check the path, or run `epqlab model default` for the embedded model.")
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is not a regular file; pass the .gguf file itself.")
+    if SPLIT_NAME_RE.search(path.name):
+        raise SplitModelError(
+            f"{path.name} is one shard of a split GGUF; split models are not supported yet. "
+            "Merge the shards first: llama-gguf-split --merge FIRST-SHARD.gguf merged.gguf"
+        )
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    reader = _open_reader(path)
+    file_size = path.stat().st_size
+    split_count = _field_value(reader, "split.count")
+    if split_count is not None and int(split_count) > 1:
+        raise SplitModelError(
+            f"{path} is shard of a {split_count}-way split GGUF; split models are not supported yet. "
+            "Merge the shards first: llama-gguf-split --merge FIRST-SHARD.gguf merged.gguf"
+        )
+    arch = str(_field_value(reader, "general.architecture") or "unknown")
+    name = str(_field_value(reader, "general.name") or path.stem)
+    alignment = int(_field_value(reader, "general.alignment") or 32)
+
+    def hp(key, default=0):
+        v = _field_value(reader, f"{arch}.{key}")
+        return int(v) if v is not None else default
+
+    n_layer = hp("block_count")
+    by_layer: dict[int, list[ExpertTensor]] = {}
+    routed = 0
+    total = 0
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > file_size:
+            raise TruncatedModelError(
+                f"{path}: tensor {t.name} data ends at byte {end} but the file has {file_size} bytes. "
+                "The file is truncated: download or copy it again."
+            )
+        total += int(t.n_bytes)
+        m = EXPERT_TENSOR_RE.match(t.name)
+        if not m:
+            continue
+        dims = [int(d) for d in t.shape]
+        if len(dims) != 3:
+            raise NotGGUFError(f"{path}: expert tensor {t.name} has shape {dims}, expected 3 dims [ne0, ne1, n_expert].")
+        qtype = GGMLQuantizationType(int(t.tensor_type))
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * type_size
+        nb2 = row_bytes * dims[1]
+        assert nb2 * dims[2] == int(t.n_bytes), (t.name, nb2, dims, t.n_bytes)
+        routed += int(t.n_bytes)
+        il = int(m.group(1))
+        by_layer.setdefault(il, []).append(
+            ExpertTensor(t.name, m.group(2), qtype.name, (dims[0], dims[1], dims[2]), int(t.data_offset), nb2, int(t.n_bytes))
+        )
+    n_tensors = len(reader.tensors)
+    metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
+    del reader
+    if not by_layer:
+        raise NotMoEError(
+            f"{path} ({arch}) has no routed-expert tensors (blk.N.ffn_*_exps.weight): it is a dense model. "
+            "epqlab pages routed experts; run dense models with plain llama.cpp."
+        )
+    layers = [
+        ExpertLayer(il, tuple(sorted(ts, key=lambda t: _KIND_ORDER[t.kind])))
+        for il, ts in sorted(by_layer.items())
+    ]
+    n_expert = hp("expert_count") or layers[0].tensors[0].shape[2]
+    n_expert_used = hp("expert_used_count")
+    for l in layers:
+        for t in l.tensors:
+            if t.shape[2] != n_expert:
+                raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
+    return ModelLayout(
+        path=path,
+        file_size=file_size,
+        architecture=arch,
+        name=name,
+        n_layer=n_layer,
+        n_expert=n_expert,
+        n_expert_used=n_expert_used,
+        layers=layers,
+        routed_expert_bytes=routed,
+        non_expert_bytes=total - routed,
+        alignment=alignment,
+        n_tensors=n_tensors,
+        metadata=metadata,
+    )
+
+
+__all__ = ["ExpertTensor", "ExpertLayer", "SlotClass", "ModelLayout", "inspect"]

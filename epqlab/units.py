@@ -1,0 +1,43 @@
+"""Byte-size parsing and formatting ("4GiB" <-> 4294967296)."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Parse a byte count: an int, or a string like ``"4GiB"``, ``"512 MiB"``, ``"8GB"``, ``"1.5G"``.
+
+    Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB, or
+    bare K/M/G/T) are powers of 1000. Case-insensitive.
+
+    Raises:
+        ValueError: unparseable string, or a negative value.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a byte count: {value!r}")
+    if isinstance(value, (int, float)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"not a byte count: {value!r} (use e.g. 4GiB, 512MiB, 8GB or a plain integer)")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 0:
+        raise ValueError(f"byte count must be >= 0, got {value!r}")
+    return n
+
+
+def fmt_bytes(n: int | float) -> str:
+    """Format a byte count with binary units: 5308416 -> '5.06 MiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

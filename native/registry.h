@@ -1,0 +1,5 @@
+// Declarations of each native room's pybind11 registration. Invariant: one
+// function per room, defined in that room's own bind_*.cpp file, called from bindings.cpp.
+#pragma once
+#include <pybind11/pybind11.h>
+
