@@ -3,3 +3,4 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+void register_pager(pybind11::module_ & m);   // bind_pager.cpp

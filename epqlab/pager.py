@@ -1,0 +1,218 @@
+"""Python face of the native expert pager (``native/pager.cpp``).
+
+The pager keeps routed experts of one GGUF file in a fixed-size RAM arena (one memfd split into
+slots) and exposes each expert tensor through a reserved virtual range laid out like the file
+("mirror" layout), so a resident expert's bytes sit at ``tensor_data + e * nb2`` exactly as in
+the file and non-resident ones are ``PROT_NONE``. See shared/DESIGN.md §3-5.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import ArenaTooSmall
+from .layout import ModelLayout
+from .units import fmt_bytes, parse_bytes
+
+POLICIES = ("lru", "ls", "ls_pos")
+
+
+def default_io_threads() -> int:
+    """3 x compute threads (the seed's I/O critical-path study found 3x best), compute threads =
+    usable CPUs."""
+    return 3 * max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def _layer_specs(layout: ModelLayout):
+    return [(l.layer, [(t.offset, t.expert_bytes) for t in l.tensors]) for l in layout.layers]
+
+
+class Pager:
+    """A fixed RAM arena of expert slots over one MoE GGUF, with O_DIRECT reads and eviction.
+
+    Args:
+        layout: from :func:`epqlab.inspect`.
+        arena_bytes: arena size, bytes (int or ``"512MiB"``). The arena is split into slot classes
+            (one per distinct per-expert unit size, pages rounded): first ``n_expert_used`` slots of
+            the largest class, the rest shared in proportion to each class's total bytes.
+        policy: eviction policy: ``"lru"`` (least recently used), ``"ls"`` (Least-Stale, SpecMD
+            arXiv 2602.03921: stale = not requested in the current forward pass; stale before
+            current, smaller layer first, then least recent) or ``"ls_pos"`` (stale-left ->
+            current-left -> stale-right -> current-right, larger layer first on each side; left =
+            layers before the one being loaded).
+        io_threads: reader threads; default 3 x compute threads (the seed's best).
+        direct_io: read with O_DIRECT (page cache untouched); falls back to buffered ``pread`` +
+            ``POSIX_FADV_DONTNEED`` where the file system refuses it (tmpfs). :attr:`direct_io`
+            tells which mode runs.
+        n_expert_used: top-k the arena must hold for one layer; default the model's.
+
+    Raises:
+        ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
+        ValueError: unknown policy.
+        PagerIOError: the file cannot be opened.
+    """
+
+    def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
+                 io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None):
+        from ._native import core
+
+        if policy not in POLICIES:
+            raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        self.layout = layout
+        k = int(n_expert_used or layout.n_expert_used or 1)
+        if not 1 <= k <= layout.n_expert:
+            raise ValueError(f"n_expert_used={k} must be between 1 and n_expert={layout.n_expert}")
+        self.n_expert_used = k
+        arena = parse_bytes(arena_bytes)
+        need = self.min_arena_bytes(layout, k)
+        if arena < need:
+            raise ArenaTooSmall(
+                f"arena of {fmt_bytes(arena)} cannot hold one layer's top-{k} experts of {layout.path.name}; "
+                f"the smallest arena that works is {need} bytes ({fmt_bytes(need)})"
+            )
+        self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
+                             int(io_threads or default_io_threads()), bool(direct_io))
+        self._index = {l.layer: i for i, l in enumerate(layout.layers)}
+
+    # -- sizing --------------------------------------------------------------------------------
+    @staticmethod
+    def unit_slot_bytes(layout: ModelLayout) -> list[int]:
+        """Slot bytes one (layer, expert) unit of each MoE layer needs (whole pages, mirror layout)."""
+        from ._native import core
+
+        return list(core.Pager.unit_slot_bytes(_layer_specs(layout), layout.n_expert))
+
+    @classmethod
+    def min_arena_bytes(cls, layout: ModelLayout, k: int | None = None) -> int:
+        """Smallest arena (bytes) that holds one layer's ``k`` largest experts (default k = top-k)."""
+        k = int(k or layout.n_expert_used or 1)
+        return k * max(cls.unit_slot_bytes(layout))
+
+    @classmethod
+    def all_experts_bytes(cls, layout: ModelLayout) -> int:
+        """Arena bytes at which every routed expert has its own slot."""
+        return sum(b * layout.n_expert for b in cls.unit_slot_bytes(layout))
+
+    # -- residency -----------------------------------------------------------------------------
+    def _li(self, layer: int) -> int:
+        try:
+            return self._index[layer]
+        except KeyError:
+            raise ValueError(f"block {layer} has no routed experts; MoE layers are {self.layout.moe_layers}") from None
+
+    def load_layer(self, layer: int, expert_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Make experts of GGUF block ``layer`` resident and pinned; returns bool ``[n]``, True = hit.
+
+        Raises:
+            PagerIOError: a read failed or came back short (file, offset, errno in the message);
+                the failed experts are not resident and the layer is unpinned.
+            ArenaTooSmall: the request cannot fit even after evicting every unpinned expert.
+            IndexError: an expert id outside ``[0, n_expert)``.
+        """
+        ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
+        return self._p.load_layer(self._li(layer), ids).astype(bool)
+
+    def release_layer(self, layer: int) -> None:
+        """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted)."""
+        self._p.release_layer(self._li(layer))
+
+    def release_all(self) -> None:
+        self._p.release_all()
+
+    def begin_pass(self) -> None:
+        """Start a new forward pass (token or ubatch): experts used so far become "stale"."""
+        self._p.begin_pass()
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        return bool(self._p.is_resident(self._li(layer), int(expert)))
+
+    def read_expert(self, layer: int, tensor: int, expert: int) -> bytes:
+        """Bytes of a resident expert's slice of tensor ``tensor`` (index in ``layout.layer(layer).tensors``),
+        read through the region. Raises ValueError if not resident."""
+        t = self.layout.layer(layer).tensors[tensor]
+        return self._p.read_expert(self._li(layer), tensor, int(expert), t.expert_bytes)
+
+    def replay(self, route_log, layers: Sequence[int] | None = None) -> dict:
+        """Drive the pager through a route log (real reads, no compute) and return :meth:`stats`.
+
+        Args:
+            route_log: a path to a route-log NPZ (DESIGN.md §6), an object with ``experts`` and
+                ``layers`` attributes, or an int32 array ``[T, L, k]`` (then ``layers`` = GGUF
+                block ids of its L columns, default the model's MoE layers).
+
+        Each token is one forward pass; for each MoE layer in order the previous layer is released
+        and the token's k experts are loaded and pinned. Stats accumulate (call :meth:`reset_stats`).
+        """
+        if isinstance(route_log, (str, os.PathLike)):
+            with np.load(route_log, allow_pickle=False) as z:
+                experts, layers = z["experts"], z["layers"]
+        elif hasattr(route_log, "experts"):
+            experts, layers = route_log.experts, route_log.layers
+        else:
+            experts = route_log
+        experts = np.ascontiguousarray(experts, dtype=np.int32)
+        if experts.ndim != 3:
+            raise ValueError(f"route log experts must be [T, L, k], got shape {experts.shape}")
+        layers = list(self.layout.moe_layers if layers is None else [int(x) for x in layers])
+        if len(layers) != experts.shape[1]:
+            raise ValueError(f"route log has {experts.shape[1]} layers but {len(layers)} layer ids were given")
+        if experts.size and (experts.min() < 0 or experts.max() >= self.layout.n_expert):
+            raise ValueError(f"route log has expert ids outside [0, {self.layout.n_expert})")
+        self._p.replay(experts, [self._li(l) for l in layers])
+        return self.stats
+
+    # -- stats ---------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict:
+        """Counters since the last reset: requests, hits, misses, hit_rate, evictions (+ by group
+        stale/current x left/right), bytes_read (bytes), read_us (sum of read durations, µs),
+        io_wait_us (µs the caller waited for reads), map_us (µs in mmap), per-layer requests/hits,
+        resident units, arena and slot classes, I/O mode."""
+        s = dict(self._p.stats())
+        s["hit_rate"] = s["hits"] / s["requests"] if s["requests"] else 0.0
+        s["arena_bytes"] = self.arena_bytes
+        s["slot_classes"] = [{"slot_bytes": b, "slots": n} for b, n in zip(self._p.class_slot_bytes, self._p.class_n_slots)]
+        s["policy"] = self.policy
+        s["io_threads"] = self.io_threads
+        s["direct_io"] = self.direct_io
+        return s
+
+    def reset_stats(self) -> None:
+        self._p.reset_stats()
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the arena actually used by slots (<= the requested size)."""
+        return int(self._p.arena_bytes)
+
+    @property
+    def n_slots(self) -> int:
+        return int(sum(self._p.class_n_slots))
+
+    @property
+    def policy(self) -> str:
+        return self._p.policy
+
+    @property
+    def io_threads(self) -> int:
+        return int(self._p.io_threads)
+
+    @property
+    def direct_io(self) -> bool:
+        """True if O_DIRECT reads are in use, False if buffered pread + FADV_DONTNEED."""
+        return bool(self._p.direct_io)
+
+    def inject_fault(self, nth: int, err: int) -> None:
+        """Test hook: make the ``nth`` read from now fail with errno ``err``."""
+        self._p.inject_fault(int(nth), int(err))
+
+    @property
+    def native(self):
+        """The underlying ``epqlab._core.Pager`` (used by the llama.cpp hook)."""
+        return self._p
+
+    def __repr__(self) -> str:
+        return (f"Pager({self.layout.path.name}, arena={fmt_bytes(self.arena_bytes)}, slots={self.n_slots}, "
+                f"policy={self.policy}, io_threads={self.io_threads}, direct_io={self.direct_io})")

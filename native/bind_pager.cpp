@@ -1,0 +1,135 @@
+// Python bindings of the pager (epqlab._core.Pager). Invariant: every C++ error crosses into
+// Python as an epqlab.errors exception (PagerIOError with errno/filename/offset, ArenaTooSmall
+// for capacity), and every call that may block on I/O releases the GIL.
+#include <cstring>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "pager.h"
+#include "registry.h"
+
+namespace py = pybind11;
+
+using layer_list = std::vector<std::pair<int32_t, std::vector<std::pair<int64_t, int64_t>>>>;
+
+static std::vector<pager_layer_spec> to_specs(const layer_list & layers) {
+    std::vector<pager_layer_spec> out;
+    for (const auto & l : layers) {
+        pager_layer_spec s{l.first, {}};
+        for (const auto & t : l.second) s.tensors.push_back({t.first, t.second});
+        out.push_back(s);
+    }
+    return out;
+}
+
+static py::dict stats_dict(const pager & p) {
+    const auto & s = p.stats();
+    py::dict d;
+    d["requests"] = s.requests;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["evictions"] = s.evictions;
+    d["evictions_stale_left"] = s.evictions_by_group[0];
+    d["evictions_current_left"] = s.evictions_by_group[1];
+    d["evictions_stale_right"] = s.evictions_by_group[2];
+    d["evictions_current_right"] = s.evictions_by_group[3];
+    d["bytes_read"] = s.bytes_read;
+    d["read_us"] = s.read_us;
+    d["io_wait_us"] = s.io_wait_us;
+    d["map_us"] = s.map_us;
+    d["load_calls"] = s.load_calls;
+    d["passes"] = s.passes;
+    d["layer_requests"] = s.layer_requests;
+    d["layer_hits"] = s.layer_hits;
+    d["resident"] = p.n_resident();
+    return d;
+}
+
+void register_pager(py::module_ & m) {
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const pager_io_error & e) {
+            py::object cls = py::module_::import("epqlab.errors").attr("PagerIOError");
+            py::object exc = cls(e.err, e.what(), e.path);
+            exc.attr("offset") = e.offset;
+            PyErr_SetObject(cls.ptr(), exc.ptr());
+        } catch (const pager_capacity_error & e) {
+            py::object cls = py::module_::import("epqlab.errors").attr("ArenaTooSmall");
+            PyErr_SetObject(cls.ptr(), py::str(e.what()).ptr());
+        }
+    });
+
+    py::class_<pager>(m, "Pager")
+        .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
+                         int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io) {
+                 pager_config c;
+                 c.path = path;
+                 c.layers = to_specs(layers);
+                 c.n_expert = n_expert;
+                 c.n_expert_used = n_expert_used;
+                 c.arena_bytes = arena_bytes;
+                 c.policy = policy;
+                 c.io_threads = io_threads;
+                 c.direct_io = direct_io;
+                 return new pager(c);
+             }),
+             py::arg("path"), py::arg("layers"), py::arg("n_expert"), py::arg("n_expert_used"), py::arg("arena_bytes"),
+             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"))
+        .def_static("unit_slot_bytes", [](const layer_list & layers, int32_t n_expert) {
+            return pager::unit_slot_bytes(to_specs(layers), n_expert);
+        })
+        .def("load_layer", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            py::array_t<uint8_t> hits(ids.size());
+            const int32_t * src = ids.data();
+            uint8_t * dst = hits.mutable_data();
+            const int n = (int) ids.size();
+            {
+                py::gil_scoped_release nogil;
+                p.load_layer(li, src, n, dst);
+            }
+            return hits;
+        })
+        .def("release_layer", &pager::release_layer)
+        .def("release_all", &pager::release_all)
+        .def("begin_pass", &pager::begin_pass)
+        .def("replay", [](pager & p, py::array_t<int32_t, py::array::c_style | py::array::forcecast> experts,
+                          std::vector<int> layer_index) {
+            if (experts.ndim() != 3) throw std::invalid_argument("experts must be int32 [T, L, k]");
+            const int64_t T = experts.shape(0), L = experts.shape(1), k = experts.shape(2);
+            if ((int64_t) layer_index.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
+            const int32_t * e = experts.data();
+            py::gil_scoped_release nogil;
+            for (int64_t t = 0; t < T; t++) {
+                p.begin_pass();
+                int prev = -1;
+                for (int64_t l = 0; l < L; l++) {
+                    if (prev >= 0) p.release_layer(prev);
+                    p.load_layer(layer_index[l], e + (t * L + l) * k, (int) k, nullptr);
+                    prev = layer_index[l];
+                }
+                if (prev >= 0) p.release_layer(prev);
+            }
+        })
+        .def("read_expert", [](pager & p, int li, int ti, int e, int64_t expert_bytes) {
+            // Copies expert e's slice of tensor ti out of the region (tests compare it with the file).
+            if (!p.is_resident(li, e)) throw std::invalid_argument("expert is not resident");
+            const char * src = (const char *) p.tensor_data(li, ti) + (int64_t) e * expert_bytes;
+            return py::bytes(src, (size_t) expert_bytes);
+        })
+        .def("tensor_data", [](const pager & p, int li, int ti) { return (uintptr_t) p.tensor_data(li, ti); })
+        .def("is_resident", &pager::is_resident)
+        .def("layer_index", &pager::layer_index)
+        .def("stats", &stats_dict)
+        .def("reset_stats", &pager::reset_stats)
+        .def("inject_fault", &pager::inject_fault, py::arg("nth"), py::arg("err"))
+        .def_property_readonly("direct_io", &pager::direct_io)
+        .def_property_readonly("io_threads", &pager::io_threads)
+        .def_property_readonly("arena_bytes", &pager::arena_bytes)
+        .def_property_readonly("class_slot_bytes", &pager::class_slot_bytes)
+        .def_property_readonly("class_n_slots", &pager::class_n_slots)
+        .def_property_readonly("policy", &pager::policy)
+        .def_property_readonly("n_layers", &pager::n_layers);
+}

@@ -1,0 +1,63 @@
+// io_pool: a fixed set of worker threads that execute positioned reads from one file
+// descriptor into caller-owned memory.
+//
+// Invariant: run() returns only after every job of the batch has finished, successfully or
+// not, and each job's result (bytes read, errno, duration) is written exactly once; no job
+// outlives the call, so the caller may unmap or reuse the destination memory afterwards.
+// A job never retries silently: a short read that ends before `need` bytes is reported as
+// a failure with err = 0 and got < need, and the caller decides what that means.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct io_job {
+    int64_t  offset = 0;   // file offset, bytes (page-aligned for O_DIRECT)
+    int64_t  len    = 0;   // bytes to request (page multiple for O_DIRECT)
+    int64_t  need   = 0;   // bytes that must arrive for success (<= len; the rest may be past EOF)
+    void *   dst    = nullptr;
+    // results
+    int64_t  got    = 0;   // bytes read
+    int      err    = 0;   // errno of a failed read, 0 otherwise
+    int64_t  t_us   = 0;   // wall time of this job's reads, microseconds
+};
+
+class io_pool {
+public:
+    explicit io_pool(int n_threads);
+    ~io_pool();
+    io_pool(const io_pool &) = delete;
+    io_pool & operator=(const io_pool &) = delete;
+
+    // Executes all jobs on the workers (or inline when there is one job or one thread),
+    // reading with pread from fd; when dontneed is set, drops the read range from the page
+    // cache afterwards (buffered mode). Blocks until every job is done.
+    void run(int fd, bool dontneed, std::vector<io_job> & jobs);
+
+    int n_threads() const { return (int) workers_.size(); }
+
+    // Test hook: the n-th read from now (1-based) fails with errno err. 0 disables.
+    void inject_fault(int64_t nth, int err);
+
+private:
+    void worker();
+    void exec(io_job & j);
+
+    std::vector<std::thread> workers_;
+    std::mutex               mu_;
+    std::condition_variable  cv_work_;
+    std::condition_variable  cv_done_;
+    std::vector<io_job> *    batch_    = nullptr;
+    size_t                   next_     = 0;
+    size_t                   done_     = 0;
+    int                      fd_       = -1;
+    bool                     dontneed_ = false;
+    bool                     stop_     = false;
+    int64_t                  fault_countdown_ = 0;
+    int                      fault_err_       = 0;
+};
+
+int64_t io_now_us();

@@ -1,0 +1,483 @@
+// pager: routed-expert residency in a fixed RAM arena; see pager.h for the invariant.
+//
+// Correctness rests on three rules kept in this file:
+//  1. map before read, read before resident: a miss gets a slot, its pages are mapped from
+//     the slot over the region, the file pages are read straight into that mapping, and only
+//     when every read of the unit returned all needed bytes does the unit count as resident;
+//  2. eviction unmaps to PROT_NONE, except boundary pages that a resident neighbour's slice
+//     also touches: those are re-mapped from the neighbour's own copy of that file page;
+//  3. victims come only from the evictable sets, which never hold pinned units.
+#include "pager.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static std::string errstr(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static int64_t page_size() {
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? p : 4096;
+}
+
+// Pages a slice [start, start+len) spans.
+static int64_t span_pages(int64_t start, int64_t len, int64_t page) {
+    return ceil_div(start + len, page) - start / page;
+}
+
+std::vector<int64_t> pager::unit_slot_bytes(const std::vector<pager_layer_spec> & layers, int32_t n_expert) {
+    const int64_t page = page_size();
+    std::vector<int64_t> out;
+    for (const auto & l : layers) {
+        int64_t total = 0;
+        for (const auto & t : l.tensors) {
+            int64_t mx = 0;
+            for (int32_t e = 0; e < n_expert; e++) {
+                mx = std::max(mx, span_pages(t.offset + e * t.expert_bytes, t.expert_bytes, page));
+            }
+            total += mx * page;
+        }
+        out.push_back(total);
+    }
+    return out;
+}
+
+pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert) {
+    page_ = page_size();
+    if (cfg.policy == "lru") policy_ = 0;
+    else if (cfg.policy == "ls") policy_ = 1;
+    else if (cfg.policy == "ls_pos") policy_ = 2;
+    else throw std::invalid_argument("unknown eviction policy '" + cfg.policy + "': use lru, ls or ls_pos");
+    policy_name_ = cfg.policy;
+    if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
+
+    // --- file ---
+    direct_ = false;
+    if (cfg.direct_io) {
+        fd_ = open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd_ >= 0) {
+            // Some file systems accept O_DIRECT at open and refuse it at read: probe one page.
+            void * buf = nullptr;
+            if (posix_memalign(&buf, (size_t) page_, (size_t) page_) == 0) {
+                ssize_t r = pread(fd_, buf, (size_t) page_, 0);
+                free(buf);
+                if (r < 0 && errno == EINVAL) { close(fd_); fd_ = -1; }
+                else direct_ = true;
+            }
+        }
+    }
+    if (fd_ < 0) fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+        int e = errno;
+        throw pager_io_error("cannot open " + path_ + ": " + errstr(e), path_, 0, e);
+    }
+
+    // --- regions (mirror layout) ---
+    const auto ub = unit_slot_bytes(cfg.layers, n_expert_);
+    for (size_t li = 0; li < cfg.layers.size(); li++) {
+        const auto & l = cfg.layers[li];
+        layers_.push_back(l.layer);
+        std::vector<tensor_map> ms;
+        int64_t sub = 0;
+        for (const auto & t : l.tensors) {
+            tensor_map m{};
+            m.offset       = t.offset;
+            m.expert_bytes = t.expert_bytes;
+            m.first_page   = t.offset / page_;
+            const int64_t lead = t.offset - m.first_page * page_;
+            m.region_bytes = ceil_div(lead + (int64_t) n_expert_ * t.expert_bytes, page_) * page_;
+            void * r = mmap(nullptr, (size_t) m.region_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (r == MAP_FAILED) {
+                int e = errno;
+                throw std::runtime_error("cannot reserve " + std::to_string(m.region_bytes) + " bytes of address space: " + errstr(e));
+            }
+            m.region = (char *) r;
+            int64_t mx = 0;
+            for (int32_t e = 0; e < n_expert_; e++) mx = std::max(mx, span_pages(t.offset + e * t.expert_bytes, t.expert_bytes, page_));
+            m.sub_off   = sub;
+            m.sub_bytes = mx * page_;
+            sub += m.sub_bytes;
+            ms.push_back(m);
+        }
+        maps_.push_back(std::move(ms));
+        unit_bytes_.push_back(ub[li]);
+    }
+
+    // --- slot classes and the arena split ---
+    // Classes are the distinct unit sizes, largest first. The arena first reserves k slots of
+    // the largest class (enough for any one layer's top-k, since a large slot may hold a small
+    // unit); the rest is shared among classes in proportion to their total bytes, capped at
+    // the number of units a class has; leftover bytes buy further slots largest class first.
+    class_bytes_ = unit_bytes_;
+    std::sort(class_bytes_.begin(), class_bytes_.end(), std::greater<int64_t>());
+    class_bytes_.erase(std::unique(class_bytes_.begin(), class_bytes_.end()), class_bytes_.end());
+    const int nc = (int) class_bytes_.size();
+    std::vector<int64_t> n_units(nc, 0);
+    for (auto b : unit_bytes_) {
+        int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), b) - class_bytes_.begin());
+        n_units[c] += n_expert_;
+    }
+    const int64_t k = std::max<int64_t>(1, std::min<int64_t>(cfg.n_expert_used, n_expert_));
+    const int64_t min_bytes = k * class_bytes_[0];
+    if (cfg.arena_bytes < min_bytes) {
+        throw pager_capacity_error("arena of " + std::to_string(cfg.arena_bytes) + " bytes cannot hold one layer's top-" +
+                                   std::to_string(k) + " experts; the smallest arena that works is " +
+                                   std::to_string(min_bytes) + " bytes");
+    }
+    class_n_.assign(nc, 0);
+    int64_t all_bytes = 0;
+    for (int c = 0; c < nc; c++) all_bytes += n_units[c] * class_bytes_[c];
+    if (cfg.arena_bytes >= all_bytes) {
+        for (int c = 0; c < nc; c++) class_n_[c] = (int32_t) n_units[c];
+    } else {
+        class_n_[0] = (int32_t) std::min<int64_t>(k, n_units[0]);
+        const int64_t rest = cfg.arena_bytes - class_n_[0] * class_bytes_[0];
+        int64_t left_bytes = 0;
+        for (int c = 0; c < nc; c++) left_bytes += (n_units[c] - class_n_[c]) * class_bytes_[c];
+        int64_t used = class_n_[0] * class_bytes_[0];
+        for (int c = 0; c < nc; c++) {
+            const int64_t cls_total = (n_units[c] - class_n_[c]) * class_bytes_[c];
+            int64_t add = (int64_t) ((long double) rest * cls_total / std::max<int64_t>(1, left_bytes)) / class_bytes_[c];
+            add = std::min<int64_t>(add, n_units[c] - class_n_[c]);
+            class_n_[c] += (int32_t) add;
+            used += add * class_bytes_[c];
+        }
+        for (int c = 0; c < nc; c++) {
+            while (class_n_[c] < n_units[c] && used + class_bytes_[c] <= cfg.arena_bytes) {
+                class_n_[c]++;
+                used += class_bytes_[c];
+            }
+        }
+    }
+    free_.assign(nc, {});
+    int64_t off = 0;
+    for (int c = 0; c < nc; c++) {
+        for (int32_t i = 0; i < class_n_[c]; i++) {
+            slots_.push_back(slot{off, class_bytes_[c], c, -1});
+            off += class_bytes_[c];
+        }
+    }
+    for (int s = (int) slots_.size() - 1; s >= 0; s--) free_[slots_[s].cls].push_back(s);
+    arena_size_ = off;
+    memfd_ = memfd_create("epqlab-arena", MFD_CLOEXEC);
+    if (memfd_ < 0 || ftruncate(memfd_, (off_t) arena_size_) != 0) {
+        int e = errno;
+        throw std::runtime_error("cannot create the arena memfd of " + std::to_string(arena_size_) + " bytes: " + errstr(e));
+    }
+    units_.assign((size_t) layers_.size() * n_expert_, unit{});
+    pinned_.assign(layers_.size(), {});
+    stats_.layer_requests.assign(layers_.size(), 0);
+    stats_.layer_hits.assign(layers_.size(), 0);
+    pool_ = std::make_unique<io_pool>(cfg.io_threads);
+}
+
+pager::~pager() {
+    pool_.reset();
+    for (auto & ms : maps_)
+        for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
+    if (memfd_ >= 0) close(memfd_);
+    if (fd_ >= 0) close(fd_);
+}
+
+int pager::layer_index(int32_t block) const {
+    for (size_t i = 0; i < layers_.size(); i++)
+        if (layers_[i] == block) return (int) i;
+    return -1;
+}
+
+void * pager::tensor_data(int li, int ti) const {
+    const auto & m = maps_.at(li).at(ti);
+    return m.region + (m.offset - m.first_page * page_);
+}
+
+int64_t pager::n_resident() const {
+    int64_t n = 0;
+    for (const auto & s : slots_) n += s.unit >= 0;
+    return n;
+}
+
+void pager::reset_stats() {
+    pager_stats s;
+    s.layer_requests.assign(layers_.size(), 0);
+    s.layer_hits.assign(layers_.size(), 0);
+    stats_ = s;
+}
+
+void pager::expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const {
+    const int64_t start = t.offset + (int64_t) e * t.expert_bytes;
+    p0 = start / page_;
+    p1 = ceil_div(start + t.expert_bytes, page_);
+}
+
+// ---- eviction order ----------------------------------------------------------------------
+
+pager::key_t pager::key_of(int u) const {
+    const int li = u / n_expert_;
+    const int64_t primary = policy_ == 1 ? li : policy_ == 2 ? -li : 0;
+    return key_t(primary, units_[u].last_use, u);
+}
+
+void pager::insert_evictable(int u) {
+    if (policy_ != 0 && units_[u].last_pass == pass_) current_.insert(key_of(u));
+    else stale_.insert(key_of(u));
+}
+
+void pager::erase_evictable(int u) {
+    const key_t k = key_of(u);
+    if (stale_.erase(k) == 0) current_.erase(k);
+}
+
+void pager::begin_pass() {
+    pass_++;
+    stats_.passes++;
+    stale_.insert(current_.begin(), current_.end());
+    current_.clear();
+}
+
+void pager::evict(int u, int loading_li) {
+    unit & x = units_[u];
+    const int li = u / n_expert_;
+    const bool stale = x.last_pass < pass_;
+    const bool left  = li < loading_li;
+    stats_.evictions_by_group[(stale ? 0 : 1) + (left ? 0 : 2)]++;
+    stats_.evictions++;
+    erase_evictable(u);
+    unmap_unit(u);
+    slots_[x.slot].unit = -1;
+    x.slot = -1;
+}
+
+// Returns a free slot id for a unit of layer li, evicting by policy when none is free.
+int pager::take_slot(int li, int64_t need) {
+    int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
+    for (int c2 = c; c2 >= 0; c2--) {  // own class, then the smallest larger class
+        if (!free_[c2].empty()) {
+            int s = free_[c2].back();
+            free_[c2].pop_back();
+            return s;
+        }
+    }
+    auto fits = [&](const key_t & k) { return slots_[units_[std::get<2>(k)].slot].bytes >= need; };
+    auto try_range = [&](std::set<key_t>::iterator b, std::set<key_t>::iterator e) -> int {
+        for (auto it = b; it != e; ++it) {
+            if (fits(*it)) {
+                const int u = std::get<2>(*it);
+                const int s = units_[u].slot;
+                evict(u, li);
+                return s;
+            }
+        }
+        return -1;
+    };
+    int s = -1;
+    if (policy_ == 2) {
+        // stale-left -> current-left -> stale-right -> current-right; larger layer first.
+        const key_t bound(-(int64_t) li + 1, 0, INT32_MIN);  // first key with layer < li
+        s = try_range(stale_.lower_bound(bound), stale_.end());
+        if (s < 0) s = try_range(current_.lower_bound(bound), current_.end());
+        if (s < 0) s = try_range(stale_.begin(), stale_.lower_bound(bound));
+        if (s < 0) s = try_range(current_.begin(), current_.lower_bound(bound));
+    } else {
+        s = try_range(stale_.begin(), stale_.end());
+        if (s < 0) s = try_range(current_.begin(), current_.end());
+    }
+    if (s < 0) {
+        int64_t pinned = 0;
+        for (const auto & p : pinned_) pinned += (int64_t) p.size();
+        throw pager_capacity_error("no slot of >= " + std::to_string(need) + " bytes can be freed for layer " +
+                                   std::to_string(layers_[li]) + ": " + std::to_string(pinned) + " experts are pinned and the arena has " +
+                                   std::to_string(slots_.size()) + " slots. Use a larger arena or fewer experts per batch.");
+    }
+    return s;
+}
+
+// ---- mapping -----------------------------------------------------------------------------
+
+void pager::map_unit(int u) {
+    const int li = u / n_expert_, e = u % n_expert_;
+    const slot & sl = slots_[units_[u].slot];
+    const int64_t t0 = io_now_us();
+    for (const auto & m : maps_[li]) {
+        int64_t p0, p1;
+        expert_pages(m, e, p0, p1);
+        char * addr = m.region + (p0 - m.first_page) * page_;
+        void * r = mmap(addr, (size_t) ((p1 - p0) * page_), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
+                        (off_t) (sl.offset + m.sub_off));
+        if (r == MAP_FAILED) {
+            int err = errno;
+            throw std::runtime_error("mmap of an expert slot failed: " + errstr(err) +
+                                     (err == ENOMEM ? "; vm.max_map_count may be too low for this many resident experts" : ""));
+        }
+    }
+    stats_.map_us += io_now_us() - t0;
+}
+
+void pager::unmap_unit(int u) {
+    const int li = u / n_expert_, e = u % n_expert_;
+    const int64_t t0 = io_now_us();
+    for (const auto & m : maps_[li]) {
+        int64_t p0, p1;
+        expert_pages(m, e, p0, p1);
+        char * addr = m.region + (p0 - m.first_page) * page_;
+        mmap(addr, (size_t) ((p1 - p0) * page_), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        // Boundary pages may also belong to a resident neighbour: give them back its copy.
+        const int64_t edges[2] = {p0, p1 - 1};
+        for (int k = 0; k < (p1 - 1 == p0 ? 1 : 2); k++) {
+            const int64_t p = edges[k];
+            const int64_t lo_b = p * page_ - m.offset, hi_b = (p + 1) * page_ - 1 - m.offset;
+            const int64_t e_lo = std::max<int64_t>(0, lo_b < 0 ? 0 : lo_b / m.expert_bytes);
+            const int64_t e_hi = std::min<int64_t>(n_expert_ - 1, hi_b / m.expert_bytes);
+            for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
+                if (e2 == e) continue;
+                const unit & y = units_[li * n_expert_ + e2];
+                if (y.slot < 0) continue;
+                int64_t q0, q1;
+                expert_pages(m, (int) e2, q0, q1);
+                mmap(m.region + (p - m.first_page) * page_, (size_t) page_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
+                     (off_t) (slots_[y.slot].offset + m.sub_off + (p - q0) * page_));
+                break;
+            }
+        }
+    }
+    stats_.map_us += io_now_us() - t0;
+}
+
+// ---- load / release ----------------------------------------------------------------------
+
+void pager::release_layer(int li) {
+    for (int u : pinned_.at(li)) {
+        units_[u].pinned = false;
+        if (units_[u].slot >= 0) insert_evictable(u);
+    }
+    pinned_[li].clear();
+}
+
+void pager::release_all() {
+    for (int li = 0; li < (int) layers_.size(); li++) release_layer(li);
+}
+
+void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
+    if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_expert_) {
+            throw std::out_of_range("expert id " + std::to_string(ids[i]) + " out of range [0, " + std::to_string(n_expert_) + ")");
+        }
+    }
+    stats_.load_calls++;
+    std::vector<int> misses;
+    for (int i = 0; i < n; i++) {
+        const int u = unit_id(li, ids[i]);
+        unit & x = units_[u];
+        bool dup = false;
+        for (int j = 0; j < i; j++) dup |= ids[j] == ids[i];
+        if (hit_out) hit_out[i] = x.slot >= 0;
+        if (dup) continue;
+        stats_.requests++;
+        stats_.layer_requests[li]++;
+        if (x.slot >= 0) {
+            stats_.hits++;
+            stats_.layer_hits[li]++;
+            if (!x.pinned) erase_evictable(u);
+        } else {
+            stats_.misses++;
+            misses.push_back(u);
+        }
+        x.last_use  = ++tick_;
+        x.last_pass = pass_;
+        if (!x.pinned) {
+            x.pinned = true;
+            pinned_[li].push_back(u);
+        }
+    }
+    if (misses.empty()) return;
+
+    std::vector<io_job> jobs;
+    std::vector<int>    job_unit;
+    size_t placed = 0;
+    try {
+        for (int u : misses) {
+            const int s = take_slot(li, unit_bytes_[li]);
+            units_[u].slot = s;
+            slots_[s].unit = u;
+            placed++;
+            map_unit(u);
+            const int e = u % n_expert_;
+            for (const auto & m : maps_[li]) {
+                int64_t p0, p1;
+                expert_pages(m, e, p0, p1);
+                io_job j;
+                j.offset = p0 * page_;
+                j.len    = (p1 - p0) * page_;
+                j.need   = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes - j.offset;
+                j.dst    = m.region + (p0 - m.first_page) * page_;
+                jobs.push_back(j);
+                job_unit.push_back(u);
+            }
+        }
+    } catch (...) {
+        // Undo the misses placed so far (slots taken, nothing read): they never become resident.
+        for (size_t i = 0; i < placed; i++) {
+            const int u = misses[i];
+            unmap_unit(u);
+            const int s = units_[u].slot;
+            slots_[s].unit = -1;
+            free_[slots_[s].cls].push_back(s);
+            units_[u].slot = -1;
+        }
+        release_layer(li);
+        throw;
+    }
+
+    const int64_t t0 = io_now_us();
+    pool_->run(fd_, !direct_, jobs);
+    if (direct_) {
+        // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
+        std::vector<io_job> redo;
+        for (auto & j : jobs) if (j.err == EINVAL) redo.push_back(j);
+        if (!redo.empty()) {
+            int fd2 = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd2 >= 0) {
+                close(fd_);
+                fd_ = fd2;
+                direct_ = false;
+                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(fd_, true, one); j = one[0]; }
+            }
+        }
+    }
+    stats_.io_wait_us += io_now_us() - t0;
+
+    const io_job * failed = nullptr;
+    std::vector<int> bad_units;
+    for (size_t i = 0; i < jobs.size(); i++) {
+        const io_job & j = jobs[i];
+        stats_.bytes_read += j.len;
+        stats_.read_us += j.t_us;
+        if (j.err != 0 || j.got < j.need) {
+            if (!failed) failed = &j;
+            if (std::find(bad_units.begin(), bad_units.end(), job_unit[i]) == bad_units.end()) bad_units.push_back(job_unit[i]);
+        }
+    }
+    if (failed) {
+        for (int u : bad_units) {
+            unmap_unit(u);
+            const int s = units_[u].slot;
+            slots_[s].unit = -1;
+            free_[slots_[s].cls].push_back(s);
+            units_[u].slot = -1;
+        }
+        release_layer(li);
+        std::string what = failed->err
+            ? "read of " + std::to_string(failed->len) + " bytes at offset " + std::to_string(failed->offset) + " of " + path_ +
+                  " failed: " + errstr(failed->err)
+            : "short read at offset " + std::to_string(failed->offset) + " of " + path_ + ": got " + std::to_string(failed->got) +
+                  " of " + std::to_string(failed->need) + " bytes (was the file truncated or replaced?)";
+        throw pager_io_error(what, path_, failed->offset, failed->err ? failed->err : EIO);
+    }
+}

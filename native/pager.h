@@ -1,0 +1,165 @@
+// pager: routed-expert residency in a fixed RAM arena.
+//
+// Invariant: for every expert tensor the pager owns a virtual range (the "region") laid out
+// exactly like the tensor's bytes in the file ("mirror" layout: region page p holds file page
+// first_page + p, so a 32-byte-aligned tensor and slices that are not page multiples need no
+// copy). A page of the region is readable only while some resident (layer, expert) whose
+// slice touches that page backs it with its slot; every other page is PROT_NONE, so a bug
+// faults instead of computing on stale bytes. A unit is marked resident only after all of
+// its matrices were read completely; a failed read leaves it unmapped and its slot free.
+// Pinned units (those of the layer being computed) are never victims. The pager knows
+// nothing of llama.cpp: it pages byte ranges of one file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "io_pool.h"
+
+struct pager_tensor_spec {
+    int64_t offset;        // absolute file offset of the tensor data, bytes
+    int64_t expert_bytes;  // nb[2]: bytes of one expert's slice
+};
+
+struct pager_layer_spec {
+    int32_t                        layer;    // GGUF block id
+    std::vector<pager_tensor_spec> tensors;  // gate, up, down (or gate_up, down)
+};
+
+struct pager_config {
+    std::string                   path;
+    std::vector<pager_layer_spec> layers;          // MoE layers in block order
+    int32_t                       n_expert = 0;
+    int32_t                       n_expert_used = 0;  // top-k; the arena reserves k largest slots
+    int64_t                       arena_bytes = 0;
+    std::string                   policy = "lru";  // lru | ls | ls_pos
+    int32_t                       io_threads = 1;
+    bool                          direct_io = true;
+};
+
+// Thrown when a request cannot fit even after evicting every unpinned expert, or when the
+// arena cannot hold one layer's top-k largest experts.
+struct pager_capacity_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A read failed or came back short. Carries what Python needs to name the problem.
+struct pager_io_error : std::runtime_error {
+    std::string path;
+    int64_t     offset;
+    int         err;
+    pager_io_error(const std::string & msg, std::string p, int64_t off, int e)
+        : std::runtime_error(msg), path(std::move(p)), offset(off), err(e) {}
+};
+
+struct pager_stats {
+    int64_t requests = 0, hits = 0, misses = 0, evictions = 0;
+    int64_t evictions_by_group[4] = {0, 0, 0, 0};  // stale-left, current-left, stale-right, current-right
+    int64_t bytes_read = 0;      // bytes requested from the file (whole pages)
+    int64_t read_us = 0;         // sum of per-read durations, microseconds
+    int64_t io_wait_us = 0;      // wall time load_layer spent waiting for reads, microseconds
+    int64_t map_us = 0;          // wall time spent in mmap for residency/eviction, microseconds
+    int64_t load_calls = 0;
+    int64_t passes = 0;
+    std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
+};
+
+class pager {
+public:
+    explicit pager(const pager_config & cfg);
+    ~pager();
+    pager(const pager &) = delete;
+    pager & operator=(const pager &) = delete;
+
+    // Slot bytes one (layer, expert) unit of each layer needs under the mirror layout.
+    static std::vector<int64_t> unit_slot_bytes(const std::vector<pager_layer_spec> & layers, int32_t n_expert);
+
+    // Makes the given experts of MoE layer index li resident and pinned. ids may repeat;
+    // each distinct id is one request. hit_out[i] = 1 if ids[i] was already resident.
+    void load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out);
+    // Unpins every pinned expert of MoE layer index li.
+    void release_layer(int li);
+    void release_all();
+    // Starts a new forward pass (token or ubatch): "current" experts become "stale".
+    void begin_pass();
+
+    // Data pointer of tensor ti of MoE layer index li inside the region (what ggml should read).
+    void * tensor_data(int li, int ti) const;
+    bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].slot >= 0; }
+    int    n_layers() const { return (int) layers_.size(); }
+    int    layer_index(int32_t block) const;  // -1 if block has no experts
+
+    const pager_stats & stats() const { return stats_; }
+    void reset_stats();
+    bool direct_io() const { return direct_; }
+    int  io_threads() const { return pool_->n_threads(); }
+    int64_t arena_bytes() const { return arena_size_; }
+    const std::vector<int64_t> & class_slot_bytes() const { return class_bytes_; }
+    const std::vector<int32_t> & class_n_slots() const { return class_n_; }
+    int64_t n_resident() const;
+    const std::string & policy() const { return policy_name_; }
+    void inject_fault(int64_t nth, int err) { pool_->inject_fault(nth, err); }
+
+private:
+    struct tensor_map {
+        int64_t offset, expert_bytes;
+        int64_t first_page;     // file page index of the tensor's first byte
+        char *  region;         // page-aligned base of the reserved range
+        int64_t region_bytes;
+        int64_t sub_off;        // offset of this tensor's pages inside a unit's slot
+        int64_t sub_bytes;      // max pages any expert of this tensor spans, in bytes
+    };
+    struct unit {
+        int32_t  slot = -1;
+        uint64_t last_use = 0;
+        uint64_t last_pass = 0;
+        bool     pinned = false;
+    };
+    struct slot {
+        int64_t offset;
+        int64_t bytes;
+        int32_t cls;
+        int32_t unit = -1;
+    };
+    using key_t = std::tuple<int64_t, uint64_t, int32_t>;  // (primary, last_use, unit)
+
+    int  unit_id(int li, int e) const { return li * n_expert_ + e; }
+    key_t key_of(int u) const;
+    void insert_evictable(int u);
+    void erase_evictable(int u);
+    int  take_slot(int li, int64_t need_bytes);
+    void evict(int u, int loading_li);
+    void map_unit(int u);
+    void unmap_unit(int u);
+    void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
+
+    std::string                  path_;
+    int                          fd_ = -1;
+    bool                         direct_ = false;
+    int                          memfd_ = -1;
+    int64_t                      arena_size_ = 0;
+    int64_t                      page_ = 4096;
+    int32_t                      n_expert_ = 0;
+    int                          policy_ = 0;  // 0 lru, 1 ls, 2 ls_pos
+    std::string                  policy_name_;
+    std::vector<int32_t>         layers_;         // block ids
+    std::vector<std::vector<tensor_map>> maps_;   // [li][ti]
+    std::vector<int64_t>         unit_bytes_;     // slot bytes a unit of layer li needs
+    std::vector<int64_t>         class_bytes_;    // slot classes, largest first
+    std::vector<int32_t>         class_n_;        // slots per class
+    std::vector<unit>            units_;
+    std::vector<slot>            slots_;
+    std::vector<std::vector<int32_t>> free_;      // free slot ids per class
+    std::set<key_t>              stale_, current_;  // evictable (resident, unpinned) units
+    std::vector<std::vector<int32_t>> pinned_;    // per layer index
+    uint64_t                     tick_ = 0;
+    uint64_t                     pass_ = 1;
+    int                          loading_li_ = 0;
+    pager_stats                  stats_;
+    std::unique_ptr<io_pool>     pool_;
+};

@@ -1,0 +1,112 @@
+"""Small MoE GGUF files for layout and pager tests, written with gguf-py's GGUFWriter.
+
+The files are not runnable models: they hold routed-expert tensors with known random bytes
+(plus a couple of non-expert tensors), so tests can compare any byte range with what was
+written. Sizes are computed here from the ggml block table, independently of epqlab.layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+# ggml block size (elements) and bytes per block, from ggml's type table.
+BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144)}
+
+
+@dataclass
+class LayerSpec:
+    layer: int
+    ggml_type: str
+    n_embd: int
+    n_ff: int
+    fused: bool = False
+
+
+@dataclass
+class Written:
+    path: Path
+    n_expert: int
+    n_expert_used: int
+    n_layer: int
+    # name -> (ggml type, ggml shape (ne0, ne1, ne2), bytes as np.uint8 [n_bytes])
+    tensors: dict = field(default_factory=dict)
+
+    def expert_bytes(self, name: str) -> int:
+        t, (ne0, ne1, _), _ = self.tensors[name]
+        blk, size = BLOCK[t]
+        return ne0 // blk * size * ne1
+
+    def expert_slice(self, name: str, e: int) -> bytes:
+        nb = self.expert_bytes(name)
+        return self.tensors[name][2][e * nb:(e + 1) * nb].tobytes()
+
+
+def _raw(rng, ggml_type: str, ne0: int, ne1: int, ne2: int) -> np.ndarray:
+    blk, size = BLOCK[ggml_type]
+    assert ne0 % blk == 0, (ggml_type, ne0)
+    row = ne0 // blk * size
+    return rng.integers(0, 256, size=(ne2, ne1, row), dtype=np.uint8)
+
+
+def write_moe(path, layers: list[LayerSpec], n_expert=8, n_expert_used=2, n_layer=None, alignment=None,
+              arch="llama", seed=0, dense_first=True) -> Written:
+    """Write a MoE GGUF whose routed-expert tensors hold random bytes. Returns what was written."""
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    n_layer = n_layer or (max(l.layer for l in layers) + 1)
+    w = gguf.GGUFWriter(str(path), arch)
+    if alignment:
+        w.add_custom_alignment(alignment)
+    w.add_block_count(n_layer)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_expert_used)
+    w.add_embedding_length(layers[0].n_embd)
+    out = Written(path, n_expert, n_expert_used, n_layer)
+    emb = rng.standard_normal((16, layers[0].n_embd)).astype(np.float32)
+    w.add_tensor("token_embd.weight", emb)
+    out.tensors["token_embd.weight"] = ("F32", (layers[0].n_embd, 16, 1), emb.view(np.uint8).ravel())
+    for l in layers:
+        norm = rng.standard_normal(l.n_embd).astype(np.float32)
+        w.add_tensor(f"blk.{l.layer}.ffn_norm.weight", norm)
+        router = rng.standard_normal((n_expert, l.n_embd)).astype(np.float32)
+        w.add_tensor(f"blk.{l.layer}.ffn_gate_inp.weight", router)
+        kinds = [("gate_up", l.n_embd, 2 * l.n_ff)] if l.fused else [("gate", l.n_embd, l.n_ff), ("up", l.n_embd, l.n_ff)]
+        kinds.append(("down", l.n_ff, l.n_embd))
+        for kind, ne0, ne1 in kinds:
+            name = f"blk.{l.layer}.ffn_{kind}_exps.weight"
+            raw = _raw(rng, l.ggml_type, ne0, ne1, n_expert)
+            w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[l.ggml_type])
+            out.tensors[name] = (l.ggml_type, (ne0, ne1, n_expert), raw.ravel())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def two_class_model(path, seed=0) -> Written:
+    """Q8_0 experts in blocks 1-3 (58752 B per matrix: not a page multiple, 32-byte aligned) and
+    F16 experts in blocks 4-5; block 0 dense (no experts)."""
+    layers = [LayerSpec(i, "Q8_0", 576, 96) for i in (1, 2, 3)] + [LayerSpec(i, "F16", 576, 96) for i in (4, 5)]
+    return write_moe(path, layers, n_expert=8, n_expert_used=2, n_layer=6, seed=seed)
+
+
+def aligned_model(path, seed=0) -> Written:
+    """F32 experts of exactly 2 pages per matrix at 4096-byte alignment: every slice page-aligned."""
+    layers = [LayerSpec(i, "F32", 128, 16) for i in range(3)]
+    return write_moe(path, layers, n_expert=8, n_expert_used=2, alignment=4096, seed=seed)
+
+
+def tiny_slices_model(path, seed=0) -> Written:
+    """Experts smaller than a page (Q8_0 64x32 -> 2176 B): many experts share each page."""
+    layers = [LayerSpec(i, "Q8_0", 64, 32) for i in range(2)]
+    return write_moe(path, layers, n_expert=16, n_expert_used=3, seed=seed)
+
+
+def fused_model(path, seed=0) -> Written:
+    """Fused gate_up + down experts."""
+    layers = [LayerSpec(i, "Q8_0", 128, 32, fused=True) for i in range(2)]
+    return write_moe(path, layers, n_expert=4, n_expert_used=2, seed=seed)
