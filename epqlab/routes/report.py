@@ -1,0 +1,149 @@
+"""One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pandas as pd
+
+from .analysis import one_off_share, popularity, reuse_histogram, union_sizes
+from .log import RouteLog
+from .simulate import simulate
+
+
+def default_capacities(log: RouteLog, per_layer: bool = True, n: int = 12) -> list[int]:
+    """About ``n`` capacities spaced geometrically from k to every expert (per layer, or of all layers)."""
+    hi = log.n_expert if per_layer else log.n_expert * log.n_layers
+    return sorted({int(round(x)) for x in np.geomspace(log.k, max(hi, log.k), n)})
+
+
+def summarize(log: RouteLog, capacities=None, *, window: int = 48, per_layer: bool = True,
+              policies=("lru", "ls", "ls_pos", "belady")) -> dict:
+    """Every analysis of the log as plain numbers: log shape, one-off share in ``window``, cache simulation
+    (records of :func:`~epqlab.routes.simulate`), U(k), reuse histogram and popularity (records)."""
+    caps = list(capacities) if capacities is not None else default_capacities(log, per_layer)
+    sim = simulate(log, caps, policies, per_layer=per_layer)
+    return {
+        "log": {"n_tokens": log.n_tokens, "n_layers": log.n_layers, "k": log.k, "n_expert": log.n_expert,
+                "n_prefill": int((log.phase == 0).sum()), "n_decode": int((log.phase == 1).sum()),
+                "requests": log.n_requests, "meta": log.meta},
+        "capacity_mode": "per_layer" if per_layer else "total",
+        "window": window,
+        "one_off_share": one_off_share(log, window),
+        "simulation": sim.to_dict("records"),
+        "union": union_sizes(log).to_dict("records"),
+        "reuse": reuse_histogram(log).to_dict("records"),
+        "popularity": popularity(log).to_dict("records"),
+    }
+
+
+def summary_table(summary: dict) -> pd.DataFrame:
+    """Hit rate per capacity (rows) and policy (columns), the table ``epqlab routes`` prints."""
+    sim = pd.DataFrame(summary["simulation"])
+    return sim.pivot(index="capacity", columns="policy", values="hit_rate")[
+        [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]]
+
+
+def make_figures(summary: dict) -> dict:
+    """matplotlib Figures keyed by name: ``hit_rate`` (per policy vs capacity, Belady on top), ``reuse``,
+    ``union`` (U(k) and saving), ``popularity``."""
+    import matplotlib.pyplot as plt
+
+    figs = {}
+    sim = pd.DataFrame(summary["simulation"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    style = {"belady": dict(color="k", lw=2.5, zorder=5), "lru": dict(ls="-"), "ls": dict(ls="--"),
+             "ls_pos": dict(ls=":")}
+    for pol in [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]:
+        d = sim[sim.policy == pol]
+        ax.plot(d.capacity, d.hit_rate, marker="o", ms=3, label=pol, **style.get(pol, {}))
+    ax.set_xscale("log")
+    unit = "slots per layer" if summary["capacity_mode"] == "per_layer" else "total slots"
+    ax.set(xlabel=f"capacity ({unit})", ylabel="hit rate", title="Hit rate vs capacity")
+    ax.legend()
+    figs["hit_rate"] = fig
+
+    reuse = pd.DataFrame(summary["reuse"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    r = reuse[reuse.distance > 0]
+    ax.bar(r.distance, r.share, width=1.0)
+    first = float(reuse.loc[reuse.distance == 0, "share"].sum())
+    ax.set(xlabel="reuse distance (tokens)", ylabel="share of requests",
+           title=f"Reuse distance (first touches: {first:.1%})")
+    if len(r) and r.distance.max() > 50:
+        ax.set_xscale("log")
+    figs["reuse"] = fig
+
+    u = pd.DataFrame(summary["union"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(u.k, u.union, marker="o", label="U(k)")
+    ax.set(xlabel="tokens per batch k", ylabel="distinct experts per layer U(k)", title="Union over k tokens")
+    ax2 = ax.twinx()
+    ax2.plot(u.k, u.saving, color="C1", marker="s", label="I/O saving")
+    ax2.set_ylabel("saving 1 - U(k)/(k U(1))")
+    figs["union"] = fig
+
+    pop = pd.DataFrame(summary["popularity"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(pop.n, pop.top_share, marker="o", label="top-N share (in-sample)")
+    ax.plot(pop.n, pop.hot_set_hit_rate, marker="s", label="pin list from 1st half, on 2nd half")
+    ax.set_xscale("log")
+    ax.set(xlabel="experts pinned per layer N", ylabel="share of requests", title="Expert popularity")
+    ax.legend()
+    figs["popularity"] = fig
+    return figs
+
+
+def record_route_log(model, prompt: str, n_tokens: int, path: str) -> RouteLog:
+    """Generate ``n_tokens`` with an :class:`epqlab.Session` and save its route log to ``path``.
+    Raises ImportError when this epqlab has no Session yet."""
+    import epqlab
+
+    Session = getattr(epqlab, "Session", None)
+    if Session is None:
+        raise ImportError("this epqlab has no Session yet (the Session issue has not landed): "
+                          "pass route_log=<path to a route log NPZ>, or synthetic=True")
+    with Session(model) as s:
+        s.generate(prompt, max_tokens=n_tokens, route_log=path)
+    return RouteLog.load(path)
+
+
+def obtain_log(route_log=None, *, model=None, prompt: str = "", n_tokens: int = 64, synthetic: bool = False,
+               workdir: str = ".", seed: int = 0):
+    """The log a notebook analyses: ``route_log`` if given; else one recorded with a Session; else, only when
+    ``synthetic``, a synthetic log. Returns (RouteLog or None, a line saying where it came from)."""
+    if route_log is not None:
+        return RouteLog.load(route_log), f"route log {os.fspath(route_log)}"
+    if synthetic:
+        log = RouteLog.synthetic(n_tokens=max(n_tokens, 2), n_layers=8, n_expert=64, k=4, locality=0.6,
+                                 n_prefill=min(8, n_tokens), seed=seed)
+        return log, f"synthetic log ({log!r})"
+    h = hashlib.sha1(f"{model}|{prompt}|{n_tokens}".encode()).hexdigest()[:10]
+    path = os.path.join(workdir, f"routes-{h}.npz")
+    try:
+        return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
+    except ImportError as ex:
+        return None, f"no route log to analyse: {ex}"
+
+
+def _clean(x):
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
+
+
+def write_json(obj: dict, path: str) -> str:
+    """Write ``obj`` as strict JSON (NaN and inf become null), creating the folder; returns the path."""
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_clean(obj), f, indent=1, allow_nan=False)
+    return path
