@@ -20,6 +20,7 @@ from .errors import (
 )
 from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
 from .pager import Pager
+from .session import Generation, Session
 from .units import fmt_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -27,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ArenaTooSmall", "EpqlabError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
-    "inspect", "Pager", "fmt_bytes", "parse_bytes", "__version__",
+    "inspect", "Pager", "Session", "Generation", "fmt_bytes", "parse_bytes", "__version__",
 ]

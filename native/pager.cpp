@@ -197,6 +197,17 @@ void * pager::tensor_data(int li, int ti) const {
     return m.region + (m.offset - m.first_page * page_);
 }
 
+void pager::drop_file_cache(int li, int ti) const {
+    const auto & m = maps_.at(li).at(ti);
+    posix_fadvise(fd_, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
+}
+
+int pager::capacity(int li) const {
+    int n = 0;
+    for (const auto & s : slots_) n += s.bytes >= unit_bytes_.at(li);
+    return n;
+}
+
 int64_t pager::n_resident() const {
     int64_t n = 0;
     for (const auto & s : slots_) n += s.unit >= 0;

@@ -92,6 +92,9 @@ public:
     void * tensor_data(int li, int ti) const;
     bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].slot >= 0; }
     int    n_layers() const { return (int) layers_.size(); }
+    // Slots large enough for one unit of MoE layer index li: the most experts of that layer
+    // one load_layer call can hold when nothing else is pinned.
+    int    capacity(int li) const;
     int    layer_index(int32_t block) const;  // -1 if block has no experts
 
     const pager_stats & stats() const { return stats_; }
@@ -104,6 +107,8 @@ public:
     int64_t n_resident() const;
     const std::string & policy() const { return policy_name_; }
     void inject_fault(int64_t nth, int err) { pool_->inject_fault(nth, err); }
+    // posix_fadvise(DONTNEED) over tensor ti of layer li's bytes in the file.
+    void drop_file_cache(int li, int ti) const;
 
 private:
     struct tensor_map {

@@ -4,3 +4,4 @@
 #include <pybind11/pybind11.h>
 
 void register_pager(pybind11::module_ & m);   // bind_pager.cpp
+void register_engine(pybind11::module_ & m);  // bind_engine.cpp

@@ -1,0 +1,407 @@
+"""Session: generation through stock llama.cpp with routed experts paged under a RAM budget.
+
+The math is llama.cpp's own: the hook (native/hook.cpp) only decides where the expert bytes
+come from, so logits are bit-identical to ``pager=False`` (plain llama.cpp, mmap) at every
+budget, policy and I/O thread count. See shared/DESIGN.md §3-5.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ArenaTooSmall, EpqlabError
+from .layout import ModelLayout, inspect
+from .memory import PeakTracker, cpu_threads, sample
+from .pager import POLICIES, Pager, default_io_threads
+from .units import fmt_bytes, parse_bytes
+
+DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
+
+
+@dataclass
+class Generation:
+    """Result of :meth:`Session.generate`: ``text`` (str), ``tokens`` (generated ids),
+    ``prompt_tokens`` (ids), ``stats`` (dict of this run, DESIGN.md §6 run-stats fields)."""
+
+    text: str
+    tokens: list[int]
+    prompt_tokens: list[int]
+    stats: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
+             "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
+             "load_calls", "ubatches", "layer_loads", "fallback_layers", "fallback_tokens", "tokens_routed")
+
+
+class Session:
+    """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
+
+    Args:
+        model: path to a single-file MoE GGUF.
+        ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
+            The budget bounds RssAnon + RssShmem of the process (arena, KV cache, compute
+            buffers, heap). The arena is sized after the context exists: budget - measured usage -
+            ``reserve``. Non-expert weights stay in llama's file mapping (RssFile), reported apart.
+        reserve: bytes kept out of the arena for growth (default 64 MiB).
+        policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` (see :class:`epqlab.Pager`).
+        expert_used: override top-k in the graph (GGUF kv override) and the pager together.
+        io_threads: pager reader threads (default 3 x compute threads).
+        n_threads: compute threads (default: usable CPUs).
+        n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens). A ubatch whose
+            union of experts in a layer exceeds the arena reads that layer through llama's own
+            mapping (same bytes; counted in ``fallback_layers``).
+        pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
+        route_log: path; the routes of every decoded token are saved there as NPZ (DESIGN.md §6)
+            on :meth:`save_route_log` / :meth:`close`.
+        stats_file: path; each generate() appends its run stats as one JSON line.
+        direct_io: O_DIRECT reads (falls back to buffered where refused).
+
+    Raises:
+        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError, NotMoEError: bad model file.
+        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes.
+        ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
+            the message states the smallest budget that works.
+    """
+
+    def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
+                 io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
+                 n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
+                 direct_io: bool = True):
+        from ._native import core
+
+        self.layout: ModelLayout = inspect(model)
+        lay = self.layout
+        if policy not in POLICIES:
+            raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        k = int(expert_used) if expert_used is not None else lay.n_expert_used
+        if not 1 <= k <= lay.n_expert:
+            raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if int(v) < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        self.n_expert_used = k
+        self.policy = policy
+        self.paged = bool(pager)
+        self.n_batch = int(n_batch)
+        self.route_log_path = Path(route_log) if route_log else None
+        self.stats_file = Path(stats_file) if stats_file else None
+        self.budget_bytes = parse_bytes(ram_budget) if ram_budget is not None else None
+        self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
+        self._closed = False
+        self._pager: Pager | None = None
+        self._peak = PeakTracker()
+        self._runs: list[dict] = []
+        self._routes: list[np.ndarray] = []
+        self._phases: list[np.ndarray] = []
+        self._prompt_hash = ""
+
+        names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
+        record = self.route_log_path is not None
+        before = sample()
+        m0 = core.malloc_bytes()
+        t0 = time.perf_counter()
+        self._engine = core.Engine(str(lay.path), None, lay.architecture,
+                                   k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
+                                   int(n_threads or cpu_threads()), self.paged or record, lay.moe_layers, names, record)
+        self.load_s = time.perf_counter() - t0
+        after = sample()
+        untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
+        self.used_before_arena = after.budgeted + untouched
+        if self.paged:
+            if self.budget_bytes is None:
+                arena = Pager.all_experts_bytes(lay)
+            else:
+                arena = self.budget_bytes - self.used_before_arena - self.reserve_bytes
+                need = Pager.min_arena_bytes(lay, k)
+                if arena < need:
+                    smallest = self.used_before_arena + self.reserve_bytes + need
+                    self._engine = None
+                    raise ArenaTooSmall(
+                        f"ram_budget {fmt_bytes(self.budget_bytes)} is too small for {lay.path.name}: the process already "
+                        f"uses {fmt_bytes(self.used_before_arena)} (KV cache, compute buffers, heap), the reserve is "
+                        f"{fmt_bytes(self.reserve_bytes)}, and one layer's top-{k} experts need {fmt_bytes(need)}. "
+                        f"The smallest budget that works is {smallest} bytes ({fmt_bytes(smallest)}); "
+                        f"or lower n_ctx / reserve / expert_used."
+                    )
+            self._pager = Pager(lay, arena, policy=policy, io_threads=io_threads or default_io_threads(),
+                                direct_io=direct_io, n_expert_used=k)
+            self._engine.attach_pager(self._pager.native)
+        self.n_vocab = int(self._engine.n_vocab)
+        self.n_ctx = int(self._engine.n_ctx)
+        self._peak.update()
+
+    # -- tokens --------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` (BOS added when the model asks for it and ``add_special``)."""
+        self._check_open()
+        return list(self._engine.tokenize(text, add_special, parse_special))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of token ids (UTF-8, invalid sequences replaced)."""
+        self._check_open()
+        return b"".join(self._engine.piece(int(t)) for t in tokens).decode("utf-8", "replace")
+
+    # -- decoding ------------------------------------------------------------------------------
+    def _check_open(self):
+        if self._closed:
+            raise EpqlabError("this Session is closed; create a new one")
+
+    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
+        """Decode tokens in n_batch chunks starting at position pos0; returns logits float32
+        [n, n_vocab] (all) or [1, n_vocab] (last)."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if pos0 + len(tokens) > self.n_ctx:
+            raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
+        outs = []
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            last = s + self.n_batch >= len(tokens)
+            out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
+            if all_logits or last:
+                outs.append(out)
+            if self.route_log_path is not None:
+                self._take_route(len(chunk), phase)
+            self._peak.update()
+        return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def _take_route(self, n: int, phase: int):
+        flat = self._engine.take_route()
+        k = self._engine.route_k()
+        if flat.size:
+            self._routes.append(flat.reshape(-1, len(self.layout.layers), k))
+            self._phases.append(np.full(self._routes[-1].shape[0], phase, np.uint8))
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``."""
+        self._check_open()
+        self._engine.clear()
+        return self._decode(tokens, 0, True, 0)
+
+    def _counters(self) -> dict:
+        c = dict(self._pager.stats) if self._pager else {}
+        c.update(self._engine.hook_stats())
+        return {k: c.get(k, 0) for k in _COUNTERS}
+
+    def _sample(self, logits: np.ndarray, temperature: float, rng) -> int:
+        if temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        return int(rng.choice(len(p), p=p))
+
+    def stream(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
+               seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,
+               _result: dict | None = None) -> Iterator[str]:
+        """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
+
+        Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
+        one of ``stop`` (the stop string is not yielded)."""
+        self._check_open()
+        toks = self.tokenize(prompt, add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not toks:
+            raise ValueError("empty prompt")
+        self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
+        rng = np.random.default_rng(seed)
+        c0 = self._counters()
+        self._engine.clear()
+        t0 = time.perf_counter()
+        logits = self._decode(toks, 0, False, 0)[-1]
+        t_prefill = time.perf_counter() - t0
+        c1 = self._counters()
+        out: list[int] = []
+        text = b""
+        emitted = 0
+        stops = list(stop or [])
+        t1 = time.perf_counter()
+        pos = len(toks)
+        try:
+            while len(out) < n_predict:
+                tok = self._sample(logits, temperature, rng)
+                if self._engine.is_eog(tok):
+                    break
+                out.append(tok)
+                text += self._engine.piece(tok)
+                s = text.decode("utf-8", "ignore")
+                cut = min((s.find(x) for x in stops if x and x in s), default=-1)
+                if cut >= 0:
+                    if cut > emitted:
+                        yield s[emitted:cut]
+                    emitted = cut
+                    break
+                if len(s) > emitted:
+                    yield s[emitted:]
+                    emitted = len(s)
+                if len(out) >= n_predict:
+                    break
+                logits = self._decode([tok], pos, False, 1)[-1]
+                pos += 1
+        finally:
+            t_decode = time.perf_counter() - t1
+            st = self._run_stats(len(toks), len(out), t_prefill, t_decode, c0, c1, self._counters())
+            if _result is not None:
+                s = text.decode("utf-8", "replace")
+                _result.update(text=s[:emitted] if stops else s, tokens=out, prompt_tokens=toks, stats=st)
+
+    def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
+                 seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True) -> Generation:
+        """Generate up to ``n_predict`` tokens after ``prompt`` (greedy when temperature <= 0).
+
+        Returns:
+            :class:`Generation` with the text, generated token ids, prompt ids and run stats
+            (prefill_tok_s and decode_tok_s in tokens/s; ssd_bytes and ssd_bytes_per_token in bytes;
+            io_wait_s in s; peak memory in bytes).
+        """
+        res: dict = {}
+        for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
+            pass
+        return Generation(res["text"], res["tokens"], res["prompt_tokens"], res["stats"])
+
+    def chat(self, messages: Sequence[dict], n_predict: int = 256, **kw) -> Generation:
+        """Generate the assistant's reply to ``messages`` (``[{"role": ..., "content": ...}]``)
+        formatted with the GGUF's chat template. Raises ValueError if the GGUF has none."""
+        self._check_open()
+        prompt = self._engine.apply_chat_template([(m["role"], m["content"]) for m in messages], True)
+        return self.generate(prompt, n_predict, add_special=False, **kw)
+
+    def perplexity(self, text: str, n_ctx: int | None = None) -> float:
+        """Teacher-forced perplexity of ``text``: the tokens are cut into windows of ``n_ctx``
+        (default the session's), each decoded from an empty context; every token after the first
+        of its window is scored. PPL = exp(mean negative log-likelihood), computed in float64."""
+        self._check_open()
+        toks = self.tokenize(text)
+        n = int(n_ctx or self.n_ctx)
+        if n < 2 or len(toks) < 2:
+            raise ValueError("perplexity needs at least 2 tokens and n_ctx >= 2")
+        nll, count = 0.0, 0
+        for s in range(0, len(toks) - 1, n):
+            win = toks[s:s + n]
+            if len(win) < 2:
+                break
+            lg = self.logits(win).astype(np.float64)
+            lg -= lg.max(axis=1, keepdims=True)
+            logp = lg - np.log(np.exp(lg).sum(axis=1, keepdims=True))
+            nll -= float(logp[np.arange(len(win) - 1), win[1:]].sum())
+            count += len(win) - 1
+        return float(np.exp(nll / count))
+
+    # -- stats ---------------------------------------------------------------------------------
+    def _run_stats(self, n_prompt, n_gen, t_prefill, t_decode, c0, c1, c2) -> dict:
+        d = {k: c2[k] - c0[k] for k in _COUNTERS}
+        lay = self.layout
+        st = {
+            "model": str(lay.path), "arch": lay.architecture, "pager": self.paged,
+            "budget_bytes": self.budget_bytes, "arena_bytes": self._pager.arena_bytes if self._pager else 0,
+            "slot_classes": self._pager.stats["slot_classes"] if self._pager else [],
+            "policy": self.policy if self._pager else None, "n_expert_used": self.n_expert_used,
+            "io_threads": self._pager.io_threads if self._pager else 0,
+            "direct_io": self._pager.direct_io if self._pager else False,
+            "n_threads": int(self._engine.n_threads),
+            "n_prompt": n_prompt, "n_gen": n_gen,
+            "prefill_s": t_prefill, "decode_s": t_decode,
+            "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
+            "decode_tok_s": n_gen / t_decode if t_decode > 0 and n_gen else 0.0,
+            **d,
+            "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
+            "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
+            "ssd_bytes": d["bytes_read"],
+            "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
+            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, n_gen),
+            "io_wait_s": d["io_wait_us"] / 1e6,
+            "load_s": self.load_s,
+            "peak_rss_anon": self._peak.peak.rss_anon, "peak_rss_shmem": self._peak.peak.rss_shmem,
+            "peak_rss_file": self._peak.peak.rss_file, "peak_budgeted": self._peak.peak_budgeted,
+            "memory_limit_mode": "sampled",
+        }
+        self._runs.append(st)
+        if self.stats_file:
+            self.stats_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.stats_file, "a") as f:
+                f.write(json.dumps(st) + "\n")
+        return st
+
+    @property
+    def stats(self) -> dict:
+        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory."""
+        c = self._counters()
+        c["hit_rate"] = c["hits"] / c["requests"] if c["requests"] else 0.0
+        c.update(arena_bytes=self._pager.arena_bytes if self._pager else 0,
+                 slots=self._pager.n_slots if self._pager else 0,
+                 slot_classes=self._pager.stats["slot_classes"] if self._pager else [],
+                 policy=self.policy, n_expert_used=self.n_expert_used, load_s=self.load_s,
+                 budget_bytes=self.budget_bytes, used_before_arena=self.used_before_arena,
+                 peak_budgeted=self._peak.peak_budgeted, peak_rss_file=self._peak.peak.rss_file)
+        return c
+
+    def stats_frame(self):
+        """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
+        import pandas as pd
+
+        return pd.DataFrame([{k: v for k, v in r.items() if k != "slot_classes"} for r in self._runs])
+
+    def reset_stats(self) -> None:
+        if self._pager:
+            self._pager.reset_stats()
+        self._engine.reset_hook_stats()
+        self._runs.clear()
+        self._peak = PeakTracker()
+
+    @property
+    def pager(self) -> Pager | None:
+        """The :class:`Pager` (None when ``pager=False``)."""
+        return self._pager
+
+    # -- route log -----------------------------------------------------------------------------
+    def route_log(self):
+        """Routes recorded so far as a dict in DESIGN.md §6 layout (experts int32 [T, L, k],
+        layers, phase, expert_bytes, n_expert, meta). Requires ``route_log=`` at construction."""
+        if self.route_log_path is None:
+            raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
+        lay = self.layout
+        k = self.n_expert_used
+        experts = np.concatenate(self._routes) if self._routes else np.zeros((0, len(lay.layers), k), np.int32)
+        phase = np.concatenate(self._phases) if self._phases else np.zeros(0, np.uint8)
+        meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self._prompt_hash}
+        return {"experts": experts.astype(np.int32), "layers": np.array(lay.moe_layers, np.int32), "phase": phase,
+                "expert_bytes": np.array([l.expert_bytes for l in lay.layers], np.int64),
+                "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
+
+    def save_route_log(self, path=None) -> Path:
+        """Write the recorded routes as NPZ (DESIGN.md §6) to ``path`` (default: the route_log path)."""
+        p = Path(path or self.route_log_path)
+        d = self.route_log()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(p, **d)
+        return p
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Save the route log (if asked for) and free the model, context and arena."""
+        if self._closed:
+            return
+        if self.route_log_path is not None:
+            self.save_route_log()
+        self._engine = None
+        self._pager = None
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = repr(self._pager) if self._pager else "pager=False"
+        return f"Session({self.layout.path.name}, {mode})"

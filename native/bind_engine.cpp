@@ -1,0 +1,81 @@
+// Python bindings of the llama.cpp engine and its expert hook (epqlab._core.Engine).
+// Invariant: decode releases the GIL and returns a fresh NumPy array; the engine keeps its
+// pager alive (keep_alive), since the hook and the rebinding tensors point into its region.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine.h"
+#include "registry.h"
+
+namespace py = pybind11;
+
+void register_engine(py::module_ & m) {
+    m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
+    m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
+
+    py::class_<engine>(m, "Engine")
+        .def(py::init([](const std::string & path, pager * pg, const std::string & arch, int expert_used, int n_ctx,
+                         int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
+                         std::vector<std::tuple<std::string, int, int>> names, bool record) {
+                 engine_config c;
+                 c.path = path;
+                 c.arch = arch;
+                 c.expert_used = expert_used;
+                 c.n_ctx = n_ctx;
+                 c.n_batch = n_batch;
+                 c.n_ubatch = n_ubatch;
+                 c.n_threads = n_threads;
+                 c.install_hook = install_hook;
+                 py::gil_scoped_release nogil;
+                 return new engine(c, pg, blocks, names, record);
+             }),
+             py::keep_alive<1, 3>(), py::arg("path"), py::arg("pager").none(true), py::arg("arch"), py::arg("expert_used"),
+             py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
+             py::arg("blocks"), py::arg("names"), py::arg("record"))
+        .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
+        .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
+        .def("decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks, int pos0, bool all) {
+            const int n = (int) toks.size();
+            if (n == 0) throw std::invalid_argument("decode needs at least one token");
+            const int n_out = all ? n : 1;
+            py::array_t<float> out({(py::ssize_t) n_out, (py::ssize_t) e.n_vocab()});
+            const int32_t * src = toks.data();
+            float * dst = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                e.decode(src, n, pos0, all, dst);
+            }
+            return out;
+        })
+        .def("attach_pager", &engine::attach_pager, py::keep_alive<1, 2>())
+        .def("clear", &engine::clear)
+        .def("apply_chat_template", &engine::apply_chat_template)
+        .def("is_eog", &engine::is_eog)
+        .def_property_readonly("n_vocab", &engine::n_vocab)
+        .def_property_readonly("n_ctx", &engine::n_ctx)
+        .def_property_readonly("n_threads", &engine::n_threads)
+        .def("hook_stats", [](engine & e) {
+            py::dict d;
+            if (!e.hook()) return d;
+            const auto & s = e.hook()->stats();
+            d["ubatches"] = s.ubatches;
+            d["layer_loads"] = s.layer_loads;
+            d["fallback_layers"] = s.fallback_layers;
+            d["fallback_tokens"] = s.fallback_tokens;
+            d["tokens_routed"] = s.tokens;
+            d["dropped_bytes"] = s.dropped_bytes;
+            return d;
+        })
+        .def("reset_hook_stats", [](engine & e) { if (e.hook()) e.hook()->reset_stats(); })
+        .def("take_route", [](engine & e) {
+            // Returns the recorded routes as int32 [n_tokens, n_moe_layers, k] and clears them.
+            if (!e.hook()) return py::array_t<int32_t>();
+            const auto & r = e.hook()->route();
+            py::array_t<int32_t> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            e.hook()->clear_route();
+            return out;
+        })
+        .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; });
+}

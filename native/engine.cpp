@@ -1,0 +1,157 @@
+// engine: llama.cpp model + context with the expert hook; see engine.h for the invariant.
+#include "engine.h"
+
+#include <cstdio>
+#include <cstring>
+#include <malloc.h>
+#include <mutex>
+#include <stdexcept>
+
+#include "llama.h"
+
+static bool g_verbose = false;
+
+static void log_cb(ggml_log_level level, const char * text, void *) {
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+void engine_set_verbose(bool verbose) { g_verbose = verbose; }
+
+int64_t malloc_bytes() {
+    struct mallinfo2 mi = mallinfo2();
+    return (int64_t) (mi.uordblks + mi.hblkhd);
+}
+
+static std::once_flag g_backend_once;
+
+engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<int32_t> & blocks,
+               const std::vector<std::tuple<std::string, int, int>> & names, bool record_routes) {
+    std::call_once(g_backend_once, [] { llama_backend_init(); });
+    llama_log_set(log_cb, nullptr);
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers    = 0;
+    mp.load_mode       = LLAMA_LOAD_MODE_MMAP;
+    mp.use_extra_bufts = false;  // repacking would copy quantized experts into RAM
+    mp.check_tensors   = false;
+    std::vector<llama_model_kv_override> kvo;
+    if (cfg.expert_used > 0) {
+        llama_model_kv_override o{};
+        o.tag = LLAMA_KV_OVERRIDE_TYPE_INT;
+        snprintf(o.key, sizeof(o.key), "%s.expert_used_count", cfg.arch.c_str());
+        o.val_i64 = cfg.expert_used;
+        kvo.push_back(o);
+        llama_model_kv_override end{};
+        kvo.push_back(end);
+        mp.kv_overrides = kvo.data();
+    }
+    model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+    if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + " (set EPQLAB_VERBOSE=1 to see its log)");
+    vocab_ = llama_model_get_vocab(model_);
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx    = (uint32_t) cfg.n_ctx;
+    cp.n_batch  = (uint32_t) cfg.n_batch;
+    cp.n_ubatch = (uint32_t) cfg.n_ubatch;
+    if (cfg.n_threads > 0) {
+        cp.n_threads = cfg.n_threads;
+        cp.n_threads_batch = cfg.n_threads;
+    }
+    cp.no_perf = true;
+    if (cfg.install_hook) {
+        hook_ = std::make_unique<expert_hook>(hook_pager, (int) blocks.size(), blocks, names, record_routes);
+        cp.cb_eval = expert_hook::cb_eval;
+        cp.cb_eval_user_data = hook_.get();
+        cp.abort_callback = expert_hook::abort_cb;
+        cp.abort_callback_data = hook_.get();
+    }
+    ctx_ = llama_init_from_model(model_, cp);
+    if (!ctx_) {
+        llama_model_free(model_);
+        model_ = nullptr;
+        throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) + ")");
+    }
+}
+
+engine::~engine() {
+    if (ctx_) llama_free(ctx_);
+    if (model_) llama_model_free(model_);
+}
+
+std::vector<int32_t> engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    int n = -llama_tokenize(vocab_, text.data(), (int32_t) text.size(), nullptr, 0, add_special, parse_special);
+    std::vector<int32_t> out((size_t) std::max(n, 0));
+    if (n > 0) llama_tokenize(vocab_, text.data(), (int32_t) text.size(), out.data(), n, add_special, parse_special);
+    return out;
+}
+
+std::string engine::piece(int32_t token) const {
+    char buf[256];
+    int n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, false);
+    if (n < 0) {
+        std::string s((size_t) -n, '\0');
+        llama_token_to_piece(vocab_, token, s.data(), -n, 0, false);
+        return s;
+    }
+    return std::string(buf, (size_t) n);
+}
+
+int32_t engine::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
+int32_t engine::n_ctx() const { return (int32_t) llama_n_ctx(ctx_); }
+int32_t engine::n_threads() const { return llama_n_threads(ctx_); }
+bool engine::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+
+void engine::attach_pager(pager * pg) {
+    if (!hook_) throw std::logic_error("engine was created without the expert hook");
+    hook_->set_pager(pg);
+}
+
+void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * out) {
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = tokens[i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = all || i == n - 1;
+    }
+    b.n_tokens = n;
+    if (hook_) hook_->begin_decode();
+    const int rc = llama_decode(ctx_, b);
+    if (hook_) hook_->end_decode();
+    llama_batch_free(b);
+    if (hook_ && hook_->failed()) {
+        clear();
+        hook_->rethrow_if_failed();
+    }
+    if (rc != 0) {
+        clear();
+        throw std::runtime_error("llama_decode failed with status " + std::to_string(rc) +
+                                 (rc == 1 ? " (no KV slot: the context is full; use a larger n_ctx)" : ""));
+    }
+    const int n_out = all ? n : 1;
+    const int nv = n_vocab();
+    const float * lg = llama_get_logits(ctx_);
+    memcpy(out, lg, sizeof(float) * (size_t) n_out * nv);
+}
+
+std::string engine::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const {
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    if (!tmpl) throw std::invalid_argument("this GGUF has no chat template (tokenizer.chat_template); use generate() with a plain prompt");
+    std::vector<llama_chat_message> cm;
+    size_t total = 0;
+    for (const auto & m : msgs) {
+        cm.push_back({m.first.c_str(), m.second.c_str()});
+        total += m.first.size() + m.second.size();
+    }
+    std::vector<char> buf(total * 2 + 256);
+    int n = llama_chat_apply_template(tmpl, cm.data(), cm.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    if (n < 0) throw std::invalid_argument("llama.cpp does not support this GGUF's chat template");
+    if ((size_t) n > buf.size()) {
+        buf.resize((size_t) n + 1);
+        n = llama_chat_apply_template(tmpl, cm.data(), cm.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    }
+    return std::string(buf.data(), (size_t) n);
+}

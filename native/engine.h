@@ -1,0 +1,67 @@
+// engine: one llama.cpp model + context, owned exclusively, optionally with the expert hook.
+//
+// Invariant: the model is loaded the way paging needs (mmap, no weight repacking, no tensor
+// checks, CPU only) in both modes, so pager on and off run the same kernels on the same bytes
+// and produce bit-identical logits. Rebinding expert tensors changes the model's own tensors,
+// so an engine never shares its model with another context, and decodes are serialized.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hook.h"
+
+struct llama_model;
+struct llama_context;
+struct llama_vocab;
+
+struct engine_config {
+    std::string path;
+    std::string arch;             // for the <arch>.expert_used_count override
+    int32_t     expert_used = 0;  // 0 = the model's top-k
+    int32_t     n_ctx = 2048;
+    int32_t     n_batch = 512;
+    int32_t     n_ubatch = 512;
+    int32_t     n_threads = 0;    // 0 = hardware threads
+    bool        install_hook = false;
+};
+
+class engine {
+public:
+    // hook_pager may be null (hook only records routes). names: routed-expert tensors.
+    engine(const engine_config & cfg, pager * hook_pager, const std::vector<int32_t> & blocks,
+           const std::vector<std::tuple<std::string, int, int>> & names, bool record_routes);
+    ~engine();
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string          piece(int32_t token) const;
+    // Decodes n tokens at positions pos0.. in sequence 0; writes logits of every token (all=true)
+    // or of the last one into out ([n_out, n_vocab] floats). Throws on failure; on a failed or
+    // aborted decode the context's memory is cleared.
+    void decode(const int32_t * tokens, int n, int pos0, bool all, float * out);
+    void clear();
+    std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;
+
+    int32_t n_vocab() const;
+    int32_t n_ctx() const;
+    int32_t n_threads() const;
+    bool    is_eog(int32_t token) const;
+    expert_hook * hook() { return hook_.get(); }
+    void attach_pager(pager * pg);
+
+private:
+    llama_model *                 model_ = nullptr;
+    llama_context *               ctx_ = nullptr;
+    const llama_vocab *           vocab_ = nullptr;
+    std::unique_ptr<expert_hook>  hook_;
+};
+
+// Bytes malloc has handed out (arena + mmapped chunks), from mallinfo2: counts buffers llama
+// allocated but has not touched yet, which RSS does not.
+int64_t malloc_bytes();
+void    engine_set_verbose(bool verbose);

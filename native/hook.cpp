@@ -1,0 +1,192 @@
+// hook: llama.cpp graph callback that pages routed experts just in time; see hook.h for the
+// invariant. Nothing here may throw into ggml: every exception is caught, stored, and the
+// decode is stopped through the abort callback.
+#include "hook.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sys/mman.h>
+
+#include "ggml.h"
+
+static const char TOPK_PREFIX[] = "ffn_moe_topk-";
+
+expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t> & blocks,
+                         const std::vector<std::tuple<std::string, int, int>> & names, bool record)
+    : pg_(pg), n_layers_(n_moe_layers), blocks_(blocks), record_(record) {
+    int max_ti = 0;
+    for (const auto & n : names) {
+        names_[std::get<0>(n)] = {std::get<1>(n), std::get<2>(n)};
+        max_ti = std::max(max_ti, std::get<2>(n) + 1);
+    }
+    orig_.assign(n_layers_, std::vector<void *>(max_ti, nullptr));
+    tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
+    mode_.assign(n_layers_, REGION);
+}
+
+expert_hook::~expert_hook() {
+    if (zero_) munmap(zero_, (size_t) zero_bytes_);
+}
+
+void * expert_hook::zero_mapping(int64_t bytes) {
+    if (bytes > zero_bytes_) {
+        if (zero_) munmap(zero_, (size_t) zero_bytes_);
+        zero_ = mmap(nullptr, (size_t) bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        zero_bytes_ = zero_ == MAP_FAILED ? 0 : bytes;
+        if (zero_ == MAP_FAILED) zero_ = nullptr;
+    }
+    return zero_;
+}
+
+bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
+    auto * h = (expert_hook *) user_data;
+    if (ask) return h->on_ask(t);
+    try {
+        h->on_topk(t);
+    } catch (...) {
+        if (!h->error_) h->error_ = std::current_exception();
+        h->abort_ = true;
+    }
+    return true;  // never false: that would truncate the graph silently
+}
+
+bool expert_hook::abort_cb(void * user_data) {
+    return ((expert_hook *) user_data)->abort_;
+}
+
+bool expert_hook::on_ask(ggml_tensor * t) {
+    if (t->op == GGML_OP_MUL_MAT_ID) {
+        ggml_tensor * w = t->src[0];
+        auto it = seen_.find(w);
+        if (it == seen_.end()) {
+            auto n = names_.find(ggml_get_name(w));
+            if (n == names_.end()) return false;  // not a routed-expert weight we page
+            it = seen_.emplace(w, n->second).first;
+            orig_[n->second.first][n->second.second] = w->data;
+            tensor_bytes_[n->second.first][n->second.second] = (int64_t) ggml_nbytes(w);
+            if (pg_) {
+                // llama's loader read the whole file; its copy of these experts is not needed:
+                // unmap those pages from llama's mapping and drop them from the page cache.
+                const int64_t page = 4096;
+                const uintptr_t a = ((uintptr_t) w->data + page - 1) & ~(uintptr_t) (page - 1);
+                const uintptr_t b = ((uintptr_t) w->data + ggml_nbytes(w)) & ~(uintptr_t) (page - 1);
+                if (b > a) {
+                    madvise((void *) a, b - a, MADV_DONTNEED);
+                    stats_.dropped_bytes += (int64_t) (b - a);
+                }
+                pg_->drop_file_cache(n->second.first, n->second.second);
+            }
+        }
+        const int li = it->second.first, ti = it->second.second;
+        if (!pg_) return false;
+        switch (mode_[li]) {
+            case REGION: w->data = pg_->tensor_data(li, ti); break;
+            case LLAMA:  w->data = orig_[li][ti]; break;
+            case ZERO: {
+                void * z = zero_mapping(tensor_bytes_[li][ti]);
+                w->data = z ? z : orig_[li][ti];
+                break;
+            }
+        }
+        return false;
+    }
+    const char * name = ggml_get_name(t);
+    return strncmp(name, TOPK_PREFIX, sizeof(TOPK_PREFIX) - 1) == 0;
+}
+
+void expert_hook::begin_decode() {
+    in_decode_ = true;
+    abort_ = false;
+    last_li_ = -1;
+    ub_tokens_ = 0;
+}
+
+void expert_hook::end_decode() {
+    flush_ubatch();
+    if (pg_ && last_li_ >= 0) pg_->release_layer(last_li_);
+    last_li_ = -1;
+    in_decode_ = false;
+}
+
+void expert_hook::rethrow_if_failed() {
+    if (error_) {
+        auto e = error_;
+        error_ = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
+void expert_hook::flush_ubatch() {
+    if (record_ && ub_tokens_ > 0) route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
+    ub_tokens_ = 0;
+}
+
+void expert_hook::on_topk(ggml_tensor * t) {
+    const int il = atoi(ggml_get_name(t) + sizeof(TOPK_PREFIX) - 1);
+    int li = -1;
+    for (int i = 0; i < n_layers_; i++)
+        if (blocks_[i] == il) { li = i; break; }
+    if (li < 0) return;
+    if (t->type != GGML_TYPE_I32) throw std::runtime_error("ffn_moe_topk is not int32");
+    const int k = (int) t->ne[0];
+    const int n_tokens = (int) t->ne[1];
+
+    // A new ubatch starts when the layer index does not increase.
+    if (li <= last_li_ || last_li_ < 0) {
+        if (pg_ && last_li_ >= 0) pg_->release_layer(last_li_);
+        last_li_ = -1;
+        flush_ubatch();
+        std::fill(mode_.begin(), mode_.end(), (uint8_t) REGION);
+        stats_.ubatches++;
+        stats_.tokens += n_tokens;
+        if (pg_) pg_->begin_pass();
+        if (record_) {
+            route_k_ = k;
+            ub_tokens_ = n_tokens;
+            ub_route_.assign((size_t) n_tokens * n_layers_ * k, -1);
+        }
+    }
+
+    // ids: [k, n_tokens] int32, possibly a view: row stride nb[1], element stride nb[0].
+    std::vector<int32_t> ids((size_t) k * n_tokens);
+    const char * base = (const char *) t->data;
+    for (int j = 0; j < n_tokens; j++)
+        for (int i = 0; i < k; i++)
+            ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
+    if (record_ && ub_tokens_ == n_tokens && k == route_k_) {
+        for (int j = 0; j < n_tokens; j++)
+            std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) j * n_layers_ + li) * k]);
+    }
+    if (!pg_) {
+        last_li_ = li;
+        return;
+    }
+    if (abort_) {  // a read already failed in this decode: compute on zeros until the abort lands
+        mode_[li] = ZERO;
+        return;
+    }
+    if (last_li_ >= 0) pg_->release_layer(last_li_);
+    last_li_ = li;
+
+    std::vector<int32_t> uni(ids);
+    std::sort(uni.begin(), uni.end());
+    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+    if ((int) uni.size() > pg_->capacity(li)) {
+        // More distinct experts than slots: this layer of this ubatch reads llama's own mapping.
+        mode_[li] = LLAMA;
+        stats_.fallback_layers++;
+        stats_.fallback_tokens += n_tokens;
+        return;
+    }
+    // Request in router order for a single token (recency as the router ranks them), else sorted.
+    try {
+        if (n_tokens == 1) pg_->load_layer(li, ids.data(), k, nullptr);
+        else pg_->load_layer(li, uni.data(), (int) uni.size(), nullptr);
+    } catch (...) {
+        mode_[li] = ZERO;
+        throw;
+    }
+    mode_[li] = REGION;
+    stats_.layer_loads++;
+}

@@ -1,0 +1,91 @@
+// hook: the llama.cpp graph callback (cb_eval) that makes routed experts resident just in time.
+//
+// Invariant (the callback barrier): ggml's scheduler asks about every node before computing it
+// and, for nodes we "need", calls us again after computing it and before asking about the next.
+// We need `ffn_moe_topk-<il>`: when it is observed, the router's ids for layer il are final and
+// none of layer il's expert matmuls has been asked about yet. There we release layer il-1, make
+// the union of layer il's selected experts resident and pinned, and only then return. When a
+// MUL_MAT_ID node is asked about, we point its expert weight (src[0]) at the pager's region, at
+// llama's own file mapping (a batch whose expert union exceeds the arena: same bytes, read
+// through the page cache), or at an all-zero mapping (a read failed: the decode is being
+// aborted, and the zero page keeps the matmul from touching PROT_NONE memory before the abort
+// callback stops the graph). The callback never returns false in the observe pass: that would
+// silently truncate the graph (DESIGN.md §4). Errors are stored and reported after llama_decode.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pager.h"
+
+struct ggml_tensor;
+
+struct hook_stats {
+    int64_t ubatches = 0;        // forward passes seen (one per ubatch)
+    int64_t layer_loads = 0;     // (ubatch, layer) pairs paged through the arena
+    int64_t fallback_layers = 0; // (ubatch, layer) pairs read through llama's mapping (union > arena)
+    int64_t fallback_tokens = 0; // tokens in those ubatches, summed over layers
+    int64_t tokens = 0;          // tokens routed (counted at the first MoE layer)
+    int64_t dropped_bytes = 0;   // llama-mapped expert bytes dropped from memory at capture
+};
+
+class expert_hook {
+public:
+    // names[i] = (tensor name, MoE layer index, tensor index) for every routed-expert tensor.
+    expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t> & blocks,
+                const std::vector<std::tuple<std::string, int, int>> & names, bool record);
+    ~expert_hook();
+
+    static bool cb_eval(ggml_tensor * t, bool ask, void * user_data);
+    static bool abort_cb(void * user_data);
+
+    // Attaches the pager after the context exists (the arena is sized from measured usage).
+    void set_pager(pager * pg) { pg_ = pg; }
+
+    // Called by the engine around llama_decode.
+    void begin_decode();
+    void end_decode();
+    // Rethrows a failure stored during the last decode (and clears it).
+    void rethrow_if_failed();
+    bool failed() const { return (bool) error_; }
+
+    const hook_stats & stats() const { return stats_; }
+    void reset_stats() { stats_ = hook_stats{}; }
+
+    // Route log: tokens in processing order, [n_tokens][n_moe_layers][k] int32.
+    const std::vector<int32_t> & route() const { return route_; }
+    int route_k() const { return route_k_; }
+    void clear_route() { route_.clear(); }
+
+private:
+    enum mode : uint8_t { REGION = 0, LLAMA = 1, ZERO = 2 };
+
+    bool on_ask(ggml_tensor * t);
+    void on_topk(ggml_tensor * t);
+    void flush_ubatch();
+    void * zero_mapping(int64_t bytes);
+
+    pager *                                  pg_;
+    int                                      n_layers_;
+    std::vector<int32_t>                     blocks_;       // GGUF block id per MoE layer index
+    std::unordered_map<std::string, std::pair<int, int>> names_;
+    std::unordered_map<const ggml_tensor *, std::pair<int, int>> seen_;
+    std::vector<std::vector<void *>>         orig_;         // llama's data pointer per [li][ti]
+    std::vector<std::vector<int64_t>>        tensor_bytes_; // whole-tensor bytes per [li][ti]
+    std::vector<uint8_t>                     mode_;         // per layer, for the current ubatch
+    int                                      last_li_ = -1;
+    bool                                     in_decode_ = false;
+    bool                                     abort_ = false;
+    std::exception_ptr                       error_;
+    void *                                   zero_ = nullptr;
+    int64_t                                  zero_bytes_ = 0;
+    bool                                     record_;
+    std::vector<int32_t>                     route_;
+    std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
+    int                                      ub_tokens_ = 0;
+    int                                      route_k_ = 0;
+    hook_stats                               stats_;
+};
