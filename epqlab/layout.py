@@ -297,6 +297,8 @@ def inspect(path: str | os.PathLike) -> ModelLayout:
             ExpertTensor(t.name, m.group(2), qtype.name, (dims[0], dims[1], dims[2]), int(t.data_offset), nb2, int(t.n_bytes))
         )
     n_tensors = len(reader.tensors)
+    n_expert_kv = hp("expert_count")
+    n_expert_used = hp("expert_used_count")
     metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
     del reader
     if not by_layer:
@@ -308,8 +310,7 @@ def inspect(path: str | os.PathLike) -> ModelLayout:
         ExpertLayer(il, tuple(sorted(ts, key=lambda t: _KIND_ORDER[t.kind])))
         for il, ts in sorted(by_layer.items())
     ]
-    n_expert = hp("expert_count") or layers[0].tensors[0].shape[2]
-    n_expert_used = hp("expert_used_count")
+    n_expert = n_expert_kv or layers[0].tensors[0].shape[2]
     for l in layers:
         for t in l.tensors:
             if t.shape[2] != n_expert:
