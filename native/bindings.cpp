@@ -7,5 +7,6 @@
 PYBIND11_MODULE(_core, m) {
     m.doc() = "epqlab native core: expert pager, llama.cpp hook, I/O probe";
     m.attr("__version__") = "0.1.0";
+    register_probe(m);
 
 }

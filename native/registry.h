@@ -3,3 +3,4 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+void register_probe(pybind11::module_ & m);   // bind_probe.cpp
