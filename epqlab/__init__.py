@@ -19,6 +19,7 @@ from .errors import (
     TruncatedModelError,
 )
 from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
+from .probe import probe_io
 from .units import fmt_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -26,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ArenaTooSmall", "EpqlabError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
-    "inspect", "fmt_bytes", "parse_bytes", "__version__",
+    "inspect", "probe_io", "fmt_bytes", "parse_bytes", "__version__",
 ]
