@@ -21,6 +21,7 @@ from .errors import (
 from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
 from .pager import Pager
 from .session import Generation, Session
+from .probe import probe_io
 from .units import fmt_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -28,5 +29,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ArenaTooSmall", "EpqlabError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
-    "inspect", "Pager", "Session", "Generation", "fmt_bytes", "parse_bytes", "__version__",
+    "inspect", "probe_io", "Pager", "Session", "Generation", "fmt_bytes", "parse_bytes", "__version__",
 ]

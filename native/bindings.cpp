@@ -9,5 +9,5 @@ PYBIND11_MODULE(_core, m) {
     m.attr("__version__") = "0.1.0";
     register_pager(m);
     register_engine(m);
-
+    register_probe(m);
 }

@@ -5,3 +5,4 @@
 
 void register_pager(pybind11::module_ & m);   // bind_pager.cpp
 void register_engine(pybind11::module_ & m);  // bind_engine.cpp
+void register_probe(pybind11::module_ & m);   // bind_probe.cpp

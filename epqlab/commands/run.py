@@ -1,0 +1,85 @@
+"""``epqlab run MODEL -p PROMPT -n N --ram-budget 4GiB``: generate with paged experts, then print stats."""
+from __future__ import annotations
+
+import sys
+
+
+def add_session_args(p) -> None:
+    p.add_argument("-p", "--prompt", default="Explain what a CPU cache is in two sentences.")
+    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--ram-budget", default=None, help="RAM budget for anon+shmem memory, e.g. 4GiB (default: all experts fit)")
+    p.add_argument("--policy", default="lru", choices=["lru", "ls", "ls_pos"])
+    p.add_argument("--expert-used", type=int, default=None, help="override top-k")
+    p.add_argument("--io-threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="compute threads")
+    p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("--pager", dest="pager", action="store_true", default=True, help="page experts (default)")
+    p.add_argument("--no-pager", dest="pager", action="store_false", help="plain llama.cpp (mmap) for comparison")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stats-file", default=None, help="append run stats as JSON lines")
+    p.add_argument("--route-log", default=None, help="save the route log (NPZ) here")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="generate text with routed experts paged under a RAM budget")
+    p.add_argument("model", help="path to a MoE .gguf")
+    add_session_args(p)
+    p.set_defaults(func=run)
+
+
+def stats_table(st: dict, session) -> str:
+    from ..units import fmt_bytes
+
+    rows = [
+        ("model", st["model"]),
+        ("pager", "on" if st["pager"] else "off (plain llama.cpp mmap)"),
+    ]
+    if st["pager"]:
+        classes = ", ".join(f"{c['slots']} x {fmt_bytes(c['slot_bytes'])}" for c in st["slot_classes"] if c["slots"])
+        rows += [
+            ("budget", fmt_bytes(st["budget_bytes"]) if st["budget_bytes"] is not None else "none (all experts fit)"),
+            ("arena", f"{fmt_bytes(st['arena_bytes'])} = {classes}  ({st['arena_bytes'] / session.layout.routed_expert_bytes:.0%} of routed experts)"),
+            ("policy / top-k", f"{st['policy']} / {st['n_expert_used']}"),
+            ("I/O", f"{'O_DIRECT' if st['direct_io'] else 'buffered'}, {st['io_threads']} threads"),
+            ("hit rate", f"{st['hit_rate']:.1%}  ({st['hits']} hits, {st['misses']} misses of {st['requests']} requests)"),
+            ("evictions", str(st["evictions"])),
+            ("SSD read", f"{fmt_bytes(st['ssd_bytes'])}; {st['decode_ssd_bytes_per_token'] / 1e6:.2f} MB/token in decode"),
+            ("I/O wait", f"{st['io_wait_s']:.3f} s"),
+            ("batches via llama mapping", f"{st['fallback_layers']} (layer, ubatch) pairs whose experts exceeded the arena"),
+        ]
+    rows += [
+        ("prefill", f"{st['n_prompt']} tokens, {st['prefill_tok_s']:.1f} tok/s"),
+        ("decode", f"{st['n_gen']} tokens, {st['decode_tok_s']:.2f} tok/s"),
+        ("load", f"{st['load_s']:.2f} s"),
+        ("peak memory", f"anon {fmt_bytes(st['peak_rss_anon'])} + shmem {fmt_bytes(st['peak_rss_shmem'])} "
+                        f"= {fmt_bytes(st['peak_budgeted'])} (file-backed {fmt_bytes(st['peak_rss_file'])}, sampled)"),
+    ]
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def run_session(model, args, arena_bytes=None) -> int:
+    from ..session import Session
+
+    with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
+                 io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
+                 route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes) as s:
+        prompt = args.prompt
+        if args.chat:
+            prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])
+            print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
+        else:
+            print(prompt, end="", flush=True)
+        res: dict = {}
+        for piece in s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat, _result=res):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        print("\n")
+        print(stats_table(res["stats"], s))
+    return 0
+
+
+def run(args) -> int:
+    return run_session(args.model, args)
