@@ -65,6 +65,8 @@ class Session:
             on :meth:`save_route_log` / :meth:`close`.
         stats_file: path; each generate() appends its run stats as one JSON line.
         direct_io: O_DIRECT reads (falls back to buffered where refused).
+        arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
+            experiments that fix the arena rather than the process budget.
 
     Raises:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError, NotMoEError: bad model file.
@@ -76,7 +78,7 @@ class Session:
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True):
+                 direct_io: bool = True, arena_bytes=None):
         from ._native import core
 
         self.layout: ModelLayout = inspect(model)
@@ -118,7 +120,9 @@ class Session:
         untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
         self.used_before_arena = after.budgeted + untouched
         if self.paged:
-            if self.budget_bytes is None:
+            if arena_bytes is not None:
+                arena = parse_bytes(arena_bytes)
+            elif self.budget_bytes is None:
                 arena = Pager.all_experts_bytes(lay)
             else:
                 arena = self.budget_bytes - self.used_before_arena - self.reserve_bytes
@@ -268,12 +272,15 @@ class Session:
             pass
         return Generation(res["text"], res["tokens"], res["prompt_tokens"], res["stats"])
 
-    def chat(self, messages: Sequence[dict], n_predict: int = 256, **kw) -> Generation:
-        """Generate the assistant's reply to ``messages`` (``[{"role": ..., "content": ...}]``)
-        formatted with the GGUF's chat template. Raises ValueError if the GGUF has none."""
+    def chat_prompt(self, messages: Sequence[dict]) -> str:
+        """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat
+        template, ending with the assistant's turn. Raises ValueError if the GGUF has none."""
         self._check_open()
-        prompt = self._engine.apply_chat_template([(m["role"], m["content"]) for m in messages], True)
-        return self.generate(prompt, n_predict, add_special=False, **kw)
+        return self._engine.apply_chat_template([(m["role"], m["content"]) for m in messages], True)
+
+    def chat(self, messages: Sequence[dict], n_predict: int = 256, **kw) -> Generation:
+        """Generate the assistant's reply to ``messages`` with the GGUF's chat template."""
+        return self.generate(self.chat_prompt(messages), n_predict, add_special=False, **kw)
 
     def perplexity(self, text: str, n_ctx: int | None = None) -> float:
         """Teacher-forced perplexity of ``text``: the tokens are cut into windows of ``n_ctx``
