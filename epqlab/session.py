@@ -191,6 +191,28 @@ class Session:
         self._engine.clear()
         return self._decode(tokens, 0, True, 0)
 
+    def greedy_trace(self, tokens: Sequence[int], n_predict: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Prefill ``tokens`` (one batch per n_batch) and decode ``n_predict`` greedy tokens one at a
+        time, for A/B comparisons of the exact numbers.
+
+        Returns:
+            ``(prompt_logits, step_logits, generated)``: float32 ``[n_prompt, n_vocab]`` (every
+            prompt position), float32 ``[n_predict, n_vocab]`` (the logits each generated token was
+            chosen from), and the generated ids (end-of-generation tokens included).
+        """
+        self._check_open()
+        self._engine.clear()
+        prompt_logits = self._decode(tokens, 0, True, 0)
+        steps, out = [prompt_logits[-1]], []
+        pos = len(tokens)
+        for i in range(n_predict):
+            tok = int(np.argmax(steps[-1]))
+            out.append(tok)
+            if i + 1 < n_predict:
+                steps.append(self._decode([tok], pos, False, 1)[-1])
+                pos += 1
+        return prompt_logits, np.stack(steps), out
+
     def _counters(self) -> dict:
         c = dict(self._pager.stats) if self._pager else {}
         c.update(self._engine.hook_stats())

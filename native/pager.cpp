@@ -1,9 +1,11 @@
 // pager: routed-expert residency in a fixed RAM arena; see pager.h for the invariant.
 //
 // Correctness rests on three rules kept in this file:
-//  1. map before read, read before resident: a miss gets a slot, its pages are mapped from
-//     the slot over the region, the file pages are read straight into that mapping, and only
-//     when every read of the unit returned all needed bytes does the unit count as resident;
+//  1. read before map: a miss gets a slot, the file pages are read into the slot through the
+//     arena's own fill mapping, and only when every read of the unit returned all needed bytes
+//     is the slot mapped over the region and the unit counted resident. Reading through the
+//     region instead would be wrong: two neighbours loaded together share a boundary page, and
+//     the region shows only one of their copies, so the other slot's copy would stay stale;
 //  2. eviction unmaps to PROT_NONE, except boundary pages that a resident neighbour's slice
 //     also touches: those are re-mapped from the neighbour's own copy of that file page;
 //  3. victims come only from the evictable sets, which never hold pinned units.
@@ -171,6 +173,14 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
         int e = errno;
         throw std::runtime_error("cannot create the arena memfd of " + std::to_string(arena_size_) + " bytes: " + errstr(e));
     }
+    if (arena_size_ > 0) {
+        void * f = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+        if (f == MAP_FAILED) {
+            int e = errno;
+            throw std::runtime_error("cannot map the arena memfd: " + errstr(e));
+        }
+        fill_ = (char *) f;
+    }
     units_.assign((size_t) layers_.size() * n_expert_, unit{});
     pinned_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
@@ -182,6 +192,7 @@ pager::~pager() {
     pool_.reset();
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
+    if (fill_) munmap(fill_, (size_t) arena_size_);
     if (memfd_ >= 0) close(memfd_);
     if (fd_ >= 0) close(fd_);
 }
@@ -327,12 +338,14 @@ void pager::map_unit(int u) {
                                      (err == ENOMEM ? "; vm.max_map_count may be too low for this many resident experts" : ""));
         }
     }
+    units_[u].mapped = true;
     stats_.map_us += io_now_us() - t0;
 }
 
 void pager::unmap_unit(int u) {
     const int li = u / n_expert_, e = u % n_expert_;
     const int64_t t0 = io_now_us();
+    units_[u].mapped = false;
     for (const auto & m : maps_[li]) {
         int64_t p0, p1;
         expert_pages(m, e, p0, p1);
@@ -348,7 +361,7 @@ void pager::unmap_unit(int u) {
             for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
                 if (e2 == e) continue;
                 const unit & y = units_[li * n_expert_ + e2];
-                if (y.slot < 0) continue;
+                if (!y.mapped) continue;
                 int64_t q0, q1;
                 expert_pages(m, (int) e2, q0, q1);
                 mmap(m.region + (p - m.first_page) * page_, (size_t) page_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
@@ -418,7 +431,6 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             units_[u].slot = s;
             slots_[s].unit = u;
             placed++;
-            map_unit(u);
             const int e = u % n_expert_;
             for (const auto & m : maps_[li]) {
                 int64_t p0, p1;
@@ -427,7 +439,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
                 j.offset = p0 * page_;
                 j.len    = (p1 - p0) * page_;
                 j.need   = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes - j.offset;
-                j.dst    = m.region + (p0 - m.first_page) * page_;
+                j.dst    = fill_ + slots_[s].offset + m.sub_off;
                 jobs.push_back(j);
                 job_unit.push_back(u);
             }
@@ -436,7 +448,6 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
         for (size_t i = 0; i < placed; i++) {
             const int u = misses[i];
-            unmap_unit(u);
             const int s = units_[u].slot;
             slots_[s].unit = -1;
             free_[slots_[s].cls].push_back(s);
@@ -475,9 +486,14 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             if (std::find(bad_units.begin(), bad_units.end(), job_unit[i]) == bad_units.end()) bad_units.push_back(job_unit[i]);
         }
     }
+    // The fill mapping's page-table entries are dropped (the memfd keeps the pages), so each
+    // arena page is mapped once, by the region, and RssShmem counts it once.
+    for (const auto & j : jobs) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);
+    for (int u : misses) {
+        if (std::find(bad_units.begin(), bad_units.end(), u) == bad_units.end()) map_unit(u);
+    }
     if (failed) {
         for (int u : bad_units) {
-            unmap_unit(u);
             const int s = units_[u].slot;
             slots_[s].unit = -1;
             free_[slots_[s].cls].push_back(s);

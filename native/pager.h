@@ -124,6 +124,7 @@ private:
         uint64_t last_use = 0;
         uint64_t last_pass = 0;
         bool     pinned = false;
+        bool     mapped = false;  // its slot backs its pages in the region (it is resident)
     };
     struct slot {
         int64_t offset;
@@ -147,6 +148,7 @@ private:
     int                          fd_ = -1;
     bool                         direct_ = false;
     int                          memfd_ = -1;
+    char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;
     int32_t                      n_expert_ = 0;

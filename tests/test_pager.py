@@ -50,9 +50,11 @@ def test_resident_bytes_equal_file(tmp_path, build, direct, threads):
     assert epqlab.Pager.unit_slot_bytes(layout) == unit_slot_bytes(layout)
     rng = np.random.default_rng(1)
     k = layout.n_expert_used
-    for arena in (epqlab.Pager.min_arena_bytes(layout), epqlab.Pager.all_experts_bytes(layout)):
+    total = epqlab.Pager.all_experts_bytes(layout)
+    mn = epqlab.Pager.min_arena_bytes(layout)
+    for arena in (mn, max(mn, total // 4), max(mn, total // 2), total):
         p = epqlab.Pager(layout, arena, io_threads=threads, direct_io=direct)
-        for step in range(40):
+        for step in range(60):
             l = layout.moe_layers[step % len(layout.moe_layers)]
             ids = rng.choice(layout.n_expert, size=k, replace=False)
             p.load_layer(l, ids)
