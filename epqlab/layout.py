@@ -223,8 +223,14 @@ def _open_reader(path: Path):
 _KIND_ORDER = {"gate": 0, "gate_up": 0, "up": 1, "down": 2}
 
 
+_CACHE: dict[tuple, ModelLayout] = {}
+
+
 def inspect(path: str | os.PathLike) -> ModelLayout:
     """Read the routed-expert layout of a MoE GGUF file.
+
+    gguf-py parses every metadata array (a 49K-token vocabulary takes seconds), so layouts are
+    cached per process by (real path, size, mtime); treat the returned object as read-only.
 
     Args:
         path: a single-file GGUF.
@@ -250,6 +256,16 @@ def inspect(path: str | os.PathLike) -> ModelLayout:
             f"{path.name} is one shard of a split GGUF; split models are not supported yet. "
             "Merge the shards first: llama-gguf-split --merge FIRST-SHARD.gguf merged.gguf"
         )
+    st = path.stat()
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key in _CACHE:
+        return _CACHE[key]
+    layout = _inspect(path)
+    _CACHE[key] = layout
+    return layout
+
+
+def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     reader = _open_reader(path)

@@ -1,0 +1,276 @@
+"""Session: paged generation is bit-identical to plain llama.cpp at every budget, policy and I/O
+thread count; hit counts equal an independent LRU simulation of the run's own route log; the
+memory budget holds; bad input raises clear exceptions."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab.models import synthesize
+from test_pager import RefPager
+
+PROMPT = ("A CPU cache is a small, fast memory that sits between the processor and main memory. "
+          "It keeps copies of recently used data so that the processor does not have to wait for "
+          "the slower DRAM. Explain why caches work")
+N_STEPS = 16
+THREADS = 1
+
+
+@pytest.fixture(scope="module")
+def default_path():
+    return epqlab.models.default_model(progress=False)
+
+
+@pytest.fixture(scope="module")
+def unaligned_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("synth") / "tiny-unaligned.gguf"
+    synthesize(p, "tiny", unaligned=True, progress=False)
+    return p
+
+
+def reference(path, tokens, **kw):
+    with epqlab.Session(path, pager=False, n_threads=THREADS, **kw) as s:
+        return s.greedy_trace(tokens, N_STEPS)
+
+
+def budgets(layout):
+    mn = epqlab.Pager.min_arena_bytes(layout)
+    tot = epqlab.Pager.all_experts_bytes(layout)
+    return {"all": tot, "quarter": max(mn, tot // 4), "min": mn}
+
+
+def check_identical(path, policies, io_threads_list, n_ubatch=512):
+    lay = epqlab.inspect(path)
+    with epqlab.Session(path, pager=False, n_threads=THREADS) as s0:
+        toks = s0.tokenize(PROMPT)
+    assert len(toks) >= 32
+    ref_prompt, ref_steps, ref_gen = reference(path, toks, n_ubatch=n_ubatch)
+    assert np.isfinite(ref_prompt).all()
+    seen = []
+    for name, arena in budgets(lay).items():
+        for policy in policies:
+            for io in io_threads_list:
+                with epqlab.Session(path, arena_bytes=arena, policy=policy, io_threads=io, n_threads=THREADS,
+                                    n_ubatch=n_ubatch) as s:
+                    p, st, gen = s.greedy_trace(toks, N_STEPS)
+                    stats = s.stats
+                assert np.array_equal(p, ref_prompt), (name, policy, io)
+                assert np.array_equal(st, ref_steps), (name, policy, io)
+                assert gen == ref_gen, (name, policy, io)
+                assert stats["requests"] > 0
+                if name != "all":
+                    assert stats["arena_bytes"] < epqlab.Pager.all_experts_bytes(lay)
+                    assert stats["evictions"] > 0, (name, policy, io)
+                seen.append((name, stats["misses"], stats["fallback_layers"]))
+    return seen
+
+
+@pytest.mark.parametrize("policy", ["lru", "ls", "ls_pos"])
+def test_default_model_bit_identical(default_path, policy):
+    seen = check_identical(default_path, [policy], [1, None])
+    # the minimum arena cannot hold a whole prompt ubatch's experts: those layers go through
+    # llama's mapping and are still identical
+    assert any(name == "min" and fb > 0 for name, _, fb in seen)
+
+
+def test_default_model_small_ubatch_pages_everything(default_path):
+    # n_ubatch 4 keeps every (ubatch, layer) union within the quarter arena: no fallback there
+    seen = check_identical(default_path, ["lru"], [None], n_ubatch=4)
+    assert all(fb == 0 for name, _, fb in seen if name in ("all", "quarter"))
+
+
+def test_unaligned_synth_bit_identical(unaligned_path):
+    lay = epqlab.inspect(unaligned_path)
+    assert any(t.expert_bytes % 4096 for l in lay.layers for t in l.tensors)
+    assert any(t.offset % 4096 for l in lay.layers for t in l.tensors)
+    check_identical(unaligned_path, ["lru", "ls", "ls_pos"], [1, None], n_ubatch=8)
+
+
+def test_greedy_text_identical_across_budgets(default_path):
+    lay = epqlab.inspect(default_path)
+    texts = []
+    with epqlab.Session(default_path, pager=False, n_threads=THREADS) as s:
+        texts.append(s.generate(PROMPT, 24).text)
+    for arena in budgets(lay).values():
+        with epqlab.Session(default_path, arena_bytes=arena, n_threads=THREADS) as s:
+            texts.append(s.generate(PROMPT, 24).text)
+    assert len(set(texts)) == 1 and texts[0].strip()
+
+
+def test_hits_equal_lru_simulation_of_route_log(default_path, tmp_path):
+    lay = epqlab.inspect(default_path)
+    arena = budgets(lay)["quarter"]
+    log_path = tmp_path / "routes.npz"
+    n_ubatch = 4
+    with epqlab.Session(default_path, arena_bytes=arena, n_ubatch=n_ubatch, n_threads=THREADS, route_log=log_path) as s:
+        g = s.generate(PROMPT, 20)
+        stats = s.stats
+        classes = s.pager.stats["slot_classes"]
+    z = np.load(log_path)
+    experts, phase = z["experts"], z["phase"]
+    assert experts.shape == (len(g.prompt_tokens) + len(g.tokens) - 1, len(lay.layers), lay.n_expert_used)
+    assert list(z["layers"]) == lay.moe_layers and int(z["n_expert"]) == lay.n_expert
+    assert (phase[:len(g.prompt_tokens)] == 0).all() and (phase[len(g.prompt_tokens):] == 1).all()
+    # Independent LRU: prefill in ubatches of n_ubatch tokens (each layer requests the sorted union
+    # of its ubatch's experts), decode one token at a time (router order); the layer being loaded
+    # is pinned, the previous one released.
+    ub = epqlab.Pager.unit_slot_bytes(lay)
+    ref = RefPager(ub, classes, "lru")
+    n_prompt = len(g.prompt_tokens)
+    batches = [list(range(i, min(i + n_ubatch, n_prompt))) for i in range(0, n_prompt, n_ubatch)]
+    batches += [[t] for t in range(n_prompt, experts.shape[0])]
+    for b in batches:
+        ref.begin_pass()
+        for li in range(len(lay.layers)):
+            if li:
+                ref.release(li - 1)
+            ids = experts[b, li].ravel()
+            ref.load(li, ids if len(b) == 1 else np.unique(ids))
+        ref.release(len(lay.layers) - 1)
+    assert stats["fallback_layers"] == 0
+    assert (stats["hits"], stats["misses"], stats["evictions"]) == (ref.hits, ref.misses, ref.evictions)
+
+
+CHILD = r"""
+import sys, json, epqlab
+path, budget = sys.argv[1], sys.argv[2]
+s = epqlab.Session(path, ram_budget=int(budget), n_threads=2, n_ctx=512)
+print(json.dumps({"used": s.used_before_arena, "arena": s.pager.arena_bytes}), flush=True)
+g = s.generate("Explain what a CPU cache is in two sentences.", 48)
+print(json.dumps({"misses": g.stats["misses"], "evictions": g.stats["evictions"], "n_gen": len(g.tokens)}), flush=True)
+s.close()
+"""
+
+
+def run_child(path, budget, sample=True):
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(budget)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            m = epqlab.memory.sample(proc.pid)
+            peak = max(peak, m.budgeted)
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err, peak
+
+
+def test_peak_memory_stays_within_budget(default_path):
+    lay = epqlab.inspect(default_path)
+    # first learn what the process uses before the arena, with a generous budget
+    rc, out, err, _ = run_child(default_path, 4 * 2**30)
+    assert rc == 0, err
+    used = json.loads(out.splitlines()[0])["used"]
+    quarter = budgets(lay)["quarter"]
+    budget = used + 64 * 2**20 + quarter
+    rc, out, err, peak = run_child(default_path, budget)
+    assert rc == 0, err
+    first, second = (json.loads(l) for l in out.splitlines()[:2])
+    assert first["arena"] < lay.routed_expert_bytes  # experts do not fit
+    assert second["evictions"] > 0 and second["n_gen"] > 0
+    assert 0 < peak <= budget, (peak, budget)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+def test_missing_and_dense(tmp_path):
+    with pytest.raises(epqlab.ModelNotFoundError):
+        epqlab.Session(tmp_path / "missing.gguf")
+    from epqlab.models.smollm2 import source_gguf
+
+    with pytest.raises(epqlab.NotMoEError):
+        epqlab.Session(source_gguf())
+
+
+def test_budget_below_minimum_names_it(default_path):
+    with pytest.raises(epqlab.ArenaTooSmall) as ei:
+        epqlab.Session(default_path, ram_budget="64MiB", n_threads=THREADS)
+    msg = str(ei.value)
+    smallest = int(msg.split("smallest budget that works is ")[1].split(" bytes")[0])
+    with epqlab.Session(default_path, ram_budget=smallest + 8 * 2**20, n_threads=THREADS) as s:
+        assert s.pager.arena_bytes >= epqlab.Pager.min_arena_bytes(s.layout)
+        assert s.generate("Hello", 4).tokens
+
+
+def test_expert_used_bounds_and_override(default_path, tmp_path):
+    lay = epqlab.inspect(default_path)
+    with pytest.raises(ValueError, match="expert_used"):
+        epqlab.Session(default_path, expert_used=lay.n_expert + 1)
+    with pytest.raises(ValueError, match="expert_used"):
+        epqlab.Session(default_path, expert_used=0)
+    k = max(1, lay.n_expert_used // 2)
+    with epqlab.Session(default_path, expert_used=k, n_threads=THREADS, route_log=tmp_path / "r.npz") as s:
+        s.generate("Hello there", 3)
+    assert np.load(tmp_path / "r.npz")["experts"].shape[2] == k
+    with epqlab.Session(default_path, expert_used=k, pager=False, n_threads=THREADS) as a, \
+            epqlab.Session(default_path, expert_used=k, n_threads=THREADS, arena_bytes=epqlab.Pager.min_arena_bytes(lay, k)) as b:
+        toks = a.tokenize(PROMPT)
+        assert np.array_equal(a.logits(toks), b.logits(toks))
+
+
+def test_model_shrunk_while_open(unaligned_path, tmp_path):
+    p = tmp_path / "copy.gguf"
+    shutil.copy(unaligned_path, p)
+    lay = epqlab.inspect(p)
+    last = lay.layers[-1].tensors[-1]
+    assert last.offset + last.n_bytes == p.stat().st_size  # experts are the file's tail: safe to cut
+    with epqlab.Session(p, arena_bytes=epqlab.Pager.min_arena_bytes(lay), n_threads=THREADS) as s:
+        s.generate("Hi", 2)
+        os.truncate(p, last.offset + last.expert_bytes)  # only expert 0 of the last tensor remains
+        with pytest.raises(epqlab.PagerIOError, match="short read"):
+            for _ in range(20):
+                s.generate("The quick brown fox jumps over the lazy dog", 8)
+        # the session stays usable for what can still be read, or at least closes cleanly
+    assert s._closed
+
+
+def test_closed_session_raises(default_path):
+    s = epqlab.Session(default_path, n_threads=THREADS)
+    s.close()
+    with pytest.raises(epqlab.EpqlabError, match="closed"):
+        s.generate("x", 1)
+
+
+def test_stats_and_stats_file(default_path, tmp_path):
+    sf = tmp_path / "stats.jsonl"
+    with epqlab.Session(default_path, arena_bytes=budgets(epqlab.inspect(default_path))["quarter"],
+                        n_threads=THREADS, stats_file=sf) as s:
+        g1 = s.generate(PROMPT, 8)
+        g2 = s.chat([{"role": "user", "content": "What is a CPU cache?"}], n_predict=8)
+        df = s.stats_frame()
+        cum = s.stats
+    rows = [json.loads(l) for l in sf.read_text().splitlines()]
+    assert len(rows) == 2 == len(df)
+    for r, g in zip(rows, (g1, g2)):
+        assert r["n_gen"] == len(g.tokens) and r["n_prompt"] == len(g.prompt_tokens)
+        assert r["hits"] + r["misses"] == r["requests"]
+        assert r["hit_rate"] == pytest.approx(r["hits"] / r["requests"])
+        assert r["ssd_bytes_per_token"] == pytest.approx(r["ssd_bytes"] / (r["n_prompt"] + r["n_gen"]))
+    assert cum["requests"] == rows[0]["requests"] + rows[1]["requests"]
+
+
+def test_cli_run_and_demo(default_path, tmp_path):
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "epqlab", "run", str(default_path), "-p", "Hello", "-n", "6",
+                        "--ram-budget", "4GiB", "--stats-file", str(tmp_path / "s.jsonl")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "hit rate" in r.stdout and "decode" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "epqlab", "demo", "-n", "6"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "arena" in r.stdout and "evictions" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "epqlab", "run", str(tmp_path / "nope.gguf")], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
