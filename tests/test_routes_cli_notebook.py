@@ -51,10 +51,16 @@ def test_notebook_02_synthetic(tmp_path):
         assert os.path.getsize(r["figures"][name]) > 1000
 
 
-def test_notebook_02_without_log_stops_gracefully(tmp_path):
+def test_notebook_02_records_a_real_log(tmp_path):
+    """With no log given, the notebook records one from the default model with a Session."""
     import epqlab
-    if hasattr(epqlab, "Session"):
-        pytest.skip("a Session exists: the notebook would record a real log")
-    r = run_notebook("02_route_overlap", {}, tmp_path)
-    assert r["analysed"] is False
-    assert "no route log to analyse" in r["source"]
+
+    lay = epqlab.inspect(epqlab.models.default_model(progress=False))
+    r = run_notebook("02_route_overlap", {"n_tokens": 12, "capacities": [lay.n_expert_used, lay.n_expert]}, tmp_path)
+    assert r["analysed"] is True and "recorded with a Session" in r["source"]
+    assert r["log"]["k"] == lay.n_expert_used
+    n = r["log"]["n_tokens"]
+    assert r["log"]["requests"] == n * len(lay.layers) * lay.n_expert_used
+    # capacity = n_expert slots per layer: every policy misses only on first touches
+    sim = {(s["policy"], s["capacity"]): s for s in r["simulation"]}
+    assert len({sim[(p, lay.n_expert)]["misses"] for p in ("lru", "ls", "ls_pos", "belady")}) == 1

@@ -96,16 +96,13 @@ def make_figures(summary: dict) -> dict:
 
 
 def record_route_log(model, prompt: str, n_tokens: int, path: str) -> RouteLog:
-    """Generate ``n_tokens`` with an :class:`epqlab.Session` and save its route log to ``path``.
-    Raises ImportError when this epqlab has no Session yet."""
-    import epqlab
+    """Generate ``n_tokens`` with an :class:`epqlab.Session` (plain llama.cpp, routes recorded;
+    ``model=None`` means the default model) and save its route log to ``path``."""
+    from ..models import default_model
+    from ..session import Session
 
-    Session = getattr(epqlab, "Session", None)
-    if Session is None:
-        raise ImportError("this epqlab has no Session yet (the Session issue has not landed): "
-                          "pass route_log=<path to a route log NPZ>, or synthetic=True")
-    with Session(model) as s:
-        s.generate(prompt, max_tokens=n_tokens, route_log=path)
+    with Session(model or default_model(), pager=False, route_log=path) as s:
+        s.generate(prompt, n_tokens)
     return RouteLog.load(path)
 
 
@@ -121,10 +118,7 @@ def obtain_log(route_log=None, *, model=None, prompt: str = "", n_tokens: int = 
         return log, f"synthetic log ({log!r})"
     h = hashlib.sha1(f"{model}|{prompt}|{n_tokens}".encode()).hexdigest()[:10]
     path = os.path.join(workdir, f"routes-{h}.npz")
-    try:
-        return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
-    except ImportError as ex:
-        return None, f"no route log to analyse: {ex}"
+    return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
 
 
 def _clean(x):
