@@ -62,7 +62,8 @@ class Session:
             mapping (same bytes; counted in ``fallback_layers``).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
         route_log: path; the routes of every decoded token are saved there as NPZ (DESIGN.md §6)
-            on :meth:`save_route_log` / :meth:`close`.
+            on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
+            logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
         direct_io: O_DIRECT reads (falls back to buffered where refused).
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
@@ -105,6 +106,7 @@ class Session:
         self._runs: list[dict] = []
         self._routes: list[np.ndarray] = []
         self._phases: list[np.ndarray] = []
+        self._ubatches: list[np.ndarray] = []
         self._prompt_hash = ""
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
@@ -180,10 +182,12 @@ class Session:
 
     def _take_route(self, n: int, phase: int):
         flat = self._engine.take_route()
+        ubs = self._engine.take_route_ubatch()
         k = self._engine.route_k()
         if flat.size:
             self._routes.append(flat.reshape(-1, len(self.layout.layers), k))
             self._phases.append(np.full(self._routes[-1].shape[0], phase, np.uint8))
+            self._ubatches.append(ubs.astype(np.int32))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``."""
@@ -243,7 +247,9 @@ class Session:
         c0 = self._counters()
         self._engine.clear()
         t0 = time.perf_counter()
-        logits = self._decode(toks, 0, False, 0)[-1]
+        # When routes are recorded, every prompt token outputs logits: llama.cpp then routes all
+        # of them through the last layer too (it skips that layer's FFN for non-output tokens).
+        logits = self._decode(toks, 0, self.route_log_path is not None, 0)[-1]
         t_prefill = time.perf_counter() - t0
         c1 = self._counters()
         out: list[int] = []
@@ -394,15 +400,18 @@ class Session:
     # -- route log -----------------------------------------------------------------------------
     def route_log(self):
         """Routes recorded so far as a dict in DESIGN.md §6 layout (experts int32 [T, L, k],
-        layers, phase, expert_bytes, n_expert, meta). Requires ``route_log=`` at construction."""
+        layers, phase, expert_bytes, n_expert, meta), plus ``ubatch`` int32 [T]: the forward pass
+        (llama.cpp ubatch) each token was computed in. Requires ``route_log=`` at construction."""
         if self.route_log_path is None:
             raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
         lay = self.layout
         k = self.n_expert_used
         experts = np.concatenate(self._routes) if self._routes else np.zeros((0, len(lay.layers), k), np.int32)
         phase = np.concatenate(self._phases) if self._phases else np.zeros(0, np.uint8)
+        ubatch = np.concatenate(self._ubatches) if self._ubatches else np.zeros(0, np.int32)
         meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self._prompt_hash}
         return {"experts": experts.astype(np.int32), "layers": np.array(lay.moe_layers, np.int32), "phase": phase,
+                "ubatch": ubatch,
                 "expert_bytes": np.array([l.expert_bytes for l in lay.layers], np.int64),
                 "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
 

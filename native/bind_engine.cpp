@@ -74,6 +74,14 @@ void register_engine(py::module_ & m) {
             const auto & r = e.hook()->route();
             py::array_t<int32_t> out(r.size());
             std::copy(r.begin(), r.end(), out.mutable_data());
+            return out;
+        })
+        .def("take_route_ubatch", [](engine & e) {
+            // Ubatch number of each token of the last take_route(); clears the recorded routes.
+            if (!e.hook()) return py::array_t<int32_t>();
+            const auto & r = e.hook()->route_ubatch();
+            py::array_t<int32_t> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
             e.hook()->clear_route();
             return out;
         })

@@ -118,7 +118,10 @@ void expert_hook::rethrow_if_failed() {
 }
 
 void expert_hook::flush_ubatch() {
-    if (record_ && ub_tokens_ > 0) route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
+    if (record_ && ub_tokens_ > 0) {
+        route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
+        route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) stats_.ubatches);
+    }
     ub_tokens_ = 0;
 }
 
@@ -154,9 +157,12 @@ void expert_hook::on_topk(ggml_tensor * t) {
     for (int j = 0; j < n_tokens; j++)
         for (int i = 0; i < k; i++)
             ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
-    if (record_ && ub_tokens_ == n_tokens && k == route_k_) {
+    if (record_ && n_tokens <= ub_tokens_ && k == route_k_) {
+        // llama.cpp computes the last layer only for tokens that output logits (the ubatch's
+        // last ones): their rows are the last n_tokens; the others keep -1 (not routed).
+        const int skip = ub_tokens_ - n_tokens;
         for (int j = 0; j < n_tokens; j++)
-            std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) j * n_layers_ + li) * k]);
+            std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) (j + skip) * n_layers_ + li) * k]);
     }
     if (!pg_) {
         last_li_ = li;

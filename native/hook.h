@@ -57,8 +57,10 @@ public:
 
     // Route log: tokens in processing order, [n_tokens][n_moe_layers][k] int32.
     const std::vector<int32_t> & route() const { return route_; }
+    // Forward pass (ubatch) number of each recorded token, counted from the hook's creation.
+    const std::vector<int32_t> & route_ubatch() const { return route_ub_; }
     int route_k() const { return route_k_; }
-    void clear_route() { route_.clear(); }
+    void clear_route() { route_.clear(); route_ub_.clear(); }
 
 private:
     enum mode : uint8_t { REGION = 0, LLAMA = 1, ZERO = 2 };
@@ -84,6 +86,7 @@ private:
     int64_t                                  zero_bytes_ = 0;
     bool                                     record_;
     std::vector<int32_t>                     route_;
+    std::vector<int32_t>                     route_ub_;
     std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
     int                                      ub_tokens_ = 0;
     int                                      route_k_ = 0;

@@ -120,14 +120,15 @@ def test_hits_equal_lru_simulation_of_route_log(default_path, tmp_path):
     assert experts.shape == (len(g.prompt_tokens) + len(g.tokens) - 1, len(lay.layers), lay.n_expert_used)
     assert list(z["layers"]) == lay.moe_layers and int(z["n_expert"]) == lay.n_expert
     assert (phase[:len(g.prompt_tokens)] == 0).all() and (phase[len(g.prompt_tokens):] == 1).all()
-    # Independent LRU: prefill in ubatches of n_ubatch tokens (each layer requests the sorted union
-    # of its ubatch's experts), decode one token at a time (router order); the layer being loaded
-    # is pinned, the previous one released.
+    # Independent LRU: each forward pass (llama.cpp ubatch, as logged) requests per layer the
+    # sorted union of its tokens' experts, or a single token's experts in router order; the layer
+    # being loaded is pinned, the previous one released.
     ub = epqlab.Pager.unit_slot_bytes(lay)
     ref = RefPager(ub, classes, "lru")
-    n_prompt = len(g.prompt_tokens)
-    batches = [list(range(i, min(i + n_ubatch, n_prompt))) for i in range(0, n_prompt, n_ubatch)]
-    batches += [[t] for t in range(n_prompt, experts.shape[0])]
+    ubatch = z["ubatch"]
+    assert (np.diff(ubatch) >= 0).all()
+    assert max(np.bincount(ubatch)[ubatch[: len(g.prompt_tokens)]]) <= n_ubatch
+    batches = [list(np.flatnonzero(ubatch == u)) for u in np.unique(ubatch)]
     for b in batches:
         ref.begin_pass()
         for li in range(len(lay.layers)):
