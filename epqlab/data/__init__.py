@@ -1,0 +1,1 @@
+"""Package data: the evaluation and calibration texts (see LICENSE-python-docs.txt)."""
