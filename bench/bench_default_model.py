@@ -3,14 +3,15 @@
 Prints: E, k, bytes per expert of each type; perplexity on the evaluation text (Python Language
 Reference, "Execution model") of the dense SmolLM2 GGUF, of the MoE model at k = E and at the
 default k (and any --k values); the greedy answer to a CPU-cache prompt; for 256 generated tokens,
-the fraction of (layer, expert) requests that repeat within the last 8 tokens next to uniform random
-routing; optionally the write speed of synthesize().
+the fraction of (layer, expert) requests that repeat within the last 1 and 8 tokens next to
+uniform random routing; optionally the write speed of synthesize().
 
-    python bench/bench_default_model.py [--k 8 12] [--synth-layers 4]
+    python bench/bench_default_model.py [--k 4 10] [--synth-layers 4]
 
 Routing is read back by running the generated tokens through a NumPy model that uses the MoE
-GGUF's own router and experts (llama.cpp's softmax / top-k / renormalise), because llama.cpp does
-not expose the selected experts.
+GGUF's own router, routed and shared experts (llama.cpp's ``deepseek`` gating: softmax, top-k, no
+renormalisation, times ``expert_weights_scale``, plus the shared expert; see
+epqlab.models.moefy.moe_ffn), because llama.cpp does not expose the selected experts.
 """
 from __future__ import annotations
 
@@ -21,11 +22,21 @@ import time
 import numpy as np
 
 
+def _k_override(path, k: int | None) -> dict | None:
+    """kv_overrides setting ``<arch>.expert_used_count`` = k (None: keep the file's k)."""
+    if not k:
+        return None
+    from gguf import GGUFReader
+
+    arch = GGUFReader(path).fields["general.architecture"].contents()
+    return {f"{arch}.expert_used_count": k}
+
+
 def perplexity(path, text: str, k: int | None = None, n_ctx: int = 512) -> tuple[float, int]:
     """exp(mean NLL) over ``text`` in windows of ``n_ctx`` tokens (each window restarts with BOS)."""
     from llama_cpp import Llama
 
-    kv = {"llama.expert_used_count": k} if k else None
+    kv = _k_override(path, k)
     llm = Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=2, kv_overrides=kv)
     toks = llm.tokenize(text.encode())
     nll = []
@@ -47,7 +58,7 @@ def perplexity(path, text: str, k: int | None = None, n_ctx: int = 512) -> tuple
 def generate(path, prompt: str, n: int, k: int | None = None) -> tuple[str, list[int]]:
     from llama_cpp import Llama
 
-    kv = {"llama.expert_used_count": k} if k else None
+    kv = _k_override(path, k)
     llm = Llama(str(path), n_ctx=1024, verbose=False, n_threads=2, kv_overrides=kv)
     out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=n, temperature=0.0,
                                      top_k=1, seed=0)
@@ -62,33 +73,24 @@ def routed_sets(moe_path, src_path, toks: list[int]) -> np.ndarray:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from epqlab.models.moefy import DenseLlama
+    from epqlab.models.moefy import DenseLlama, moe_ffn
 
     m = DenseLlama(src_path)
     r = GGUFReader(moe_path)
-    k = int(r.fields["llama.expert_used_count"].contents())
+    arch = r.fields["general.architecture"].contents()
+    k = int(r.fields[f"{arch}.expert_used_count"].contents())
+    w_scale = float(r.fields[f"{arch}.expert_weights_scale"].contents())
     T = {t.name: t for t in r.tensors}
     sel = []
+    names = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+             "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
     def ffn(il, xn):
         p = f"blk.{il}."
-        W = {n: dequantize(T[p + n].data, T[p + n].tensor_type).astype(np.float32)
-             for n in ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")}
-        logits = xn @ W["ffn_gate_inp.weight"].T
-        pr = np.exp(logits - logits.max(1, keepdims=True))
-        pr /= pr.sum(1, keepdims=True)
-        top = np.argsort(-pr, axis=1, kind="stable")[:, :k]
+        W = [dequantize(T[p + n + ".weight"].data, T[p + n + ".weight"].tensor_type).astype(np.float32)
+             for n in names]
+        out, top = moe_ffn(xn, *W, k=k, w_scale=w_scale)
         sel.append(top)
-        w = np.take_along_axis(pr, top, 1)
-        w /= w.sum(1, keepdims=True)
-        out = np.zeros_like(xn)
-        for j in range(k):
-            for e in np.unique(top[:, j]):
-                rows = top[:, j] == e
-                x = xn[rows]
-                g = x @ W["ffn_gate_exps.weight"][e].T
-                a = g / (1 + np.exp(-g)) * (x @ W["ffn_up_exps.weight"][e].T)
-                out[rows] += w[rows, j:j + 1] * (a @ W["ffn_down_exps.weight"][e].T)
         return out
 
     m.forward(toks, ffn=ffn)
@@ -128,8 +130,9 @@ def main() -> None:
     src = source_gguf()
     lay = inspect(path)
     E, k = lay.n_expert, lay.n_expert_used
-    res.update(E=E, k=k, expert_bytes={"/".join(c.types): c.expert_bytes for c in lay.slot_classes},
-               n_shared_neurons=DEFAULT_CONFIG.n_shared_neurons)
+    res.update(arch=lay.architecture, E=E, k=k, n_ff_exp=DEFAULT_CONFIG.n_ff_exp,
+               shared_width=DEFAULT_CONFIG.shared_width,
+               expert_bytes={"/".join(c.types): c.expert_bytes for c in lay.slot_classes})
     text = eval_text()
     res["ppl_dense"], res["eval_tokens"] = perplexity(src, text)
     res["ppl_k=E"] = perplexity(path, text, E)[0]
@@ -147,12 +150,12 @@ def main() -> None:
 
     gen, toks = generate(path, "Write a short story about a lighthouse keeper.", args.gen_tokens, k)
     sel = routed_sets(path, src, [1] + toks)[1:]
-    rf = repeat_fraction(sel)
     rng = np.random.default_rng(0)
     uni = np.stack([np.stack([rng.permutation(E)[:k] for _ in range(sel.shape[1])]) for _ in range(sel.shape[0])])
     print(f"\nrouting over {sel.shape[0]} generated tokens, {sel.shape[1]} layers, top-{k} of {E}:")
-    print(f"  requests repeating within the last 8 tokens: {rf:.3f}   uniform random routing: "
-          f"{repeat_fraction(uni):.3f} (analytic {1 - (1 - k / E) ** 8:.3f})")
+    for win in (1, 8):  # at k = E/2 a window of 8 saturates (uniform ~1 - 2^-8); 1 shows the contrast
+        print(f"  requests repeating within the last {win} token(s): {repeat_fraction(sel, win):.3f}   "
+              f"uniform random routing: {repeat_fraction(uni, win):.3f} (analytic {1 - (1 - k / E) ** win:.3f})")
     counts = np.bincount(sel.reshape(-1, k)[:, :].ravel() % E, minlength=E)
     print(f"  expert load (all layers): min {counts.min()} max {counts.max()} of {counts.sum()}")
 

@@ -47,16 +47,46 @@ def test_default_model_has_two_expert_sizes(default_model_path):
     from epqlab.models import DEFAULT_CONFIG as cfg
 
     lay = inspect(default_model_path)
-    E, n_embd, n_layer = cfg.n_expert, 576, 30
-    n_ff_e = (1536 - cfg.n_shared_neurons) // E + cfg.n_shared_neurons
-    n_ff_e = -(-n_ff_e // 32) * 32
-    q8 = 3 * n_ff_e * (n_embd // Q8_0_BLOCK) * Q8_0_BYTES  # gate, up: n_ff_e rows of n_embd; down: n_embd rows of n_ff_e
-    f16 = 3 * n_ff_e * n_embd * 2
-    assert lay.architecture == "llama" and lay.n_expert == E and lay.n_expert_used == cfg.n_expert_used
+    E, n_embd, n_layer, F = cfg.n_expert, 576, 30, cfg.n_ff_exp
+    q8 = 3 * F * (n_embd // Q8_0_BLOCK) * Q8_0_BYTES  # gate, up: F rows of n_embd; down: n_embd rows of F
+    f16 = 3 * F * n_embd * 2
+    assert lay.architecture == "deepseek" and lay.n_expert == E and lay.n_expert_used == cfg.n_expert_used
     classes = {c.expert_bytes: c for c in lay.slot_classes}
     assert set(classes) == {q8, f16}
     assert classes[f16].layers == tuple(range(n_layer - cfg.n_f16_layers, n_layer))
     assert classes[q8].types == ("Q8_0",) and classes[f16].types == ("F16",)
+    # routed experts are most of the FFN: E * F neurons routed vs the shared expert's width
+    assert E * F > cfg.shared_width and E * F + cfg.shared_width >= 1536
+
+
+def test_default_model_deepseek_hparams(default_model_path):
+    """Every llama hparam is carried over as deepseek.*, plus the MoE keys llama.cpp's deepseek loader
+    reads (src/models/deepseek.cpp); the shared expert tensors have the width it expects."""
+    from gguf import GGUFReader
+
+    from epqlab.models import DEFAULT_CONFIG as cfg
+    from epqlab.models.smollm2 import source_gguf
+
+    src, moe = GGUFReader(source_gguf()), GGUFReader(default_model_path)
+    kv = {k: f.contents() for k, f in moe.fields.items()}
+    assert kv["general.architecture"] == "deepseek"
+    assert not [k for k in kv if k.startswith("llama.")]
+    for k, f in src.fields.items():
+        if k.startswith("llama.") and k != "llama.feed_forward_length":
+            assert kv["deepseek." + k[6:]] == f.contents(), k
+        if k.startswith("tokenizer."):
+            assert kv[k] == f.contents(), k
+    assert kv["deepseek.context_length"] == 8192
+    assert kv["deepseek.expert_count"] == cfg.n_expert
+    assert kv["deepseek.expert_feed_forward_length"] == cfg.n_ff_exp
+    assert kv["deepseek.expert_shared_count"] == cfg.n_expert_shared
+    assert kv["deepseek.leading_dense_block_count"] == 0
+    assert kv["deepseek.expert_weights_scale"] == cfg.n_expert
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in moe.tensors}
+    W = cfg.shared_width
+    assert shapes["blk.0.ffn_gate_shexp.weight"] == (576, W) and shapes["blk.29.ffn_down_shexp.weight"] == (W, 576)
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (576, cfg.n_ff_exp, cfg.n_expert)
+    assert not [n for n in shapes if n.endswith((".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"))]
 
 
 def _tensor(reader, name):
@@ -68,9 +98,10 @@ def _tensor(reader, name):
 
 @pytest.mark.parametrize("layer", [3, 28])  # a Q8_0 layer and an F16 layer
 def test_k_equals_E_matches_dense_ffn(default_model_path, layer):
-    """llama.cpp's MoE at k = E (softmax, top-k = all, renormalise, weighted sum) in NumPy vs the
-    source's dense SwiGLU FFN. Tolerance: 2 % relative L2 -- Q8_0 re-quantization of Q4_1 weights
-    (~0.5 %) plus the router's 1e-3 logit spread."""
+    """llama.cpp's deepseek MoE at k = E (softmax, top-k = all, no renormalisation, weights times
+    expert_weights_scale, plus the ungated shared expert) in NumPy vs the source's dense SwiGLU FFN.
+    Tolerance: 2 % relative L2 -- Q8_0 re-quantization of Q4_1 weights (~0.5 %) plus the router's
+    1e-3 logit spread."""
     from gguf import GGUFReader
 
     from epqlab.models.smollm2 import source_gguf
@@ -83,22 +114,52 @@ def test_k_equals_E_matches_dense_ffn(default_model_path, layer):
     def silu(v):
         return v / (1 + np.exp(-v))
 
-    dense = (silu(x @ _tensor(src, p + "ffn_gate.weight").T) * (x @ _tensor(src, p + "ffn_up.weight").T)) \
-        @ _tensor(src, p + "ffn_down.weight").T
+    def swiglu(g, u, d):
+        return (silu(x @ g.T) * (x @ u.T)) @ d.T
+
+    dense = swiglu(*(_tensor(src, p + f"ffn_{n}.weight") for n in ("gate", "up", "down")))
     router = _tensor(moe, p + "ffn_gate_inp.weight")  # (E, n_embd)
-    gate = _tensor(moe, p + "ffn_gate_exps.weight")   # (E, n_ff_e, n_embd)
+    gate = _tensor(moe, p + "ffn_gate_exps.weight")   # (E, n_ff_exp, n_embd)
     up = _tensor(moe, p + "ffn_up_exps.weight")
-    down = _tensor(moe, p + "ffn_down_exps.weight")   # (E, n_embd, n_ff_e)
+    down = _tensor(moe, p + "ffn_down_exps.weight")   # (E, n_embd, n_ff_exp)
+    scale = float(moe.fields["deepseek.expert_weights_scale"].contents())
     E = router.shape[0]
     logits = x @ router.T
     w = np.exp(logits - logits.max(1, keepdims=True))
-    w /= w.sum(1, keepdims=True)                       # top-k = all E, renormalised: unchanged
-    out = np.zeros_like(dense)
+    w /= w.sum(1, keepdims=True)                       # softmax over all E; top-k = all, not renormalised
+    out = swiglu(*(_tensor(moe, p + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")))
     for e in range(E):
-        out += w[:, e:e + 1] * ((silu(x @ gate[e].T) * (x @ up[e].T)) @ down[e].T)
+        out += scale * w[:, e:e + 1] * swiglu(gate[e], up[e], down[e])
     rel = np.linalg.norm(out - dense) / np.linalg.norm(dense)
     assert rel < 0.02, rel
-    assert abs(w.max() * E - 1) < 0.05  # router is near-uniform in size (the order carries routing)
+    assert abs(w.max() * E - 1) < 0.05 and abs(w.min() * E - 1) < 0.05  # each expert enters with weight ~1
+    assert scale == E
+
+
+def test_moe_ffn_reference_partial_sum(default_model_path):
+    """epqlab.models.moefy.moe_ffn (the bench's replica of llama.cpp's gating) at k < E is the shared
+    expert plus the k top-ranked routed experts, each with weight ~1."""
+    from gguf import GGUFReader
+
+    from epqlab.models.moefy import moe_ffn
+
+    moe = GGUFReader(default_model_path)
+    p = "blk.5."
+    W = [_tensor(moe, p + n + ".weight") for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                                                   "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")]
+    E = W[0].shape[0]
+    x = np.random.default_rng(1).standard_normal((16, 576))
+    out, top = moe_ffn(x, *W, k=2, w_scale=E)
+    assert top.shape == (16, 2)
+
+    def swiglu(g, u, d):
+        h = x @ g.T
+        return (h / (1 + np.exp(-h)) * (x @ u.T)) @ d.T
+
+    ref = swiglu(*W[4:])
+    parts = np.stack([swiglu(W[1][e], W[2][e], W[3][e]) for e in range(E)], 1)  # (T, E, n_embd)
+    ref += np.take_along_axis(parts, top[:, :, None], 1).sum(1)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.01
 
 
 def test_numpy_forward_matches_llama_cpp():

@@ -1,25 +1,38 @@
-"""MoEfication: turn a dense ``llama`` GGUF (SmolLM2-135M) into a ``llama``-arch MoE GGUF.
+"""MoEfication: turn a dense ``llama`` GGUF (SmolLM2-135M) into a ``deepseek``-arch MoE GGUF.
 
-What llama.cpp computes for a ``llama`` MoE layer (src/models/llama.cpp, build_moe_ffn with
-norm_w = true, softmax gating, no weight scale)::
+Why the ``deepseek`` architecture (llama.cpp's DeepSeek-MoE v1, src/models/deepseek.cpp): its
+attention is exactly llama's (same Q/K/V, RoPE NORM, kq_scale 1/sqrt(head_dim), RMSNorm), and its
+MoE layer is the one MoEfication needs. llama.cpp's ``llama`` MoE renormalises the top-k softmax
+weights to sum to 1, so an exact k = E split forces a near-uniform router and down projections
+scaled by E, and at k < E the layer outputs (E/k) x the selected experts' sum. Our first build did
+that (E = 16, k = 4): dense ppl 15.36, k = E 15.37, but k = 4 ppl ~2.2 million, gibberish text and
+routing indistinguishable from uniform. ``deepseek`` does not renormalise (norm_w = false), scales
+the weights by ``deepseek.expert_weights_scale`` and adds an ungated shared expert, as in
+DeepSeekMoE (Dai et al. 2024, arXiv 2401.06066: shared experts + fine-grained routed experts)::
 
-    p   = softmax(ffn_gate_inp @ xn)                 # (E,)  xn = ffn_norm(x), (n_embd,)
+    p   = softmax(ffn_gate_inp @ xn)                       # (E,)  xn = ffn_norm(x)
     S   = top-k indices of p
-    out = sum_{e in S} (p_e / sum_{j in S} p_j) * down_e @ (silu(gate_e @ xn) * (up_e @ xn))
+    out = shexp(xn) + sum_{e in S} (w_scale * p_e) * down_e @ (silu(gate_e @ xn) * (up_e @ xn))
 
-The dense FFN is ``y = down @ (silu(gate @ xn) * (up @ xn))`` with ``n_ff`` neurons. We split the
-neurons into E equal groups (expert e gets rows ``gate[idx_e]``, ``up[idx_e]`` and columns
-``down[:, idx_e]``) and multiply each expert's down projection by E. The router logits are kept
-tiny (their spread across experts is ``router_spread``, default 1e-3), so p is uniform to within
-~0.1 %: with k = E every weight is ~1/E and ``out = sum_e C_e = y`` (C_e = expert e's share of y).
+The conversion (dense FFN ``y = down @ (silu(gate @ xn) * (up @ xn))``, n_ff neurons):
 
-The invariant that costs quality: because llama.cpp renormalises the selected weights, with k < E
-``out = (E/k) * sum_{e in S} C_e`` -- an estimate of y from k of the E groups, not the sum of the
-k "biggest" groups (that would overshoot by up to E/k). So the router is fitted to pick the groups
-whose E-scaled output is closest to y (target ``-||E*C_e - y|| / ||y||``, least squares from xn
-on activations of real text), and neurons are assigned to groups so that every group is a small
-stratified sample of the whole FFN (see :func:`partition_neurons`). The logit *order* carries the
-routing; the logit *size* stays tiny so that k = E stays exact.
+* shared expert: the ``n_ff_exp * n_expert_shared`` neurons with the largest mean |contribution|
+  ``|a_i| * ||down[:, i]||`` on calibration text -- the ones every token needs, always on;
+* routed experts: the remaining neurons in E groups of at most ``n_ff_exp`` (zero-padded), by
+  balanced k-means on their co-activation profiles (MoEfication, Zhang et al. 2022), so a token's
+  important neurons concentrate in few experts; down projections are NOT scaled;
+* router: logits ``alpha * r(xn)`` with ``r`` fitted by ridge least squares on real activations to
+  each expert's error reduction ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` (C_e = expert e's part
+  of the routed output y_r), and alpha so small that p_e = 1/E to ~0.1 %; with
+  ``expert_weights_scale = E`` every selected expert enters with weight ~1. So at k = E the layer
+  is the dense FFN (up to alpha and Q8_0 re-quantization), and at k < E it is the shared part plus
+  the k routed experts the router ranks highest for this input.
+
+Measured (bench/bench_default_model.py's perplexity on epqlab.models.eval_text(); dense 15.36):
+the default E = 14 routed experts of 64 neurons + 640 shared neurons gives 15.36 at k = E and 20.63
+at k = 7 (1.34 x); other configurations are listed next to DEFAULT_CONFIG in
+epqlab/models/default.py. SmolLM2's SiLU FFN is not sparse, so quality follows the share of
+neurons active per token much more than the partition or the router.
 
 Activations come from a NumPy forward pass of the dense model (dequantized with
 ``gguf.quants.dequantize``), checked against llama-cpp-python's logits in tests/test_models.py.
@@ -42,28 +55,37 @@ class MoefyConfig:
     """Knobs of :func:`moefy`.
 
     Attributes:
-        n_expert: E, experts per layer; ``n_ff % E == 0`` and ``(n_ff // E) % 32 == 0`` (Q8_0 rows).
-        n_expert_used: k written as ``llama.expert_used_count`` (llama.cpp can override it at load).
+        n_expert: E, routed experts per layer.
+        n_expert_used: k written as ``deepseek.expert_used_count`` (llama.cpp can override it at load).
+        n_ff_exp: neurons per routed expert (a multiple of 32: Q8_0 rows of down_exps).
+        n_expert_shared: the shared expert is ``n_ff_exp * n_expert_shared`` neurons wide (llama.cpp's
+            layout); ``E * n_ff_exp + shared width >= n_ff``, routed experts are zero-padded.
         n_f16_layers: the last this-many layers store experts in F16, the others in Q8_0.
         calib_tokens: tokens of calibration text run through the dense model to fit the routers.
         chunk: sequence length of one calibration forward pass (tokens, BOS included).
-        router_spread: std of the router logits across experts; small keeps k = E exact.
-        partition: ``"stratified"`` (each expert a cross-section of the FFN) or ``"coactivation"``
-            (balanced clusters of neurons that fire together, the MoEfication paper's choice).
-        n_shared_neurons: neurons with the largest peak contribution, copied into every expert with
-            an unscaled down column (llama arch has no shared expert); n_ff - this must divide by E.
+        router_spread: std of the router logits across experts; small keeps softmax ~uniform so each
+            selected expert enters with weight ~1 (w_scale = E).
+        router_ridge: ridge penalty of the router fit, relative to the mean diagonal of xn^T xn.
+        partition: ``"coactivation"`` (balanced k-means of neurons that fire together) or
+            ``"random"`` (a baseline).
         seed: RNG seed; the build is deterministic for a given source and config.
     """
 
-    n_expert: int = 16
-    n_expert_used: int = 4
+    n_expert: int = 14
+    n_expert_used: int = 7
+    n_ff_exp: int = 64
+    n_expert_shared: int = 10
     n_f16_layers: int = 4
     calib_tokens: int = 2048
     chunk: int = 512
     router_spread: float = 1e-3
-    n_shared_neurons: int = 0
-    partition: str = "stratified"
+    router_ridge: float = 1e-2
+    partition: str = "coactivation"
     seed: int = 0
+
+    @property
+    def shared_width(self) -> int:
+        return self.n_ff_exp * self.n_expert_shared
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,82 +193,106 @@ class DenseLlama:
 
 
 # ---------------------------------------------------------------------------------------------
-# Partition and router
+# Partition, router, and the MoE layer llama.cpp computes
 # ---------------------------------------------------------------------------------------------
 
 
 def _balanced_assign(cost: np.ndarray, cap: int) -> np.ndarray:
-    """Greedy balanced assignment: rows (items) to columns (groups), each group exactly ``cap`` items,
-    cheapest (item, group) pairs first. cost (n, G) with n == G * cap."""
+    """Greedy balanced assignment: rows (items) to columns (groups), at most ``cap`` items per group,
+    cheapest (item, group) pairs first. cost (n, G) with n <= G * cap."""
     n, G = cost.shape
     lab = np.full(n, -1, dtype=np.int64)
     cnt = np.zeros(G, dtype=np.int64)
+    left = n
     for idx in np.argsort(cost, axis=None, kind="stable"):
         i, g = divmod(int(idx), G)
         if lab[i] < 0 and cnt[g] < cap:
             lab[i] = g
             cnt[g] += 1
+            left -= 1
+            if not left:
+                break
     return lab
 
 
-def partition_neurons(a: np.ndarray, down: np.ndarray, n_expert: int, method: str, rng) -> np.ndarray:
-    """Assign each of the n_ff neurons to one of ``n_expert`` equal groups. Returns labels (n_ff,).
+def neuron_contributions(a: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """(N, n_ff) contribution sizes ``|a_i| * ||down[:, i]||`` of each neuron on each token."""
+    return np.abs(a) * np.linalg.norm(down, axis=0)[None, :]
 
-    a: (N, n_ff) activations ``silu(gate xn) * (up xn)`` on calibration tokens; down: (n_embd, n_ff).
 
-    ``coactivation``: balanced k-means on the neurons' |activation| profiles (MoEfication).
-    ``stratified``: the same k-means with n_ff/E clusters of E similar neurons each, then every
-    expert takes one neuron of each cluster -- experts become similar cross-sections of the FFN,
-    which is what the E/k-scaled renormalised average of k experts needs.
+def partition_neurons(contrib: np.ndarray, n_expert: int, cap: int, method: str, rng) -> np.ndarray:
+    """Assign each neuron (column of ``contrib``, (N, n)) to one of ``n_expert`` groups of at most
+    ``cap`` neurons. Returns labels (n,).
+
+    ``coactivation``: balanced k-means (MoEfication) on the neurons' contribution profiles over the
+    calibration tokens, each normalised to unit length, so neurons that are large on the same tokens
+    share an expert. ``random``: a random split (a baseline).
     """
-    n_ff = a.shape[1]
-    # neuron features: contribution-size profile |a| * ||down col|| over a random projection of the
-    # calibration tokens (64 dims; an SVD here would cost seconds per layer on 2 cores)
-    f = np.abs(a) * np.linalg.norm(down, axis=0)[None, :]  # (N, n_ff)
-    proj = rng.standard_normal((64, f.shape[0])).astype(np.float32) / np.sqrt(f.shape[0])
-    feat = (proj @ f).T  # (n_ff, 64)
-    if method == "coactivation":
-        G, cap = n_expert, n_ff // n_expert
-    elif method == "stratified":
-        G, cap = n_ff // n_expert, n_expert
-    else:
+    n = contrib.shape[1]
+    if method == "random":
+        return rng.permutation(np.arange(n) % n_expert)
+    if method != "coactivation":
         raise ValueError(f"unknown partition method {method!r}")
-    cent = feat[rng.choice(n_ff, G, replace=False)]
+    feat = (contrib / (np.linalg.norm(contrib, axis=0, keepdims=True) + 1e-9)).T.astype(np.float32)  # (n, N)
+    cent = feat[rng.choice(n, n_expert, replace=False)]
     lab = None
-    for _ in range(6):
-        d = ((feat[:, None, :] - cent[None]) ** 2).sum(-1)
+    for _ in range(10):
+        d = (cent * cent).sum(1)[None, :] - 2 * feat @ cent.T  # squared distance minus ||feat||^2
         new = _balanced_assign(d, cap)
         if lab is not None and np.array_equal(new, lab):
             break
         lab = new
-        cent = np.stack([feat[lab == g].mean(0) for g in range(G)])
-    if method == "coactivation":
-        return lab
-    out = np.empty(n_ff, dtype=np.int64)
-    for g in range(G):  # spread each cluster of E similar neurons over the E experts
-        members = np.flatnonzero(lab == g)
-        out[members] = rng.permutation(n_expert)
-    return out
+        cent = np.stack([feat[lab == g].mean(0) for g in range(n_expert)])
+    return lab
 
 
 def fit_router(xn: np.ndarray, a: np.ndarray, down: np.ndarray, labels: np.ndarray, n_expert: int,
-               spread: float) -> np.ndarray:
-    """Least-squares router (n_expert, n_embd) whose logits rank experts by how close their E-scaled
-    output is to the dense output, rescaled so the logits' std across experts is ``spread``.
+               spread: float, ridge: float = 1e-2) -> np.ndarray:
+    """Ridge least-squares router (n_expert, n_embd): logits rank experts by how much adding expert e
+    alone reduces the error of the routed output, ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2``, then
+    rescaled so the logits' std across experts is ``spread``.
 
-    xn: (N, n_embd) FFN inputs; a: (N, n_ff) activations; down: (n_embd, n_ff)."""
-    y = a @ down.T  # (N, n_embd)
-    yn = np.linalg.norm(y, axis=-1, keepdims=True) + 1e-6
-    target = np.empty((len(xn), n_expert), dtype=np.float32)
+    xn: (N, n_embd) FFN inputs; a: (N, n) activations of the routed neurons; down: (n_embd, n)."""
+    y = a @ down.T  # routed part of the dense output, (N, n_embd)
+    yy = (y * y).sum(-1) + 1e-6
+    target = np.empty((len(xn), n_expert), dtype=np.float64)
     for e in range(n_expert):
         m = labels == e
         ce = a[:, m] @ down[:, m].T
-        target[:, e] = -np.linalg.norm(n_expert * ce - y, axis=-1) / yn[:, 0]
+        target[:, e] = (2 * (ce * y).sum(-1) - (ce * ce).sum(-1)) / yy
     target -= target.mean(1, keepdims=True)
-    R, *_ = np.linalg.lstsq(xn.astype(np.float64), target.astype(np.float64), rcond=None)  # (n_embd, E)
+    X = xn.astype(np.float64)
+    G = X.T @ X
+    G[np.diag_indices_from(G)] += ridge * np.trace(G) / len(G)
+    R = np.linalg.solve(G, X.T @ target)  # (n_embd, E)
     logits = xn @ R
     scale = spread / max(float(logits.std(axis=1).mean()), 1e-12)
     return (R * scale).T.astype(np.float32)
+
+
+def moe_ffn(xn: np.ndarray, router: np.ndarray, gate_e: np.ndarray, up_e: np.ndarray, down_e: np.ndarray,
+            gate_s: np.ndarray, up_s: np.ndarray, down_s: np.ndarray, k: int, w_scale: float
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy replica of llama.cpp's ``deepseek`` MoE layer: softmax gating, top-k, no renormalisation,
+    weights times ``w_scale``, plus the ungated shared expert. Returns (out (T, n_embd), top (T, k)).
+
+    xn (T, n_embd); router (E, n_embd); gate_e/up_e (E, n_ff_exp, n_embd); down_e (E, n_embd, n_ff_exp);
+    gate_s/up_s (n_shared, n_embd); down_s (n_embd, n_shared)."""
+    def swiglu(x, g, u, d):
+        h = x @ g.T
+        return (h / (1.0 + np.exp(-h)) * (x @ u.T)) @ d.T
+
+    logits = xn @ router.T
+    pr = np.exp(logits - logits.max(1, keepdims=True))
+    pr /= pr.sum(1, keepdims=True)
+    top = np.argsort(-pr, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(pr, top, 1) * w_scale
+    out = swiglu(xn, gate_s, up_s, down_s)
+    for j in range(k):
+        for e in np.unique(top[:, j]):
+            rows = top[:, j] == e
+            out[rows] += w[rows, j:j + 1] * swiglu(xn[rows], gate_e[e], up_e[e], down_e[e])
+    return out, top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,27 +312,77 @@ def calibration_tokens(src: Path, text: str, n_tokens: int) -> list[int]:
     return toks[:n_tokens]
 
 
-def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = MoefyConfig(),
-          calib_text: str | None = None, progress: bool = True) -> dict:
-    """Convert the dense llama GGUF ``src`` into a MoE GGUF at ``dst`` (written to a temp name and
-    renamed, so ``dst`` is either absent or complete).
+def capture_activations(model: DenseLlama, toks: list[int], chunk: int, bar=None) -> list[np.ndarray]:
+    """FFN inputs xn (N, n_embd) of every layer of the dense model on ``toks``, in chunks of ``chunk``
+    tokens each starting with BOS."""
+    capture: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
+    bos = 1
+    for i in range(0, len(toks), chunk - 1):
+        model.forward([bos] + toks[i:i + chunk - 1], capture)
+        if bar is not None:
+            bar.update(1)
+    return [np.concatenate(c) for c in capture]
 
-    Returns a report dict: n_expert, n_expert_used, expert_bytes per type, seconds per stage.
+
+def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, rng) -> dict[str, np.ndarray]:
+    """Float32 MoE tensors of block ``il`` (GGUF names without the ``blk.N.`` prefix)."""
+    E, F, W = cfg.n_expert, cfg.n_ff_exp, model.n_embd
+    n_sh = min(cfg.shared_width, model.n_ff)
+    if E * F + cfg.shared_width < model.n_ff:
+        raise ValueError(f"E * n_ff_exp + shared width = {E * F + cfg.shared_width} < n_ff {model.n_ff}")
+    p = f"blk.{il}."
+    gate, up, down = (model.W[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
+    a, _ = model.ffn(il, xn)
+    contrib = neuron_contributions(a, down)
+    shared = np.sort(np.argsort(-contrib.mean(0), kind="stable")[:n_sh])
+    rest = np.setdiff1d(np.arange(model.n_ff), shared)
+    lab = partition_neurons(contrib[:, rest], E, F, cfg.partition, rng)
+    router = fit_router(xn, a[:, rest], down[:, rest], lab, E, cfg.router_spread, cfg.router_ridge)
+    out = {
+        "ffn_gate_inp.weight": router,
+        "ffn_gate_exps.weight": np.zeros((E, F, W), np.float32),
+        "ffn_up_exps.weight": np.zeros((E, F, W), np.float32),
+        "ffn_down_exps.weight": np.zeros((E, W, F), np.float32),
+        "ffn_gate_shexp.weight": np.zeros((cfg.shared_width, W), np.float32),
+        "ffn_up_shexp.weight": np.zeros((cfg.shared_width, W), np.float32),
+        "ffn_down_shexp.weight": np.zeros((W, cfg.shared_width), np.float32),
+    }
+    for e in range(E):
+        idx = rest[lab == e]
+        out["ffn_gate_exps.weight"][e, :len(idx)] = gate[idx]
+        out["ffn_up_exps.weight"][e, :len(idx)] = up[idx]
+        out["ffn_down_exps.weight"][e, :, :len(idx)] = down[:, idx]
+    out["ffn_gate_shexp.weight"][:n_sh] = gate[shared]
+    out["ffn_up_shexp.weight"][:n_sh] = up[shared]
+    out["ffn_down_shexp.weight"][:, :n_sh] = down[:, shared]
+    return out
+
+
+def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = MoefyConfig(),
+          calib_text: str | None = None, progress: bool = True,
+          activations: list[np.ndarray] | None = None) -> dict:
+    """Convert the dense llama GGUF ``src`` into a ``deepseek`` MoE GGUF at ``dst`` (written to a temp
+    name and renamed, so ``dst`` is either absent or complete).
+
+    ``activations``: precomputed :func:`capture_activations` output for the same calibration tokens
+    (to try several configs without re-running the dense model).
+
+    Returns a report dict: n_expert, n_expert_used, n_ff_exp, shared width, expert_bytes per type,
+    seconds per stage.
     """
     import gguf
     from gguf import GGMLQuantizationType as QT
     from tqdm.auto import tqdm
 
     src, dst = Path(src), Path(dst)
-    rep: dict = {"n_expert": cfg.n_expert, "n_expert_used": cfg.n_expert_used, "seconds": {}}
+    E = cfg.n_expert
+    if cfg.n_ff_exp % 32:
+        raise ValueError(f"n_ff_exp {cfg.n_ff_exp} must be a multiple of 32 (Q8_0 rows of down_exps)")
+    rep: dict = {"n_expert": E, "n_expert_used": cfg.n_expert_used, "n_ff_exp": cfg.n_ff_exp,
+                 "shared_width": cfg.shared_width, "seconds": {}}
     t0 = time.perf_counter()
     model = DenseLlama(src)
-    E, n_ff, n_embd = cfg.n_expert, model.n_ff, model.n_embd
-    n_shared = cfg.n_shared_neurons
-    if (n_ff - n_shared) % E:
-        raise ValueError(f"n_ff {n_ff} - n_shared_neurons {n_shared} must split into {E} equal groups")
-    n_own = (n_ff - n_shared) // E
-    n_ff_e = -(-(n_own + n_shared) // 32) * 32  # Q8_0 rows of down_exps need a multiple of 32
+    n_embd = model.n_embd
     if calib_text is None:
         from importlib.resources import files
 
@@ -295,67 +391,54 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     rep["seconds"]["load"] = time.perf_counter() - t0
 
     # 1. activations: FFN inputs of every layer on the calibration text (dense model)
-    chunks = [toks[i:i + cfg.chunk - 1] for i in range(0, len(toks), cfg.chunk - 1)]
-    bar = tqdm(total=len(chunks) + model.n_layer, desc="moefy", unit="step", disable=not progress)
-    capture: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
+    n_chunks = -(-len(toks) // (cfg.chunk - 1))
+    bar = tqdm(total=(0 if activations else n_chunks) + model.n_layer, desc="moefy", unit="step",
+               disable=not progress)
     t1 = time.perf_counter()
-    bos = 1
-    for c in chunks:
-        model.forward([bos] + c, capture)
-        bar.update(1)
+    xns = activations if activations is not None else capture_activations(model, toks, cfg.chunk, bar)
     rep["seconds"]["activations"] = time.perf_counter() - t1
 
-    # 2. per layer: partition, router, expert tensors
+    # 2. per layer: shared neurons, partition, router, expert tensors
     t2 = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
     first_f16 = model.n_layer - cfg.n_f16_layers
     new: dict[str, tuple[np.ndarray, QT]] = {}
     for il in range(model.n_layer):
-        p = f"blk.{il}."
-        xn = np.concatenate(capture[il])
-        capture[il] = []
-        gate, up, down = (model.W[p + f"ffn_{n}.weight"] for n in ("gate", "up", "down"))
-        a, _ = model.ffn(il, xn)
-        # shared neurons: the largest single contributions (massive activations) go into every expert
-        # with an unscaled down column, so any k reproduces them exactly (weights sum to 1)
-        peak = (np.abs(a) * np.linalg.norm(down, axis=0)[None, :]).max(0)
-        shared = np.sort(np.argsort(-peak, kind="stable")[:n_shared])
-        rest = np.setdiff1d(np.arange(n_ff), shared)
-        lab = partition_neurons(a[:, rest], down[:, rest], E, cfg.partition, rng)
-        own = np.stack([rest[lab == e] for e in range(E)])  # (E, n_own)
-        router = fit_router(xn, a[:, rest], down[:, rest], lab, E, cfg.router_spread)
-        g_e = np.zeros((E, n_ff_e, n_embd), np.float32)  # rows: own | shared | zero padding
-        u_e = np.zeros((E, n_ff_e, n_embd), np.float32)
-        d_e = np.zeros((E, n_embd, n_ff_e), np.float32)
-        g_e[:, :n_own], g_e[:, n_own:n_own + n_shared] = gate[own], gate[shared][None]
-        u_e[:, :n_own], u_e[:, n_own:n_own + n_shared] = up[own], up[shared][None]
-        d_e[:, :, :n_own] = (down[:, own] * E).transpose(1, 0, 2)
-        d_e[:, :, n_own:n_own + n_shared] = down[:, shared][None]
         qt = QT.F16 if il >= first_f16 else QT.Q8_0
-        for name, arr in (("gate", g_e), ("up", u_e), ("down", d_e)):
+        for name, arr in convert_layer(model, il, xns[il], cfg, rng).items():
+            if name == "ffn_gate_inp.weight":
+                new[f"blk.{il}.{name}"] = (arr, QT.F32)
+                continue
             arr = np.ascontiguousarray(arr, dtype=np.float32)
             data = arr.astype(np.float16) if qt == QT.F16 else gguf.quants.quantize(arr, qt)
-            new[p + f"ffn_{name}_exps.weight"] = (data, qt)
-        new[p + "ffn_gate_inp.weight"] = (router, QT.F32)
+            new[f"blk.{il}.{name}"] = (data, qt)
         bar.update(1)
     bar.close()
     rep["seconds"]["experts"] = time.perf_counter() - t2
 
-    # 3. write: every source KV and non-FFN tensor copied as is, FFN tensors replaced
+    # 3. write: llama.* hparams renamed deepseek.*, other KVs and non-FFN tensors copied as is
     t3 = time.perf_counter()
     r = model.reader
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
-    w = gguf.GGUFWriter(tmp, "llama")
+    w = gguf.GGUFWriter(tmp, "deepseek")
+    U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
     override = {
-        "llama.expert_count": (E, gguf.GGUFValueType.UINT32),
-        "llama.expert_used_count": (cfg.n_expert_used, gguf.GGUFValueType.UINT32),
-        "llama.feed_forward_length": (n_ff_e, gguf.GGUFValueType.UINT32),
-        "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), gguf.GGUFValueType.UINT32),
-        "general.name": (f"SmolLM2-135M-Instruct MoEfied {E}x{n_ff_e} top-{cfg.n_expert_used}",
-                         gguf.GGUFValueType.STRING),
+        "deepseek.expert_count": (E, U32),
+        "deepseek.expert_used_count": (cfg.n_expert_used, U32),
+        "deepseek.expert_feed_forward_length": (cfg.n_ff_exp, U32),
+        "deepseek.expert_shared_count": (cfg.n_expert_shared, U32),
+        "deepseek.leading_dense_block_count": (0, U32),
+        "deepseek.expert_weights_scale": (float(E), F32),
+        "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), U32),
+        "general.name": (f"SmolLM2-135M-Instruct MoEfied deepseek {E}x{cfg.n_ff_exp} top-{cfg.n_expert_used} "
+                         f"+ shared {cfg.shared_width}", STR),
     }
     for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in override:
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key.startswith("llama."):
+            key = "deepseek." + key[len("llama."):]
+        if key in override:
             continue
         vtype = f.types[0]
         sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
@@ -365,7 +448,6 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     w.add_string("epqlab.moefy.partition", cfg.partition)
     w.add_uint32("epqlab.moefy.calib_tokens", len(toks))
     w.add_float32("epqlab.moefy.router_spread", cfg.router_spread)
-    w.add_uint32("epqlab.moefy.n_shared_neurons", n_shared)
     w.add_string("epqlab.moefy.source", src.name)
 
     for t in r.tensors:
@@ -381,8 +463,8 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     os.replace(tmp, dst)
     rep["seconds"]["write"] = time.perf_counter() - t3
     rep["seconds"]["total"] = time.perf_counter() - t0
-    q8 = 3 * n_ff_e * (n_embd // 32) * 34
-    rep["expert_bytes"] = {"Q8_0": q8, "F16": 3 * n_ff_e * n_embd * 2}
+    F = cfg.n_ff_exp
+    rep["expert_bytes"] = {"Q8_0": 3 * F * (n_embd // 32) * 34, "F16": 3 * F * n_embd * 2}
     rep["n_f16_layers"] = cfg.n_f16_layers
     logger.info("moefy %s -> %s in %.1fs", src.name, dst, rep["seconds"]["total"])
     return rep
