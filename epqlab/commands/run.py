@@ -39,7 +39,9 @@ def stats_table(st: dict, session) -> str:
     if st["pager"]:
         classes = ", ".join(f"{c['slots']} x {fmt_bytes(c['slot_bytes'])}" for c in st["slot_classes"] if c["slots"])
         rows += [
-            ("budget", fmt_bytes(st["budget_bytes"]) if st["budget_bytes"] is not None else "none (all experts fit)"),
+            ("budget", fmt_bytes(st["budget_bytes"]) if st["budget_bytes"] is not None else
+             ("none (arena holds every expert)" if st["arena_bytes"] >= session.pager.all_experts_bytes(session.layout)
+              else "none (arena sized directly)")),
             ("arena", f"{fmt_bytes(st['arena_bytes'])} = {classes}  ({st['arena_bytes'] / session.layout.routed_expert_bytes:.0%} of routed experts)"),
             ("policy / top-k", f"{st['policy']} / {st['n_expert_used']}"),
             ("I/O", f"{'O_DIRECT' if st['direct_io'] else 'buffered'}, {st['io_threads']} threads"),
