@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except EpqlabError as e:
+    except (EpqlabError, ValueError, OSError) as e:
+        # Our own errors, bad values and files: one clean line, no traceback.
         print(f"epqlab: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

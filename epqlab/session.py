@@ -57,7 +57,8 @@ class Session:
         expert_used: override top-k in the graph (GGUF kv override) and the pager together.
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
-        n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens). A ubatch whose
+        n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens); llama.cpp raises
+            n_ctx to its minimum (256) and caps n_batch at the requested n_ctx. A ubatch whose
             union of experts in a layer exceeds the arena reads that layer through llama's own
             mapping (same bytes; counted in ``fallback_layers``).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
@@ -89,7 +90,9 @@ class Session:
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
         if not 1 <= k <= lay.n_expert:
             raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                        ("io_threads", 1 if io_threads is None else io_threads),
+                        ("n_threads", 1 if n_threads is None else n_threads)):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         self.n_expert_used = k
@@ -144,6 +147,7 @@ class Session:
             self._engine.attach_pager(self._pager.native)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
+        self.n_batch = int(self._engine.n_batch)  # llama.cpp caps n_batch at the requested n_ctx
         self._peak.update()
 
     # -- tokens --------------------------------------------------------------------------------
@@ -165,7 +169,11 @@ class Session:
     def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
         """Decode tokens in n_batch chunks starting at position pos0; returns logits float32
         [n, n_vocab] (all) or [1, n_vocab] (last)."""
-        tokens = np.asarray(tokens, dtype=np.int32)
+        tokens = np.asarray(tokens, dtype=np.int32).ravel()
+        if len(tokens) == 0:
+            raise ValueError("no tokens to decode: pass at least one token id")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {tokens.min()}..{tokens.max()}")
         if pos0 + len(tokens) > self.n_ctx:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
         outs = []
@@ -239,6 +247,8 @@ class Session:
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
         one of ``stop`` (the stop string is not yielded)."""
         self._check_open()
+        if n_predict < 0:
+            raise ValueError(f"n_predict must be >= 0, got {n_predict}")
         toks = self.tokenize(prompt, add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not toks:
             raise ValueError("empty prompt")
@@ -304,6 +314,11 @@ class Session:
         """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat
         template, ending with the assistant's turn. Raises ValueError if the GGUF has none."""
         self._check_open()
+        if isinstance(messages, (str, bytes)) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError('messages must be a list of {"role": str, "content": str} dicts')
+        if not messages:
+            raise ValueError("messages is empty")
         return self._engine.apply_chat_template([(m["role"], m["content"]) for m in messages], True)
 
     def chat(self, messages: Sequence[dict], n_predict: int = 256, **kw) -> Generation:

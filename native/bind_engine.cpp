@@ -54,6 +54,7 @@ void register_engine(py::module_ & m) {
         .def("is_eog", &engine::is_eog)
         .def_property_readonly("n_vocab", &engine::n_vocab)
         .def_property_readonly("n_ctx", &engine::n_ctx)
+        .def_property_readonly("n_batch", &engine::n_batch)
         .def_property_readonly("n_threads", &engine::n_threads)
         .def("hook_stats", [](engine & e) {
             py::dict d;

@@ -98,6 +98,7 @@ std::string engine::piece(int32_t token) const {
 
 int32_t engine::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 int32_t engine::n_ctx() const { return (int32_t) llama_n_ctx(ctx_); }
+int32_t engine::n_batch() const { return (int32_t) llama_n_batch(ctx_); }
 int32_t engine::n_threads() const { return llama_n_threads(ctx_); }
 bool engine::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
 
@@ -109,6 +110,12 @@ void engine::attach_pager(pager * pg) {
 void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
 void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * out) {
+    // llama_decode aborts the process (GGML_ASSERT) on these; refuse them here instead.
+    if (n < 1 || n > n_batch()) throw std::invalid_argument("decode of " + std::to_string(n) + " tokens: must be 1.." + std::to_string(n_batch()) + " (n_batch)");
+    if (pos0 < 0 || pos0 + n > n_ctx()) throw std::invalid_argument("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n) + " exceed the context of " + std::to_string(n_ctx()));
+    const int32_t nv = n_vocab();
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= nv) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     llama_batch b = llama_batch_init(n, 0, 1);
     for (int i = 0; i < n; i++) {
         b.token[i] = tokens[i];
@@ -132,7 +139,7 @@ void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * o
                                  (rc == 1 ? " (no KV slot: the context is full; use a larger n_ctx)" : ""));
     }
     const int n_out = all ? n : 1;
-    const int nv = n_vocab();
+    // nv: vocabulary size (checked above)
     const float * lg = llama_get_logits(ctx_);
     memcpy(out, lg, sizeof(float) * (size_t) n_out * nv);
 }

@@ -49,6 +49,7 @@ public:
 
     int32_t n_vocab() const;
     int32_t n_ctx() const;
+    int32_t n_batch() const;
     int32_t n_threads() const;
     bool    is_eog(int32_t token) const;
     expert_hook * hook() { return hook_.get(); }

@@ -275,3 +275,33 @@ def test_cli_run_and_demo(default_path, tmp_path):
     r = subprocess.run([sys.executable, "-m", "epqlab", "run", str(tmp_path / "nope.gguf")], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_tokens_and_context_overflow(default_path):
+    with epqlab.Session(default_path, n_threads=THREADS, n_ctx=64) as s:
+        with pytest.raises(ValueError, match="no tokens"):
+            s.logits([])
+        with pytest.raises(ValueError, match="token ids"):
+            s.logits([s.n_vocab])
+        with pytest.raises(ValueError, match="n_ctx"):
+            s.generate("word " * (s.n_ctx + 10), 4)
+        assert s.generate("word " * (s.n_ctx // 2), 2).tokens  # decoded in n_batch chunks
+        with pytest.raises(ValueError, match="empty prompt"):
+            s.generate("", 4, add_special=False)
+        assert s.generate("Hello", 0).tokens == []
+        assert s.generate("Hello", 3).tokens  # still usable
+
+
+def test_bad_arguments_are_clean_errors(default_path):
+    with pytest.raises(ValueError, match="io_threads"):
+        epqlab.Session(default_path, io_threads=-3)
+    with epqlab.Session(default_path, n_threads=THREADS) as s:
+        with pytest.raises(ValueError, match="n_predict"):
+            s.generate("Hello", -1)
+        for bad in ("hello", [{"role": "user"}], []):
+            with pytest.raises(ValueError, match="messages"):
+                s.chat(bad)
+    for args in (["--ram-budget", "abc"], ["--expert-used", "0"], ["--n-ctx", "0"], ["--io-threads", "0"]):
+        r = subprocess.run([sys.executable, "-m", "epqlab", "run", str(default_path), "-n", "2", *args],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "epqlab: error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
