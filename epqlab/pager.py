@@ -22,7 +22,9 @@ POLICIES = ("lru", "ls", "ls_pos")
 def default_io_threads() -> int:
     """3 x compute threads (the seed's I/O critical-path study found 3x best), compute threads =
     usable CPUs."""
-    return 3 * max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    from .memory import cpu_threads
+
+    return 3 * cpu_threads()
 
 
 def _layer_specs(layout: ModelLayout):
