@@ -100,6 +100,9 @@ class ModelLayout:
         routed_expert_bytes: bytes of all routed-expert tensors.
         non_expert_bytes: bytes of every other tensor (attention, norms, router, shared experts, embeddings).
         alignment: ``general.alignment`` (tensor data alignment, bytes; 32 by default).
+        dense_tensors: ``(name, offset, n_bytes)`` of every non-expert tensor, file order (absolute
+            offsets, bytes): what stays resident outside the arena.
+        data_offset: absolute file offset of the first tensor's data (end of the header), bytes.
     """
 
     path: Path
@@ -115,6 +118,13 @@ class ModelLayout:
     alignment: int
     n_tensors: int
     metadata: dict = field(default_factory=dict, repr=False)
+    dense_tensors: list = field(default_factory=list, repr=False)
+    data_offset: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the file has routed-expert tensors."""
+        return bool(self.layers)
 
     @property
     def moe_layers(self) -> list[int]:
@@ -143,7 +153,7 @@ class ModelLayout:
 
     @property
     def max_expert_bytes(self) -> int:
-        return max(l.expert_bytes for l in self.layers)
+        return max((l.expert_bytes for l in self.layers), default=0)
 
     def budget_coverage(self, budget_bytes: int) -> float:
         """Fraction (0..1) of all (layer, expert) units that fit in ``budget_bytes`` when the
@@ -226,7 +236,7 @@ _KIND_ORDER = {"gate": 0, "gate_up": 0, "up": 1, "down": 2}
 _CACHE: dict[tuple, ModelLayout] = {}
 
 
-def inspect(path: str | os.PathLike) -> ModelLayout:
+def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
     """Read the routed-expert layout of a MoE GGUF file.
 
     gguf-py parses every metadata array (a 49K-token vocabulary takes seconds), so layouts are
@@ -234,6 +244,8 @@ def inspect(path: str | os.PathLike) -> ModelLayout:
 
     Args:
         path: a single-file GGUF.
+        require_moe: raise :class:`NotMoEError` for a dense model (default). With False a dense
+            model yields a layout with no expert layers (for plain runs and perplexity).
 
     Returns:
         :class:`ModelLayout` with per-layer expert tensors (type, shape, file offset, bytes per
@@ -258,10 +270,14 @@ def inspect(path: str | os.PathLike) -> ModelLayout:
         )
     st = path.stat()
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    if key in _CACHE:
-        return _CACHE[key]
-    layout = _inspect(path)
-    _CACHE[key] = layout
+    if key not in _CACHE:
+        _CACHE[key] = _inspect(path)
+    layout = _CACHE[key]
+    if require_moe and not layout.is_moe:
+        raise NotMoEError(
+            f"{path} ({layout.architecture}) has no routed-expert tensors (blk.N.ffn_*_exps.weight): it is a dense model. "
+            "epqlab pages routed experts; run dense models with pager=False or plain llama.cpp."
+        )
     return layout
 
 
@@ -288,6 +304,7 @@ def _inspect(path: Path) -> ModelLayout:
     by_layer: dict[int, list[ExpertTensor]] = {}
     routed = 0
     total = 0
+    dense: list[tuple[str, int, int]] = []
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > file_size:
@@ -298,6 +315,7 @@ def _inspect(path: Path) -> ModelLayout:
         total += int(t.n_bytes)
         m = EXPERT_TENSOR_RE.match(t.name)
         if not m:
+            dense.append((t.name, int(t.data_offset), int(t.n_bytes)))
             continue
         dims = [int(d) for d in t.shape]
         if len(dims) != 3:
@@ -316,17 +334,13 @@ def _inspect(path: Path) -> ModelLayout:
     n_expert_kv = hp("expert_count")
     n_expert_used = hp("expert_used_count")
     metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
+    data_offset = min((int(t.data_offset) for t in reader.tensors), default=file_size)
     del reader
-    if not by_layer:
-        raise NotMoEError(
-            f"{path} ({arch}) has no routed-expert tensors (blk.N.ffn_*_exps.weight): it is a dense model. "
-            "epqlab pages routed experts; run dense models with plain llama.cpp."
-        )
     layers = [
         ExpertLayer(il, tuple(sorted(ts, key=lambda t: _KIND_ORDER[t.kind])))
         for il, ts in sorted(by_layer.items())
     ]
-    n_expert = n_expert_kv or layers[0].tensors[0].shape[2]
+    n_expert = n_expert_kv or (layers[0].tensors[0].shape[2] if layers else 0)
     for l in layers:
         for t in l.tensors:
             if t.shape[2] != n_expert:
@@ -345,6 +359,8 @@ def _inspect(path: Path) -> ModelLayout:
         alignment=alignment,
         n_tensors=n_tensors,
         metadata=metadata,
+        dense_tensors=sorted(dense, key=lambda d: d[1]),
+        data_offset=data_offset,
     )
 
 

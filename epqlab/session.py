@@ -22,6 +22,7 @@ from .pager import POLICIES, Pager, default_io_threads
 from .units import fmt_bytes, parse_bytes
 
 DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
+LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode produces (bytes)
 
 
 @dataclass
@@ -83,12 +84,13 @@ class Session:
                  direct_io: bool = True, arena_bytes=None):
         from ._native import core
 
-        self.layout: ModelLayout = inspect(model)
+        # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
+        self.layout: ModelLayout = inspect(model, require_moe=bool(pager) or route_log is not None)
         lay = self.layout
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
-        if not 1 <= k <= lay.n_expert:
+        if lay.is_moe and not 1 <= k <= lay.n_expert:
             raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                         ("io_threads", 1 if io_threads is None else io_threads),
@@ -166,9 +168,15 @@ class Session:
         if self._closed:
             raise EpqlabError("this Session is closed; create a new one")
 
-    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
-        """Decode tokens in n_batch chunks starting at position pos0; returns logits float32
-        [n, n_vocab] (all) or [1, n_vocab] (last)."""
+    def _chunk_tokens(self, all_logits: bool) -> int:
+        """Tokens per llama_decode call: n_batch, or for all-logits decodes as many as keep one
+        block of logits within LOGITS_BLOCK_BYTES (llama.cpp's output buffer grows to the largest
+        n_outputs it was asked for, and it is never shrunk)."""
+        if not all_logits:
+            return self.n_batch
+        return max(1, min(self.n_batch, LOGITS_BLOCK_BYTES // (4 * self.n_vocab)))
+
+    def _check_tokens(self, tokens, pos0: int) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int32).ravel()
         if len(tokens) == 0:
             raise ValueError("no tokens to decode: pass at least one token id")
@@ -176,17 +184,52 @@ class Session:
             raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {tokens.min()}..{tokens.max()}")
         if pos0 + len(tokens) > self.n_ctx:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
-        outs = []
-        for s in range(0, len(tokens), self.n_batch):
-            chunk = tokens[s:s + self.n_batch]
-            last = s + self.n_batch >= len(tokens)
+        return tokens
+
+    def _decode_blocks(self, tokens, pos0: int, all_logits: bool, phase: int) -> Iterator[np.ndarray]:
+        """Decode tokens in chunks (see :meth:`_chunk_tokens`) starting at position pos0; yields
+        float32 logits blocks: [m, n_vocab] per chunk (all_logits) or one [1, n_vocab] (last)."""
+        tokens = self._check_tokens(tokens, pos0)
+        step = self._chunk_tokens(all_logits)
+        for s in range(0, len(tokens), step):
+            chunk = tokens[s:s + step]
+            last = s + step >= len(tokens)
             out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
-            if all_logits or last:
-                outs.append(out)
             if self.route_log_path is not None:
                 self._take_route(len(chunk), phase)
             self._peak.update()
+            if all_logits or last:
+                yield out
+
+    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
+        """Like :meth:`_decode_blocks` but returns the last block only when all_logits is False,
+        else every block concatenated (float32 [n, n_vocab]: the caller asked for all of it)."""
+        blocks = self._decode_blocks(tokens, pos0, all_logits, phase)
+        if not all_logits:
+            last = None
+            for last in blocks:
+                pass
+            return last
+        outs = list(blocks)
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def _prefill(self, tokens, phase: int = 0) -> np.ndarray:
+        """Prefill from position 0 and return the last token's logits, float32 [n_vocab]. While
+        routes are recorded every token outputs logits (llama.cpp routes only output tokens
+        through the last layer); those blocks are dropped as they come, so memory stays bounded."""
+        last = None
+        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase):
+            pass
+        return last[-1]
+
+    def iter_logits(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
+        """Decode ``tokens`` from an empty context and yield their logits in order, as float32
+        blocks ``[m, n_vocab]`` of consecutive positions with ``m * n_vocab * 4 <=
+        LOGITS_BLOCK_BYTES`` (16 MiB; at least one token per block). Memory stays bounded however
+        long ``tokens`` is (up to n_ctx); used by :func:`epqlab.perplexity.perplexity`."""
+        self._check_open()
+        self._engine.clear()
+        yield from self._decode_blocks(tokens, 0, True, 0)
 
     def _take_route(self, n: int, phase: int):
         flat = self._engine.take_route()
@@ -259,7 +302,7 @@ class Session:
         t0 = time.perf_counter()
         # When routes are recorded, every prompt token outputs logits: llama.cpp then routes all
         # of them through the last layer too (it skips that layer's FFN for non-output tokens).
-        logits = self._decode(toks, 0, self.route_log_path is not None, 0)[-1]
+        logits = self._prefill(toks)
         t_prefill = time.perf_counter() - t0
         c1 = self._counters()
         out: list[int] = []
@@ -325,26 +368,14 @@ class Session:
         """Generate the assistant's reply to ``messages`` with the GGUF's chat template."""
         return self.generate(self.chat_prompt(messages), n_predict, add_special=False, **kw)
 
-    def perplexity(self, text: str, n_ctx: int | None = None) -> float:
-        """Teacher-forced perplexity of ``text``: the tokens are cut into windows of ``n_ctx``
-        (default the session's), each decoded from an empty context; every token after the first
-        of its window is scored. PPL = exp(mean negative log-likelihood), computed in float64."""
+    def perplexity(self, text: str, n_ctx: int | None = None, stride: int | None = None) -> float:
+        """Perplexity of ``text`` with windows of ``n_ctx`` tokens (default the session's) every
+        ``stride`` tokens (default n_ctx): :func:`epqlab.perplexity.perplexity`, which states the
+        windowing. Memory stays bounded (logits are consumed block by block)."""
+        from .perplexity import perplexity
+
         self._check_open()
-        toks = self.tokenize(text)
-        n = int(n_ctx or self.n_ctx)
-        if n < 2 or len(toks) < 2:
-            raise ValueError("perplexity needs at least 2 tokens and n_ctx >= 2")
-        nll, count = 0.0, 0
-        for s in range(0, len(toks) - 1, n):
-            win = toks[s:s + n]
-            if len(win) < 2:
-                break
-            lg = self.logits(win).astype(np.float64)
-            lg -= lg.max(axis=1, keepdims=True)
-            logp = lg - np.log(np.exp(lg).sum(axis=1, keepdims=True))
-            nll -= float(logp[np.arange(len(win) - 1), win[1:]].sum())
-            count += len(win) - 1
-        return float(np.exp(nll / count))
+        return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
     def _run_stats(self, n_prompt, n_gen, t_prefill, t_decode, c0, c1, c2) -> dict:
