@@ -275,6 +275,9 @@ def format_table(df) -> str:
     def f(v, fmt):
         return "-" if v is None or v != v else format(v, fmt)
 
+    def t(v):
+        return v if isinstance(v, str) and v else "-"
+
     cols = ["level", "mode", "limit", "budget", "arena", "slots", "cover", "peak anon", "peak shmem", "peak file",
             "cg peak", "failcnt", "decode tok/s (min-max)", "prefill", "SSD MB/tok", "IO MB/tok", "hit",
             "evict", "load s", "status"]
@@ -283,7 +286,7 @@ def format_table(df) -> str:
     lines = []
     for _, r in df.iterrows():
         cells = [b(r["level"]), r["mode"], r["limit_mode"] + ("" if r["cache_dropped"] else " (cache kept)"),
-                 b(r["budget"]), b(r["arena_bytes"]), r["slots"] or "-", f(r["coverage"], ".1%"),
+                 b(r["budget"]), b(r["arena_bytes"]), t(r["slots"]), f(r["coverage"], ".1%"),
                  b(r["peak_rss_anon"]), b(r["peak_rss_shmem"]), b(r["peak_rss_file"]), b(r["cgroup_peak"]),
                  f(r["failcnt"], ".0f"),
                  (f"{r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f})"
@@ -298,7 +301,7 @@ def format_table(df) -> str:
     out = ["  ".join(c.ljust(w[i]) for i, c in enumerate(cols))]
     out += ["  ".join(c.ljust(w[i]) for i, c in enumerate(l)) for l in lines]
     for _, r in df.iterrows():
-        if r["reason"]:
+        if isinstance(r["reason"], str) and r["reason"]:
             out.append(f"{fmt_bytes(r['level'])} {r['mode']}: {r['reason']}")
     return "\n".join(out)
 
@@ -392,13 +395,16 @@ def to_json(df) -> dict:
     return {"parameters": attrs, "rows": rows, "runs": runs, "reading": reading(df)}
 
 
-def save(df, results_dir, name: str = "strict", figure: bool = True) -> dict:
-    """Write ``<results_dir>/<name>.json`` (:func:`to_json`), ``.csv`` (the table) and ``.png``
-    (:func:`plot`, unless ``figure=False``). Returns ``{"json": path, "csv": path, "png": path}``."""
+def save(df, results_dir, name: str = "strict", figure: bool = True, extra: dict | None = None) -> dict:
+    """Write ``<results_dir>/<name>.json`` (:func:`to_json`, updated with ``extra``), ``.csv`` (the
+    table) and ``.png`` (:func:`plot`, unless ``figure=False``). Returns ``{"json": path, "csv":
+    path, "png": path}`` (str)."""
     d = Path(results_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
-    paths["json"].write_text(json.dumps(to_json(df), indent=1, default=str))
+    doc = to_json(df)
+    doc.update(extra or {})
+    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
     df.drop(columns=["tokens"], errors="ignore").to_csv(paths["csv"], index=False)
     if figure:
         import matplotlib.pyplot as plt

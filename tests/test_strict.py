@@ -1,0 +1,246 @@
+"""Hard memory limits (epqlab.limits), the strict memory-level runner (epqlab.strict), `epqlab
+strict` and notebooks/05_memory_levels.ipynb, on the default model at small levels."""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import shutil
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from notebooks import REPO, run_notebook  # noqa: E402
+
+import epqlab  # noqa: E402
+from epqlab import limits, strict  # noqa: E402
+from epqlab.session import DEFAULT_RESERVE  # noqa: E402
+
+MiB = 2**20
+LEVEL = 320 * MiB  # a limit the default model loads in (n_ctx 256)
+CG_REASON = limits.cgroup_unavailable_reason()
+needs_cgroup = pytest.mark.skipif(CG_REASON is not None, reason=f"no writable memory cgroup here: {CG_REASON}")
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding ``path`` (longest mount-point prefix in /proc/mounts)."""
+    best, typ = "", "?"
+    p = str(path.resolve())
+    with open("/proc/mounts") as f:
+        for line in f:
+            mnt, t = line.split()[1], line.split()[2]
+            if (p == mnt or p.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                best, typ = mnt, t
+    return typ
+
+
+@pytest.fixture(scope="module")
+def disk_dir(tmp_path_factory):
+    """A directory on a disk filesystem (tmpfs pages cannot be dropped from the page cache)."""
+    tmp = tmp_path_factory.mktemp("strict")
+    for cand in (tmp, Path("/var/tmp"), REPO):
+        if _fs_type(cand) not in ("tmpfs", "ramfs") and os.access(cand, os.W_OK):
+            d = cand if cand == tmp else Path(cand) / f"epqlab-strict-test-{os.getpid()}"
+            d.mkdir(exist_ok=True)
+            yield d
+            if d != tmp:
+                for f in d.iterdir():
+                    f.unlink()
+                d.rmdir()
+            return
+    pytest.skip("no disk-backed writable directory (all tmpfs)")
+
+
+@pytest.fixture(scope="module")
+def model(default_model_path, disk_dir):
+    """A private copy of the default model: other processes reading the shared one would refill
+    its page cache between our drop and our run (and the cgroup would not be charged for it)."""
+    p = disk_dir / "default.gguf"
+    shutil.copyfile(default_model_path, p)
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def too_small(model):
+    """One run whose budget cannot hold an arena (a 1 GiB reserve inside LEVEL), and the smallest
+    budget that works with the default reserve, parsed from the ArenaTooSmall message."""
+    df = strict.run(model, [LEVEL], n_predict=4, repeats=1, reserve="1GiB", n_ctx=256)
+    r = df.iloc[0]
+    m = re.search(r"smallest budget that works is (\d+) bytes", str(r["reason"]))
+    smallest = int(m.group(1)) - 2**30 + DEFAULT_RESERVE if m else None
+    return r, smallest
+
+
+def level_for(model, smallest, coverage):
+    """The limit whose arena holds about ``coverage`` of the routed experts."""
+    return int(smallest + strict.DEFAULT_HEADROOM + coverage * epqlab.inspect(model).routed_expert_bytes)
+
+
+# -- page cache --------------------------------------------------------------------------------
+def test_page_cache_bytes_follows_drop_and_reads(disk_dir):
+    page = mmap.PAGESIZE
+    size = 8 * MiB + 100  # last page partly past the end of the file
+    path = disk_dir / "pc.bin"
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+    assert limits.drop_page_cache(path) == 0          # written, fsynced, dropped
+    assert limits.page_cache_bytes(path) == 0
+
+    # Read exactly 1 MiB at 2 MiB with readahead off: exactly those pages become resident.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert len(os.pread(fd, MiB, 2 * MiB)) == MiB
+    finally:
+        os.close(fd)
+    assert limits.page_cache_bytes(path) == MiB
+    assert limits.page_cache_bytes(path, 2 * MiB, 3 * MiB) == MiB
+    assert limits.page_cache_bytes(path, 0, 2 * MiB) == 0
+    assert limits.page_cache_bytes(path, 3 * MiB) == 0
+    assert limits.page_cache_bytes(path, 2 * MiB + 10, 2 * MiB + 11) == page  # widened to whole pages
+
+    path.read_bytes()  # everything, including the partial last page
+    assert limits.page_cache_bytes(path) == size      # file bytes, not the page past the end
+    assert limits.drop_page_cache(path) == 0
+    with pytest.raises(ValueError, match="bad range"):
+        limits.page_cache_bytes(path, 10, 5)
+
+
+# -- the limit itself --------------------------------------------------------------------------
+HOG = "b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); print('survived')"
+
+
+@needs_cgroup
+def test_cgroup_limit_oom_kills_a_hog_and_spares_a_small_child():
+    lim = 64 * MiB
+    r = limits.run_limited([sys.executable, "-c", HOG.format(n=2 * lim)], lim, mode="cgroup")
+    assert r.limit_mode in ("cgroup-v1", "cgroup-v2")
+    assert r.killed and r.returncode == -9 and r.oom_kills >= 1, r
+    assert r.reason.startswith("OOM-killed")
+    assert "survived" not in r.stdout
+    assert r.cgroup_peak is not None and r.cgroup_peak <= lim
+    ok = limits.run_limited([sys.executable, "-c", HOG.format(n=lim // 4)], lim, mode="cgroup")
+    assert (ok.returncode, ok.killed, ok.oom_kills, ok.stdout.strip()) == (0, False, 0, "survived"), ok
+    assert lim // 4 <= ok.cgroup_peak <= lim  # the bytearray was charged
+    assert not any(p.name.startswith("epqlab-") for p in limits.own_cgroup_dirs()[r.limit_mode].iterdir())
+
+
+def test_sampled_limit_kills_a_hog_and_spares_a_small_child(monkeypatch):
+    monkeypatch.setenv("EPQLAB_LIMIT_MODE", "sampled")  # forced through the environment
+    lim = 96 * MiB
+    r = limits.run_limited([sys.executable, "-c", HOG.format(n=4 * lim) + "; import time; time.sleep(5)"], lim)
+    assert r.limit_mode == "sampled" and r.cgroup_peak is None
+    assert r.killed and r.returncode == -9, r
+    assert r.reason.startswith("killed by the sampler")
+    assert r.peak_charged > lim
+    ok = limits.run_limited([sys.executable, "-c", HOG.format(n=lim // 4)], lim)
+    assert (ok.returncode, ok.killed, ok.stdout.strip()) == (0, False, "survived"), ok
+    assert lim // 4 <= ok.peak_rss_anon <= lim
+
+
+def _hog_python(tmp_path: Path, n: int) -> str:
+    """An 'interpreter' for strict.run that ignores its arguments and allocates n bytes."""
+    p = tmp_path / "hog-python"
+    p.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{HOG.format(n=n)}\"\n")
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return str(p)
+
+
+@pytest.mark.parametrize("mode", ["cgroup", "sampled"])
+def test_runner_reports_a_killed_child_as_fail(model, tmp_path, mode):
+    if mode == "cgroup" and CG_REASON is not None:
+        pytest.skip(f"no writable memory cgroup here: {CG_REASON}")
+    level = 96 * MiB
+    df = strict.run(model, [level], repeats=1, limit_mode=mode, timeout_s=60,
+                    python=_hog_python(tmp_path, 3 * level))
+    r = df.iloc[0]
+    assert r["status"] == "FAIL" and r["passed"] == 0
+    assert r["reason"].startswith("OOM-killed" if mode == "cgroup" else "killed by the sampler"), r["reason"]
+    assert r["cache_dropped"]
+
+
+# -- the runner on the default model -----------------------------------------------------------
+def test_budget_too_small_is_a_fail_row_naming_arena_too_small(too_small):
+    # A 1 GiB reserve inside a 320 MiB level leaves no arena: the Session refuses, the row says why.
+    r, smallest = too_small
+    assert r["status"] == "FAIL" and r["passed"] == 0
+    assert r["reason"].startswith("ArenaTooSmall: ") and "smallest budget that works is" in r["reason"]
+    assert smallest is not None and 0 < smallest < LEVEL  # with the default reserve the model fits in LEVEL
+    assert r["decode_tok_s"] is None or r["decode_tok_s"] != r["decode_tok_s"]  # None/NaN: nothing measured
+    assert r["cgroup_peak"] is None or r["cgroup_peak"] <= LEVEL
+
+
+@needs_cgroup
+def test_default_model_passes_under_a_cgroup_limit(model, too_small):
+    # Arena about 30% of the routed experts; the limit is the budget + 16 MiB headroom (issue #10).
+    level = level_for(model, too_small[1], 0.3)
+    df = strict.run(model, [level], n_predict=4, repeats=1, mmap_baseline=True, n_ctx=256)
+    paged, mm = df.iloc[0], df.iloc[1]
+    assert (paged["mode"], mm["mode"]) == ("paged", "mmap")
+    mode = next(iter(limits.own_cgroup_dirs()))  # v1 first, as make_limit tries it
+    for r in (paged, mm):
+        assert r["status"] == "PASS", r["reason"]
+        assert r["limit_mode"] == mode and level - mmap.PAGESIZE < r["limit_bytes"] <= level
+        assert r["cache_dropped"]
+        assert 0 < r["cgroup_peak"] <= r["limit_bytes"]
+        assert r["failcnt"] is not None and r["decode_tok_s"] > 0
+    assert paged["budget"] == level - strict.DEFAULT_HEADROOM
+    assert paged["cgroup_peak"] >= paged["arena_bytes"] > 0   # the arena's shared memory is charged
+    assert 0.1 < paged["coverage"] < 0.5                       # a real paging run, below half of the experts
+    assert paged["ssd_mb_per_token"] > 0 and 0 <= paged["hit_rate"] < 1
+    assert paged["same_text_as_mmap"] is True and paged["text"] == mm["text"]  # greedy text equals plain llama.cpp
+    assert paged["speedup_vs_mmap"] == pytest.approx(paged["decode_tok_s"] / mm["decode_tok_s"])
+
+
+def test_bad_arguments_are_clear_errors(model):
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        strict.run(model, [LEVEL], repeats=0)
+    with pytest.raises(ValueError, match="not above the headroom"):
+        strict.run(model, ["8MiB"])
+    with pytest.raises(ValueError, match="not a byte count"):
+        strict.run(model, "3 lots")
+    with pytest.raises(ValueError, match="unknown limit mode"):
+        limits.run_limited(["true"], LEVEL, mode="cgroup-v3")
+    assert strict.parse_levels("2GiB, 512MiB") == [512 * MiB, 2 * 2**30]
+
+
+# -- CLI and notebook --------------------------------------------------------------------------
+def test_cli_strict_json_sampled(model, tmp_path, capsys):
+    from epqlab.cli import main
+
+    out = tmp_path / "strict.json"
+    rc = main(["strict", str(model), "--levels", "320MiB", "--repeats", "1", "-n", "4",
+               "--n-ctx", "256", "--limit-mode", "sampled", "--json", str(out), "-q"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["status"] == "PASS" and row["limit_mode"] == "sampled" and row["cgroup_peak"] is None
+    assert row["level"] == LEVEL and row["budget"] == LEVEL - strict.DEFAULT_HEADROOM
+    assert 0 < row["peak_rss"] <= LEVEL + row["peak_rss_shmem"]  # shared arena may be counted twice in RSS
+    assert doc["parameters"]["n_predict"] == 4 and len(doc["runs"]) == 1
+    assert "320.00 MiB" in printed and "PASS" in printed and "sampled" in printed
+    assert doc["reading"] in printed
+
+
+def test_notebook_05_two_levels(model, too_small, tmp_path):
+    lo, hi = level_for(model, too_small[1], 0.3), level_for(model, too_small[1], 0.6)
+    r = run_notebook("05_memory_levels", {"model": model, "levels": [lo, hi], "n_predict": 4, "repeats": 1,
+                                          "mmap_baseline": True, "session_kw": {"n_ctx": 256}}, tmp_path)
+    assert r["parameters"]["levels"] == [lo, hi] and r["parameters"]["repeats"] == 1
+    rows = r["rows"]
+    assert [(x["level"], x["mode"]) for x in rows] == [(lo, "paged"), (lo, "mmap"), (hi, "paged"), (hi, "mmap")]
+    assert all(x["status"] == "PASS" for x in rows), [x["reason"] for x in rows]
+    p0, p1 = rows[0], rows[2]
+    # a higher level buys a bigger arena, by about the difference (slots are whole experts)
+    assert p1["arena_bytes"] - p0["arena_bytes"] == pytest.approx(hi - lo, abs=4 * MiB)
+    for x in (p0, p1):
+        assert x["speedup_vs_mmap"] == pytest.approx(x["decode_tok_s"] / x["mmap_decode_tok_s"])
+    out = Path(tmp_path) / "results" / "05_memory_levels"
+    assert (out / "test.png").stat().st_size > 10_000 and (out / "test.csv").is_file()
+    assert f"passes at {epqlab.fmt_bytes(lo)}, {epqlab.fmt_bytes(hi)}" in r["reading"]
