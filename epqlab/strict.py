@@ -75,7 +75,8 @@ def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt,
         row.update(status="FAIL", reason=lim.reason)
     elif child is None:
         tail = (lim.stderr.strip().splitlines() or [""])[-1][-300:]
-        row.update(status="FAIL", reason=lim.reason or f"child exited with status {lim.returncode} and no result: {tail}")
+        row.update(status="FAIL",
+                   reason=lim.reason or f"child exited with status {lim.returncode} and no result: {tail}")
     elif child.get("status") == "PASS" and lim.returncode == 0:
         row.update(status="PASS", reason=None)
     else:
@@ -167,7 +168,8 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
                         print(f"[strict] {fmt_bytes(level):>10} {'paged' if pg else 'mmap':5} run {r + 1}/{repeats}: "
                               f"{row['status']} {st.get('decode_tok_s', 0):.2f} tok/s"
                               f"{'  ' + row['reason'][:120] if row['reason'] else ''}", file=sys.stderr, flush=True)
-    rows = [_aggregate([x for x in runs if x["level"] == level and x["pager"] == pg]) for level in lv for pg in variants]
+    rows = [_aggregate([x for x in runs if x["level"] == level and x["pager"] == pg])
+            for level in lv for pg in variants]
     df = pd.DataFrame(rows)
     if mmap_baseline and pager:
         _add_baseline(df)
@@ -330,7 +332,8 @@ def reading(df) -> str:
                      f"({r['speedup_vs_mmap']:.2f}x)" for _, r in sp.iterrows()]
             same = sp["same_text_as_mmap"].dropna()
             s.append("Decode, paged vs mmap: " + "; ".join(parts) + "."
-                     + (f" Greedy text identical to mmap at {int(same.sum())}/{len(same)} levels." if len(same) else ""))
+                     + (f" Greedy text identical to mmap at {int(same.sum())}/{len(same)} levels."
+                        if len(same) else ""))
     ok = paged[paged["status"] == "PASS"]
     if len(ok) >= 2:
         lo, hi = ok.iloc[0], ok.iloc[-1]

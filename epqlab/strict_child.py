@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
                 res.update(
                     status="PASS", text=g["text"], tokens=g["tokens"], n_prompt=len(g["prompt_tokens"]),
                     stats=_jsonable(g["stats"]), session_stats=_jsonable(s.stats),
-                    io={"load_read_bytes": _diff(io_loaded, io_start), "prefill_read_bytes": _diff(io_prefilled, io_loaded),
+                    io={"load_read_bytes": _diff(io_loaded, io_start),
+                        "prefill_read_bytes": _diff(io_prefilled, io_loaded),
                         "decode_read_bytes": _diff(io_end, io_prefilled)},
                     routed_expert_bytes=lay.routed_expert_bytes, non_expert_bytes=lay.non_expert_bytes,
                     n_routed_experts=sum(c.n_experts for c in lay.slot_classes),

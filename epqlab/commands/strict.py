@@ -21,7 +21,8 @@ def register(sub) -> None:
     p.add_argument("--mmap-baseline", action="store_true",
                    help="also run plain llama.cpp (mmap, pager off) under each limit, and the ratio")
     p.add_argument("--no-pager", dest="pager", action="store_false", help="run only plain llama.cpp (mmap)")
-    p.add_argument("--headroom", default="16MiB", help="part of each limit kept out of ram_budget (default %(default)s)")
+    p.add_argument("--headroom", default="16MiB",
+                   help="part of each limit kept out of ram_budget (default %(default)s)")
     p.add_argument("--limit-mode", default=None, choices=["auto", "cgroup", "cgroup-v1", "cgroup-v2", "sampled"],
                    help="how the limit is enforced (default auto: cgroup if writable, else sampled)")
     p.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context size (Session default if omitted)")
