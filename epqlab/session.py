@@ -2,7 +2,7 @@
 
 The math is llama.cpp's own: the hook (native/hook.cpp) only decides where the expert bytes
 come from, so logits are bit-identical to ``pager=False`` (plain llama.cpp, mmap) at every
-budget, policy and I/O thread count. See shared/DESIGN.md §3-5.
+budget, policy and I/O thread count. See docs/DESIGN.md (paging mechanism, memory accounting).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import ArenaTooSmall, EpqlabError
 from .layout import ModelLayout, inspect
-from .memory import PeakTracker, cpu_threads, sample
+from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import POLICIES, Pager, default_io_threads
 from .units import fmt_bytes, parse_bytes
 
@@ -28,7 +28,7 @@ LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode 
 @dataclass
 class Generation:
     """Result of :meth:`Session.generate`: ``text`` (str), ``tokens`` (generated ids),
-    ``prompt_tokens`` (ids), ``stats`` (dict of this run, DESIGN.md §6 run-stats fields)."""
+    ``prompt_tokens`` (ids), ``stats`` (dict of this run, docs/DESIGN.md run-stats fields)."""
 
     text: str
     tokens: list[int]
@@ -41,7 +41,22 @@ class Generation:
 
 _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
              "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
-             "load_calls", "ubatches", "layer_loads", "fallback_layers", "fallback_tokens", "tokens_routed")
+             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
+             "staged_reads", "staged_copies", "tokens_routed")
+DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
+
+
+def _prefetch_header(lay: ModelLayout) -> None:
+    """Read exactly the GGUF header into the page cache (readahead(2) of [0, data_offset)), so
+    llama.cpp's buffered header reads hit it instead of triggering the kernel's sequential
+    readahead (read_ahead_kb, often MiBs) into tensor data the lazy load does not want."""
+    import os
+
+    fd = os.open(lay.path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, lay.data_offset, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
 
 
 class Session:
@@ -50,20 +65,31 @@ class Session:
     Args:
         model: path to a single-file MoE GGUF.
         ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
-            The budget bounds RssAnon + RssShmem of the process (arena, KV cache, compute
-            buffers, heap). The arena is sized after the context exists: budget - measured usage -
-            ``reserve``. Non-expert weights stay in llama's file mapping (RssFile), reported apart.
+            The budget bounds the whole resident set of the process, RssAnon + RssShmem +
+            RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
+            memory cgroup charges. The arena is sized after the model, its dense weights and the
+            context exist: budget - measured usage - ``reserve`` - the staging buffer (see
+            ``n_ubatch``) when not every expert fits. Everything allocated later is bounded by
+            design (logits come in blocks of at most 16 MiB, see :meth:`iter_logits`) and fits
+            in the reserve. ``stats["memory"]`` reports each part.
         reserve: bytes kept out of the arena for growth (default 64 MiB).
+        dense_weights: where the non-expert weights live while paging: ``"anon"`` (default when
+            paging: the load reads only the GGUF header and the dense tensors, into anonymous
+            memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
+            locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
+            file mapping; the stock loader reads the whole file; default with ``pager=False``).
         policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` (see :class:`epqlab.Pager`).
         expert_used: override top-k in the graph (GGUF kv override) and the pager together.
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
         n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens); llama.cpp raises
             n_ctx to its minimum (256) and caps n_batch at the requested n_ctx. A ubatch whose
-            union of experts in a layer exceeds the arena reads that layer through llama's own
-            mapping (same bytes; counted in ``fallback_layers``).
+            union of experts in a layer exceeds that layer's slots is *staged*: each of the
+            layer's expert matrices in turn is copied (resident experts) or read (the others)
+            into one buffer reserved in the budget, same bytes, same graph (counted in
+            ``staged_layers``, ``staged_bytes``; see native/hook.h).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
-        route_log: path; the routes of every decoded token are saved there as NPZ (DESIGN.md §6)
+        route_log: path; the routes of every decoded token are saved there as NPZ (docs/DESIGN.md)
             on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
             logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
@@ -81,7 +107,7 @@ class Session:
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True, arena_bytes=None):
+                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -97,6 +123,12 @@ class Session:
                         ("n_threads", 1 if n_threads is None else n_threads)):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
+        if not lay.is_moe and expert_used is not None:
+            raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
+        dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
+        if dense not in DENSE_MODES:
+            raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
+        self.dense_weights = dense
         self.n_expert_used = k
         self.policy = policy
         self.paged = bool(pager)
@@ -116,37 +148,57 @@ class Session:
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
         record = self.route_log_path is not None
+        dense_ranges = [(off, n) for _, off, n in lay.dense_tensors]
         before = sample()
+        io0 = read_bytes()
         m0 = core.malloc_bytes()
         t0 = time.perf_counter()
-        self._engine = core.Engine(str(lay.path), None, lay.architecture,
-                                   k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
-                                   int(n_threads or cpu_threads()), self.paged or record, lay.moe_layers, names, record)
+        if dense != "mmap":
+            _prefetch_header(lay)
+        try:
+            self._engine = core.Engine(str(lay.path), None, lay.architecture,
+                                       k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
+                                       int(n_threads or cpu_threads()), (self.paged or record) and lay.is_moe,
+                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges)
+        except RuntimeError as e:
+            if "whole-file read" in str(e) or "mlock" in str(e):
+                raise EpqlabError(str(e)) from None
+            raise
         self.load_s = time.perf_counter() - t0
+        io1 = read_bytes()
+        self.load_report = dict(self._engine.load_report())
+        self.load_report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
         after = sample()
         untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
-        self.used_before_arena = after.budgeted + untouched
+        self.used_before_arena = after.total + untouched
+        self.stage_reserve = 0
         if self.paged:
+            all_bytes = Pager.all_experts_bytes(lay)
             if arena_bytes is not None:
                 arena = parse_bytes(arena_bytes)
             elif self.budget_bytes is None:
-                arena = Pager.all_experts_bytes(lay)
+                arena = all_bytes
             else:
                 arena = self.budget_bytes - self.used_before_arena - self.reserve_bytes
+                if arena < all_bytes:  # some ubatch may overflow a layer's slots: reserve staging
+                    self.stage_reserve = Pager.max_stage_bytes(lay)
+                    arena -= self.stage_reserve
                 need = Pager.min_arena_bytes(lay, k)
                 if arena < need:
-                    smallest = self.used_before_arena + self.reserve_bytes + need
+                    smallest = self.used_before_arena + self.reserve_bytes + Pager.max_stage_bytes(lay) + need
                     self._engine = None
                     raise ArenaTooSmall(
                         f"ram_budget {fmt_bytes(self.budget_bytes)} is too small for {lay.path.name}: the process already "
-                        f"uses {fmt_bytes(self.used_before_arena)} (KV cache, compute buffers, heap), the reserve is "
-                        f"{fmt_bytes(self.reserve_bytes)}, and one layer's top-{k} experts need {fmt_bytes(need)}. "
-                        f"The smallest budget that works is {smallest} bytes ({fmt_bytes(smallest)}); "
-                        f"or lower n_ctx / reserve / expert_used."
+                        f"holds {fmt_bytes(self.used_before_arena)} (dense weights {fmt_bytes(self.load_report['dense_bytes'])}, "
+                        f"KV cache, compute buffers, heap, libraries), the reserve is {fmt_bytes(self.reserve_bytes)}, "
+                        f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, and one layer's top-{k} experts "
+                        f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
+                        f"({fmt_bytes(smallest)}); or lower n_ctx / reserve / expert_used."
                     )
             self._pager = Pager(lay, arena, policy=policy, io_threads=io_threads or default_io_threads(),
                                 direct_io=direct_io, n_expert_used=k)
             self._engine.attach_pager(self._pager.native)
+            self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
         self.n_batch = int(self._engine.n_batch)  # llama.cpp caps n_batch at the requested n_ctx
@@ -400,9 +452,9 @@ class Session:
             "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
             "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, n_gen),
             "io_wait_s": d["io_wait_us"] / 1e6,
-            "load_s": self.load_s,
-            "peak_rss_anon": self._peak.peak.rss_anon, "peak_rss_shmem": self._peak.peak.rss_shmem,
-            "peak_rss_file": self._peak.peak.rss_file, "peak_budgeted": self._peak.peak_budgeted,
+            "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
+            "dense_weights": self.dense_weights,
+            **self._peak_fields(), "memory": self.memory_parts(),
             "memory_limit_mode": "sampled",
         }
         self._runs.append(st)
@@ -422,8 +474,27 @@ class Session:
                  slot_classes=self._pager.stats["slot_classes"] if self._pager else [],
                  policy=self.policy, n_expert_used=self.n_expert_used, load_s=self.load_s,
                  budget_bytes=self.budget_bytes, used_before_arena=self.used_before_arena,
-                 peak_budgeted=self._peak.peak_budgeted, peak_rss_file=self._peak.peak.rss_file)
+                 load_bytes_read=self.load_report["load_bytes_read"], dense_weights=self.dense_weights,
+                 memory=self.memory_parts(), **self._peak_fields())
         return c
+
+    def _peak_fields(self) -> dict:
+        p = self._peak.peak
+        return {"peak_rss_anon": p.rss_anon, "peak_rss_shmem": p.rss_shmem, "peak_rss_file": p.rss_file,
+                "peak_arena_resident": p.arena_resident, "peak_total": self._peak.peak_total}
+
+    def memory_parts(self) -> dict:
+        """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
+        measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
+        buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
+        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; and the current
+        reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
+        now = sample(arena_resident=self._pager.arena_resident_bytes if self._pager else 0)
+        return {"budget": self.budget_bytes, "used_before_arena": self.used_before_arena,
+                "dense": int(self.load_report.get("dense_bytes", 0)),
+                "arena": self._pager.arena_bytes if self._pager else 0, "stage_reserve": self.stage_reserve,
+                "reserve": self.reserve_bytes,
+                "now": {"rss_anon": now.rss_anon, "shmem": now.shmem, "rss_file": now.rss_file, "total": now.total}}
 
     def stats_frame(self):
         """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
@@ -445,7 +516,7 @@ class Session:
 
     # -- route log -----------------------------------------------------------------------------
     def route_log(self):
-        """Routes recorded so far as a dict in DESIGN.md §6 layout (experts int32 [T, L, k],
+        """Routes recorded so far as a dict in the route-log layout of docs/DESIGN.md (experts int32 [T, L, k],
         layers, phase, expert_bytes, n_expert, meta), plus ``ubatch`` int32 [T]: the forward pass
         (llama.cpp ubatch) each token was computed in. Requires ``route_log=`` at construction."""
         if self.route_log_path is None:
@@ -462,7 +533,7 @@ class Session:
                 "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
 
     def save_route_log(self, path=None) -> Path:
-        """Write the recorded routes as NPZ (DESIGN.md §6) to ``path`` (default: the route_log path)."""
+        """Write the recorded routes as NPZ (docs/DESIGN.md) to ``path`` (default: the route_log path)."""
         p = Path(path or self.route_log_path)
         d = self.route_log()
         p.parent.mkdir(parents=True, exist_ok=True)

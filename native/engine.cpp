@@ -1,12 +1,17 @@
 // engine: llama.cpp model + context with the expert hook; see engine.h for the invariant.
 #include "engine.h"
 
+#include <chrono>
 #include <cstdio>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cstring>
 #include <malloc.h>
 #include <mutex>
 #include <stdexcept>
 
+#include "dense_weights.h"
 #include "llama.h"
 
 static bool g_verbose = false;
@@ -45,8 +50,49 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         kvo.push_back(end);
         mp.kv_overrides = kvo.data();
     }
-    model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+    const auto t0 = std::chrono::steady_clock::now();
+    file_mapping fmap{};
+    bool have_map = false;
+    if (cfg.dense_mode != 0) {
+        struct stat st{};
+        if (stat(cfg.path.c_str(), &st) != 0) throw std::runtime_error("cannot stat " + cfg.path);
+        lazy_load_scope scope;  // throws, naming the reason, if libllama's relocations are not found
+        model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+        for (const auto & m : scope.mappings()) {
+            if (m.dev == (uint64_t) st.st_dev && m.ino == (uint64_t) st.st_ino && (!have_map || m.length > fmap.length)) {
+                fmap = m;
+                have_map = true;
+            }
+        }
+        load_.lazy = true;
+        load_.populates_stripped = scope.populates_stripped();
+        load_.willneeds_skipped = scope.willneeds_skipped();
+    } else {
+        model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+    }
+    load_.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + " (set EPQLAB_VERBOSE=1 to see its log)");
+    if (cfg.dense_mode != 0) {
+        try {
+            if (!have_map) throw std::runtime_error("llama.cpp did not map " + cfg.path + " while loading it; use dense_weights=\"mmap\"");
+            const dense_report r = dense_to_anon(cfg.path, fmap, cfg.dense_ranges, cfg.dense_mode == 2);
+            load_.dense_bytes = r.bytes;
+            load_.dense_bytes_read = r.bytes_read;
+            load_.dense_direct = r.direct;
+            load_.dense_locked = r.locked;
+            load_.dense_s = r.seconds;
+            // Whatever the header reads left in the page cache is not ours to keep.
+            int fd = open(cfg.path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd >= 0) {
+                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+                close(fd);
+            }
+        } catch (...) {
+            llama_model_free(model_);
+            model_ = nullptr;
+            throw;
+        }
+    }
     vocab_ = llama_model_get_vocab(model_);
 
     llama_context_params cp = llama_context_default_params();
