@@ -25,13 +25,11 @@ In every mode the parent also samples RssAnon / RssShmem / RssFile every 20 ms a
 peaks. Force a mode with ``mode=`` or the environment variable ``EPQLAB_LIMIT_MODE``
 (``auto`` | ``cgroup`` | ``cgroup-v1`` | ``cgroup-v2`` | ``sampled``).
 
-Page cache helpers: :func:`drop_page_cache` (``posix_fadvise(POSIX_FADV_DONTNEED)`` over a whole
-file) and :func:`page_cache_bytes` (``mincore(2)`` on a fresh mapping of the file).
+The page-cache helpers the strict runner uses (drop a file, measure what of it is cached) are
+:func:`epqlab.memory.drop_page_cache` and :func:`epqlab.memory.page_cache_bytes`.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
 import mmap
 import os
@@ -45,88 +43,6 @@ from pathlib import Path
 SAMPLE_INTERVAL_S = 0.02  # parent's sampling period (s), as in seed 000's strict_bench.py
 MODES = ("auto", "cgroup", "cgroup-v1", "cgroup-v2", "sampled")
 _counter = itertools.count()
-
-
-# -- page cache -------------------------------------------------------------------------------
-def drop_page_cache(path: str | os.PathLike) -> int:
-    """Evict the clean pages of ``path`` from the page cache (``fsync`` first, since dirty pages are
-    not dropped, then ``posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)``).
-
-    Pages another process has mapped and locked, and files on tmpfs/ramfs (which live only in the
-    page cache), stay. Returns the bytes of the file still resident afterwards
-    (:func:`page_cache_bytes`). Raises OSError if the file cannot be opened.
-    """
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass  # read-only filesystems refuse fsync; they have no dirty pages either
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return page_cache_bytes(path)
-
-
-_libc = None
-
-
-def _c():
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        _libc = lib
-    return _libc
-
-
-def page_cache_bytes(path: str | os.PathLike, start: int = 0, end: int | None = None) -> int:
-    """Bytes of ``path`` in ``[start, end)`` that are resident in the page cache, counted in whole
-    pages (the range is widened to page boundaries, clipped to the file size).
-
-    Method: ``mincore(2)`` on a fresh read-only ``MAP_SHARED`` mapping of the range, which reports
-    page-cache residency without faulting anything in. Returns 0 for an empty range.
-
-    Raises:
-        ValueError: ``start`` < 0 or ``end`` < ``start``.
-        OSError: the file cannot be opened or mapped.
-    """
-    size = os.path.getsize(path)
-    end = size if end is None else min(int(end), size)
-    start = int(start)
-    if start < 0 or end < start:
-        raise ValueError(f"bad range [{start}, {end}) for {path}: need 0 <= start <= end")
-    page = mmap.PAGESIZE
-    lo = start - start % page
-    if end <= lo:
-        return 0
-    length = end - lo
-    n_pages = (length + page - 1) // page
-    libc = _c()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            e = ctypes.get_errno()
-            raise OSError(e, f"mmap of {path} for mincore failed: {os.strerror(e)}")
-        try:
-            vec = (ctypes.c_ubyte * n_pages)()
-            if libc.mincore(addr, length, vec) != 0:
-                e = ctypes.get_errno()
-                raise OSError(e, f"mincore on {path} failed: {os.strerror(e)}")
-        finally:
-            libc.munmap(addr, length)
-    finally:
-        os.close(fd)
-    import numpy as np
-
-    resident = int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
-    # the last page may extend past the file end: count only file bytes
-    last_full = (vec[-1] & 1) and lo + n_pages * page > size
-    return resident * page - ((lo + n_pages * page - size) if last_full else 0)
 
 
 # -- process memory -----------------------------------------------------------------------------

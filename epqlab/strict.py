@@ -33,7 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .limits import drop_page_cache, page_cache_bytes, run_limited
+from .limits import run_limited
+from .memory import drop_page_cache, page_cache_bytes
 from .units import fmt_bytes, parse_bytes
 
 DEFAULT_HEADROOM = 16 * 2**20  # bytes of the limit left outside ram_budget (interpreter growth)
@@ -58,7 +59,8 @@ def parse_levels(levels) -> list[int]:
 
 def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt, n_predict, policy, session_kw,
              limit_mode, timeout_s, python, workdir: Path, tag: str) -> dict:
-    resident = drop_page_cache(model)
+    drop_page_cache(model)
+    resident = page_cache_bytes(model)
     spec = {"model": model, "ram_budget": budget, "pager": pager, "policy": policy, "prompt": prompt,
             "n_predict": int(n_predict), "session_kw": session_kw}
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
@@ -120,7 +122,9 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         ``decode_tok_s`` (median) with ``decode_tok_s_min`` / ``_max``, ``prefill_tok_s``,
         ``ssd_mb_per_token`` (pager reads per decoded token, MB), ``io_mb_per_token`` (all storage
         reads of the process per decoded token, /proc/self/io, MB -- includes page-cache misses
-        of mmapped weights), ``hit_rate``, ``evictions``, ``load_s``, ``load_bytes_read``
+        of mmapped weights), ``hit_rate``, ``evictions``, ``dense_weights`` (where the Session
+        kept the non-expert weights), ``used_before_arena`` (bytes the Session measured before
+        sizing the arena), ``stage_reserve``, ``staged_layers``, ``load_s``, ``load_bytes_read``
         (Session stat when it has one), ``load_io_bytes`` (/proc/self/io during the load),
         ``runs``, ``passed``, ``status`` (PASS when every run passed), ``reason`` (first
         failure's), ``text`` and ``same_text`` (all passing runs generated the same tokens); with a
@@ -234,6 +238,10 @@ def _aggregate(rs: list[dict]) -> dict:
         "io_mb_per_token": per_tok("decode_read_bytes"),
         "hit_rate": _median(s.get("hit_rate") for s in stats) if rs[0]["pager"] else None,
         "evictions": _median(s.get("evictions") for s in stats) if rs[0]["pager"] else None,
+        "dense_weights": st0.get("dense_weights"),
+        "used_before_arena": _median((s.get("memory") or {}).get("used_before_arena") for s in stats),
+        "stage_reserve": _median((s.get("memory") or {}).get("stage_reserve") for s in stats),
+        "staged_layers": _median(s.get("staged_layers") for s in stats) if rs[0]["pager"] else None,
         "load_s": _median(s.get("load_s") for s in stats),
         "load_bytes_read": _median(s.get("load_bytes_read") for s in stats),
         "load_io_bytes": _median(i.get("load_read_bytes") for i in io),
@@ -282,7 +290,7 @@ def format_table(df) -> str:
 
     cols = ["level", "mode", "limit", "budget", "arena", "slots", "cover", "peak anon", "peak shmem", "peak file",
             "cg peak", "failcnt", "decode tok/s (min-max)", "prefill", "SSD MB/tok", "IO MB/tok", "hit",
-            "evict", "load s", "status"]
+            "evict", "load s", "load read", "status"]
     if "speedup_vs_mmap" in df:
         cols.insert(-1, "x mmap")
     lines = []
@@ -294,7 +302,7 @@ def format_table(df) -> str:
                  (f"{r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f})"
                   if r["decode_tok_s"] is not None and r["decode_tok_s"] == r["decode_tok_s"] else "-"),
                  f(r["prefill_tok_s"], ".1f"), f(r["ssd_mb_per_token"], ".2f"), f(r["io_mb_per_token"], ".2f"),
-                 f(r["hit_rate"], ".1%"), f(r["evictions"], ".0f"), f(r["load_s"], ".2f"),
+                 f(r["hit_rate"], ".1%"), f(r["evictions"], ".0f"), f(r["load_s"], ".2f"), b(r["load_bytes_read"]),
                  r["status"] + (f" ({r['passed']}/{r['runs']})" if r["passed"] != r["runs"] else "")]
         if "speedup_vs_mmap" in df:
             cells.insert(-1, f(r["speedup_vs_mmap"], ".2f"))
@@ -304,7 +312,8 @@ def format_table(df) -> str:
     out += ["  ".join(c.ljust(w[i]) for i, c in enumerate(l)) for l in lines]
     for _, r in df.iterrows():
         if isinstance(r["reason"], str) and r["reason"]:
-            out.append(f"{fmt_bytes(r['level'])} {r['mode']}: {r['reason']}")
+            first = r["reason"].strip().splitlines()[0] if r["reason"].strip() else r["reason"]
+            out.append(f"{fmt_bytes(r['level'])} {r['mode']}: {first[:400]}")
     return "\n".join(out)
 
 

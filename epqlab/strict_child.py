@@ -15,6 +15,8 @@ import sys
 import time
 import traceback
 
+from .memory import read_bytes
+
 EXIT_ARENA_TOO_SMALL = 3
 
 
@@ -31,19 +33,6 @@ def _jsonable(d: dict) -> dict:
     return out
 
 
-def _io_read_bytes() -> int | None:
-    """Bytes this process caused to be fetched from storage so far (``read_bytes`` of
-    /proc/self/io: page-cache misses, readahead and O_DIRECT reads), or None if unreadable."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def _diff(a, b):
     return None if a is None or b is None else a - b
 
@@ -53,7 +42,7 @@ def main(argv: list[str]) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     t0 = time.perf_counter()
-    io_start = _io_read_bytes()
+    io_start = read_bytes()
     res: dict = {"status": "FAIL", "reason": None}
     code = 1
     try:
@@ -63,13 +52,13 @@ def main(argv: list[str]) -> int:
         try:
             with Session(spec["model"], ram_budget=spec.get("ram_budget"), policy=spec.get("policy", "lru"),
                          pager=bool(spec.get("pager", True)), **spec.get("session_kw", {})) as s:
-                io_loaded = _io_read_bytes()
+                io_loaded = read_bytes()
                 g: dict = {}
                 io_prefilled = None
                 for _ in s.stream(spec["prompt"], int(spec["n_predict"]), _result=g):
                     if io_prefilled is None:  # the first piece comes right after the prefill
-                        io_prefilled = _io_read_bytes()
-                io_end = _io_read_bytes()
+                        io_prefilled = read_bytes()
+                io_end = read_bytes()
                 if io_prefilled is None:
                     io_prefilled = io_end
                 lay = s.layout

