@@ -386,7 +386,7 @@ class Session:
                 pos += 1
         finally:
             t_decode = time.perf_counter() - t1
-            st = self._run_stats(len(toks), len(out), t_prefill, t_decode, c0, c1, self._counters())
+            st = self._run_stats(len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, self._counters())
             if _result is not None:
                 s = text.decode("utf-8", "replace")
                 _result.update(text=s[:emitted] if stops else s, tokens=out, prompt_tokens=toks, stats=st)
@@ -430,7 +430,9 @@ class Session:
         return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
-    def _run_stats(self, n_prompt, n_gen, t_prefill, t_decode, c0, c1, c2) -> dict:
+    def _run_stats(self, n_prompt, n_gen, passes, t_prefill, t_decode, c0, c1, c2) -> dict:
+        """Stats of one generation. ``passes``: single-token decode passes run (the first
+        generated token comes from the prefill, so usually n_gen - 1); decode rates divide by it."""
         d = {k: c2[k] - c0[k] for k in _COUNTERS}
         lay = self.layout
         st = {
@@ -444,14 +446,16 @@ class Session:
             "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_s": t_prefill, "decode_s": t_decode,
             "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
-            "decode_tok_s": n_gen / t_decode if t_decode > 0 and n_gen else 0.0,
+            "decode_passes": passes,
+            "decode_tok_s": passes / t_decode if t_decode > 0 and passes else 0.0,
             **d,
             "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
             "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
             "ssd_bytes": d["bytes_read"],
             "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
-            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, n_gen),
+            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
             "io_wait_s": d["io_wait_us"] / 1e6,
+            "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
             "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
             "dense_weights": self.dense_weights,
             **self._peak_fields(), "memory": self.memory_parts(),

@@ -104,9 +104,10 @@ def _own_memory_cgroup() -> Path | None:
 
 CHILD = r"""
 import json, sys, epqlab
-path, budget, prompt_file, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+path, budget, prompt_file, n, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 prompt = open(prompt_file).read()
-s = epqlab.Session(path, ram_budget=budget, n_threads=2, n_ctx=512)
+# route recording decodes the prompt with logits for every token: memory must stay bounded too
+s = epqlab.Session(path, ram_budget=budget, n_threads=2, n_ctx=512, route_log=log)
 print(json.dumps({"arena": s.pager.arena_bytes, "memory": s.memory_parts()}), flush=True)
 if n == 0:
     sys.exit(0)
@@ -149,7 +150,7 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
         ref = s0.generate(prompt.read_text(), 12)
         ref_ppl = s0.perplexity(prompt.read_text(), n_ctx=128)
     # learn what the process holds before the arena (load only), with a generous budget
-    r, _, _ = run_in_cgroup(cg_parent, 8 * 2**30, [str(private_model), str(4 * 2**30), str(prompt), "0"])
+    r, _, _ = run_in_cgroup(cg_parent, 8 * 2**30, [str(private_model), str(4 * 2**30), str(prompt), "0", str(tmp_path / "r0.npz")])
     assert r.returncode == 0, r.stderr
     mem = json.loads(r.stdout.splitlines()[0])["memory"]
     all_experts = epqlab.Pager.all_experts_bytes(lay)
@@ -157,7 +158,7 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
     for frac in (0.4, 0.0):  # arena 40% of the experts; then the minimum (prompt layers are staged)
         budget = fixed + max(epqlab.Pager.min_arena_bytes(lay), int(frac * all_experts)) + 4 * MiB
         limit = budget + 16 * MiB
-        r, peak, oom = run_in_cgroup(cg_parent, limit, [str(private_model), str(budget), str(prompt), "12"])
+        r, peak, oom = run_in_cgroup(cg_parent, limit, [str(private_model), str(budget), str(prompt), "12", str(tmp_path / "r.npz")])
         assert r.returncode == 0, (frac, r.returncode, r.stderr[-2000:], oom)
         first, last = (json.loads(x) for x in r.stdout.splitlines()[:2])
         assert first["arena"] < all_experts / 2
