@@ -11,7 +11,7 @@ import pytest
 
 import epqlab
 from epqlab.models import synthesize
-from epqlab.models.archs import write_tiny
+from epqlab.models.archs import tiny_spec, write_tiny
 
 N_STEPS = 8
 N_PROMPT = 40
@@ -23,10 +23,15 @@ TEXT = ("Paging experts from disk keeps the arena small, and the logits must not
 SHRINK = dict(n_embd=256, n_head=4, head_dim=64, n_expert=16, n_expert_used=4, n_ff_exp=256)
 MODELS = {
     "llama": ("tiny", "llama", {}),
+    # experts without ffn_gate_exps (down(silu(up x))), tied output, 4096-byte tensor alignment
+    "llama-nogate": ("tiny", "llama", dict(gate_exps=False, tied_output=True, alignment=4096)),
     "deepseek": ("tiny", "deepseek", {}),
     "deepseek2": ("tiny", "deepseek2", {}),
-    "deepseek2-fused": ("tiny", "deepseek2", dict(fused=True, expert_types=("Q8_0", "Q8_0", "F16"),
-                                                  late_expert_types=None, n_late_layers=0)),
+    # fused gate_up experts, a plain attn_q (no q LoRA), tied output and a trailing MTP block
+    # (GLM-4.7-Flash style) that llama.cpp does not load: its experts are in the layout, never routed
+    "deepseek2-fused-mtp": ("tiny", "deepseek2", dict(fused=True, expert_types=("Q8_0", "Q8_0", "F16"),
+                                                      late_expert_types=None, n_late_layers=0, q_lora_rank=0,
+                                                      tied_output=True, n_nextn=1)),
     "qwen2moe": ("tiny", "qwen2moe", {}),
     "qwen3moe": ("tiny", "qwen3moe", {}),
     "gpt-oss": ("tiny", "gpt-oss", {}),
@@ -83,7 +88,9 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
         ref = s.greedy_trace(toks, N_STEPS)
     assert np.isfinite(ref[0]).all() and np.isfinite(ref[1]).all()
     arenas = {"min": epqlab.Pager.min_arena_bytes(lay), "all": epqlab.Pager.all_experts_bytes(lay)}
-    runs = [(a, d) for a in arenas for d in ("anon", "mmap")] + ([("min", "mlock")] if n_ubatch == 512 else [])
+    # mlock once, on the tiny models only (their dense weights, < 1 MiB, fit the common 8 MiB RLIMIT_MEMLOCK)
+    mlock = n_ubatch == 512 and MODELS[name][0] == "tiny"
+    runs = [(a, d) for a in arenas for d in ("anon", "mmap")] + ([("min", "mlock")] if mlock else [])
     for arena_name, dense in runs:
         key = (name, arena_name, dense, n_ubatch)
         with epqlab.Session(path, dense_weights=dense, arena_bytes=arenas[arena_name], n_ubatch=n_ubatch,
@@ -102,6 +109,29 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
             assert stats["staged_layers"] > 0, key
         else:
             assert stats["staged_layers"] == 0, key
+
+
+# ggml block size (elements) and bytes per block, from ggml's type table (ggml.c type_traits)
+BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "MXFP4": (32, 17)}
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if MODELS[n][0] == "tiny"])
+def test_tiny_layout_matches_spec(models, name):
+    _, arch, knobs = MODELS[name]
+    s = tiny_spec(arch, **knobs)
+    lay = epqlab.inspect(models(name))
+    assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
+    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer + s.n_nextn))
+    for l in lay.layers:
+        g, u, d = s.expert_types_of(l.layer)
+        want = [("gate_up", g, (s.n_embd, 2 * s.n_ff_exp))] if s.fused else \
+            [("gate", g, (s.n_embd, s.n_ff_exp))] * s.gate_exps + [("up", u, (s.n_embd, s.n_ff_exp))]
+        want.append(("down", d, (s.n_ff_exp, s.n_embd)))
+        assert [(t.kind, t.ggml_type, t.shape[:2]) for t in l.tensors] == want
+        for t in l.tensors:
+            blk, size = BLOCK[t.ggml_type]
+            assert t.expert_bytes == t.shape[0] // blk * size * t.shape[1]
+            assert t.offset % s.alignment == 0
 
 
 def test_write_tiny_rejects_bad_knobs(tmp_path):

@@ -60,6 +60,14 @@ class TinySpec:
             (``q_lora_rank`` 0 = a plain ``attn_q``).
         attn_bias: q/k/v biases (``qwen2moe``, ``gpt-oss``).
         sliding_window: ``gpt-oss`` sliding-window size (tokens) of its SWA layers.
+        n_nextn: ``deepseek2`` trailing multi-token-prediction blocks (``nextn_predict_layers``,
+            GLM-4.7-Flash style): written after the ``n_layer`` trunk blocks, with routed experts,
+            and skipped by llama.cpp's loader (it loads them only when asked for MTP).
+        tied_output: no ``output.weight``; llama.cpp reuses ``token_embd`` (not for ``qwen2moe``,
+            ``gpt-oss``, ``dots1``, which require it).
+        gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
+            ``down(silu(up x))``).
+        alignment: ``general.alignment`` of tensor data, bytes (a multiple of 32).
     """
 
     arch: str
@@ -93,6 +101,10 @@ class TinySpec:
     v_head_dim: int = 16
     attn_bias: bool = False
     sliding_window: int = 0
+    n_nextn: int = 0
+    tied_output: bool = False
+    gate_exps: bool = True
+    alignment: int = 32
 
     def expert_types_of(self, il: int) -> tuple[str, str, str] | None:
         """(gate, up, down) ggml types of block ``il``'s routed experts; None for a dense block."""
@@ -158,6 +170,14 @@ def _validate(s: TinySpec) -> None:
         raise ValueError(f"n_dense_lead={s.n_dense_lead} must leave at least one MoE block of n_layer={s.n_layer}")
     if s.fused and s.arch != "deepseek2":
         raise ValueError(f"llama.cpp reads ffn_gate_up_exps for deepseek2 among {', '.join(ARCHS)}, not {s.arch}")
+    if s.tied_output and s.arch in ("qwen2moe", "gpt-oss", "dots1"):
+        raise ValueError(f"llama.cpp requires output.weight for {s.arch}; tied_output must be False")
+    if not s.gate_exps and (s.arch != "llama" or s.fused):
+        raise ValueError("only llama loads routed experts without ffn_gate_exps; gate_exps must be True")
+    if s.n_nextn and s.arch != "deepseek2":
+        raise ValueError("n_nextn (MTP blocks) is written for deepseek2 only")
+    if s.alignment < 32 or s.alignment % 32:
+        raise ValueError(f"alignment must be a positive multiple of 32 bytes, got {s.alignment}")
     if s.gating not in _GATING:
         raise ValueError(f"gating must be one of {', '.join(_GATING)}, got {s.gating!r}")
     if s.n_group:
@@ -193,9 +213,10 @@ def _tensors(s: TinySpec) -> list[tuple[str, tuple[int, ...], str, str]]:
     ``s.arch``, in file order. init: ``one`` (norm weights), ``bias`` (small normal), ``w``
     (normal / sqrt(ne0)), ``emb`` (normal), ``router``."""
     D, V, ot, E = s.n_embd, len(_vocab()[0]), s.other_type, s.n_expert
-    out = [("token_embd.weight", (D, V), ot, "emb"), ("output_norm.weight", (D,), "F32", "one"),
-           ("output.weight", (D, V), ot, "w")]
-    for il in range(s.n_layer):
+    out = [("token_embd.weight", (D, V), ot, "emb"), ("output_norm.weight", (D,), "F32", "one")]
+    if not s.tied_output:
+        out.append(("output.weight", (D, V), ot, "w"))
+    for il in range(s.n_layer + s.n_nextn):
         p = f"blk.{il}."
 
         def add(name, shape, t=ot, init="w"):
@@ -252,7 +273,8 @@ def _tensors(s: TinySpec) -> list[tuple[str, tuple[int, ...], str, str]]:
         if s.fused:
             add("ffn_gate_up_exps.weight", (D, 2 * f, E), et[0])
         else:
-            add("ffn_gate_exps.weight", (D, f, E), et[0])
+            if s.gate_exps:
+                add("ffn_gate_exps.weight", (D, f, E), et[0])
             add("ffn_up_exps.weight", (D, f, E), et[1])
         add("ffn_down_exps.weight", (f, D, E), et[2])
         if s.arch == "gpt-oss":
@@ -270,6 +292,11 @@ def _tensors(s: TinySpec) -> list[tuple[str, tuple[int, ...], str, str]]:
             add("ffn_gate_shexp.weight", (D, g))
             add("ffn_down_shexp.weight", (g, D))
             add("ffn_up_shexp.weight", (D, g))
+        if il >= s.n_layer:  # MTP block
+            add("nextn.eh_proj.weight", (2 * D, D))
+            add("nextn.enorm.weight", (D,), "F32", "one")
+            add("nextn.hnorm.weight", (D,), "F32", "one")
+            add("nextn.shared_head_norm.weight", (D,), "F32", "one")
     return out
 
 
@@ -328,9 +355,13 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     a = s.arch
     w = gguf.GGUFWriter(tmp, a)
+    if s.alignment != 32:
+        w.add_custom_alignment(s.alignment)
     w.add_name(f"tiny {a}")
     u32 = lambda k, v: w.add_uint32(f"{a}.{k}", int(v))  # noqa: E731
-    u32("block_count", s.n_layer)
+    u32("block_count", s.n_layer + s.n_nextn)
+    if s.n_nextn:
+        u32("nextn_predict_layers", s.n_nextn)
     u32("context_length", 4096)
     u32("embedding_length", s.n_embd)
     u32("feed_forward_length", s.n_ff_dense if s.n_dense_lead else s.n_ff_exp)
@@ -343,8 +374,7 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
     if a == "deepseek2":
         # MLA as llama.cpp's converter writes it: one KV head of kv_lora_rank + rope dims
         u32("attention.head_count_kv", 1)
-        if s.q_lora_rank:
-            u32("attention.q_lora_rank", s.q_lora_rank)
+        u32("attention.q_lora_rank", s.q_lora_rank)  # required (0 = plain attn_q) unless n_layer is a "lite" one
         u32("attention.kv_lora_rank", s.kv_lora_rank)
         u32("attention.key_length", s.kv_lora_rank + s.qk_rope)
         u32("attention.value_length", s.kv_lora_rank)
