@@ -6,6 +6,8 @@ synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u
 token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,21 @@ def models(tmp_path_factory):
     return get
 
 
+def _dense_page_bytes(lay) -> int:
+    """Bytes of the union of whole pages that the non-expert tensors touch (within the file's pages)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    end = -(-lay.file_size // page) * page
+    spans = sorted((off // page * page, min(end, -(-(off + n) // page) * page)) for _, off, n in lay.dense_tensors if n)
+    total, cur = 0, None
+    for a, b in spans:
+        if cur and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+        else:
+            total += cur[1] - cur[0] if cur else 0
+            cur = [a, b]
+    return total + (cur[1] - cur[0] if cur else 0)
+
+
 def _prompt(path):
     with epqlab.Session(path, pager=False, n_threads=1, n_ctx=256) as s:
         toks = s.tokenize(TEXT)[:N_PROMPT]
@@ -87,6 +104,7 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
     with epqlab.Session(path, pager=False, n_threads=1, n_ctx=256, n_ubatch=n_ubatch) as s:
         ref = s.greedy_trace(toks, N_STEPS)
     assert np.isfinite(ref[0]).all() and np.isfinite(ref[1]).all()
+    dense_pages = _dense_page_bytes(lay)
     arenas = {"min": epqlab.Pager.min_arena_bytes(lay), "all": epqlab.Pager.all_experts_bytes(lay)}
     # mlock once, on the tiny models only (their dense weights, < 1 MiB, fit the common 8 MiB RLIMIT_MEMLOCK)
     mlock = n_ubatch == 512 and MODELS[name][0] == "tiny"
@@ -101,6 +119,8 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
         assert np.array_equal(st, ref[1]), key
         assert gen == ref[2], key
         assert report["lazy_load"] == (dense != "mmap"), key
+        if dense != "mmap":  # exactly the pages of the non-expert tensors were swapped for anonymous copies
+            assert report["dense_bytes"] == dense_pages, key
         assert stats["misses"] > 0 and stats["dense_weights"] == dense
         if arena_name == "min":
             assert stats["evictions"] > 0, key
