@@ -113,3 +113,97 @@ def test_parse_bytes_bounds():
         with pytest.raises(ValueError):
             epqlab.parse_bytes(bad)
     assert epqlab.parse_bytes(2**62) == 2**62
+
+
+@pytest.mark.parametrize("content", [b"not a route log\n", None])
+def test_routes_cli_names_the_format(tmp_path, content):
+    p = tmp_path / ("r.txt" if content else "r.npy")
+    if content:
+        p.write_bytes(content)
+    else:
+        np.save(p, np.zeros((3, 2, 2), np.int32))
+    r = subprocess.run([sys.executable, "-m", "epqlab", "routes", str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "not an NPZ archive" in r.stderr and "experts" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- GGUF structure that llama.cpp would refuse -------------------------------------------------
+
+def _moved(tmp_path, name, how):
+    """A small MoE GGUF whose tensor ``name`` has its data offset moved (``how``: 'plus1' or
+    'onto-previous'), edited in place through gguf-py's writable memmap of the header."""
+    from ggufs import LayerSpec, write_moe
+
+    p = tmp_path / f"{how}.gguf"
+    write_moe(p, [LayerSpec(1, "Q8_0", 64, 32), LayerSpec(2, "Q8_0", 64, 32)], n_expert=4, n_expert_used=2)
+    import gguf
+
+    r = gguf.GGUFReader(p, "r+")
+    ts = {t.name: t for t in r.tensors}
+    t = ts[name]
+    offs = sorted(int(x.field.parts[-1][0]) for x in r.tensors)
+    cur = int(t.field.parts[-1][0])
+    t.field.parts[-1][0] = cur + 1 if how == "plus1" else offs[offs.index(cur) - 1]
+    r.data.flush()
+    del r
+    return p
+
+
+@pytest.mark.parametrize("how,fragment", [("plus1", "not a multiple of general.alignment"), ("onto-previous", "overlaps")])
+def test_inspect_refuses_misplaced_tensor_data(tmp_path, how, fragment):
+    p = _moved(tmp_path, "blk.2.ffn_up_exps.weight", how)
+    with pytest.raises(epqlab.NotGGUFError, match=fragment) as ei:
+        epqlab.inspect(p)
+    assert "blk.2.ffn_up_exps.weight" in str(ei.value)
+
+
+def test_per_expert_layout_is_named(tmp_path):
+    import gguf
+
+    p = tmp_path / "legacy.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_expert_count(4)
+    w.add_expert_used_count(2)
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
+    for e in range(4):
+        for k in ("gate", "up", "down"):
+            w.add_tensor(f"blk.0.ffn_{k}.{e}.weight", np.zeros((16, 16), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(epqlab.NotMoEError, match="one tensor per expert") as ei:
+        epqlab.inspect(p)
+    assert "ffn_*_exps" in str(ei.value) or "_exps" in str(ei.value)
+
+
+def test_expert_used_count_as_per_layer_array(tmp_path):
+    from ggufs import LayerSpec, write_moe
+    import gguf
+
+    p = tmp_path / "arr.gguf"
+    write_moe(p, [LayerSpec(0, "Q8_0", 64, 32), LayerSpec(1, "Q8_0", 64, 32)], n_expert=4, n_expert_used=2)
+    # rewrite with expert_used_count as an array [2, 3]: copy every kv and tensor through gguf-py
+    r = gguf.GGUFReader(p)
+    q = tmp_path / "arr2.gguf"
+    w = gguf.GGUFWriter(str(q), "llama")
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        if k == "llama.expert_used_count":
+            w.add_array(k, [2, 3])
+            continue
+        v = f.contents()
+        if isinstance(v, list):
+            w.add_array(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+    for t in r.tensors:
+        w.add_tensor_info(t.name, [int(x) for x in reversed(t.shape)] if False else tuple(int(x) for x in t.data.shape),
+                          t.data.dtype, int(t.n_bytes), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_ti_data_to_file()
+    for t in r.tensors:
+        w.write_tensor_data(np.asarray(t.data))
+    w.close()
+    lay = epqlab.inspect(q)
+    assert lay.n_expert_used == 3 and len(lay.layers) == 2
