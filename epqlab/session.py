@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArenaTooSmall, EpqlabError
+from .errors import ArenaTooSmall, EpqlabError, ModelChangedError
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import POLICIES, Pager, default_io_threads
@@ -46,12 +48,15 @@ _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", 
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
+def _file_identity(path) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _prefetch_header(lay: ModelLayout) -> None:
     """Read exactly the GGUF header into the page cache (readahead(2) of [0, data_offset)), so
     llama.cpp's buffered header reads hit it instead of triggering the kernel's sequential
     readahead (read_ahead_kb, often MiBs) into tensor data the lazy load does not want."""
-    import os
-
     fd = os.open(lay.path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, lay.data_offset, os.POSIX_FADV_WILLNEED)
@@ -138,6 +143,12 @@ class Session:
         self.budget_bytes = parse_bytes(ram_budget) if ram_budget is not None else None
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._closed = False
+        # One llama context (one KV cache) per Session: operations are serialized by this lock,
+        # and each one that restarts the context bumps the epoch, so a stream or iter_logits
+        # generator resumed after another call raises instead of decoding on a foreign cache.
+        self._lock = threading.RLock()
+        self._epoch = 0
+        self._file_id = _file_identity(lay.path)
         self._pager: Pager | None = None
         self._peak = PeakTracker()
         self._runs: list[dict] = []
@@ -220,6 +231,26 @@ class Session:
         if self._closed:
             raise EpqlabError("this Session is closed; create a new one")
 
+    def _begin(self) -> int:
+        """Start an operation on an empty context (call with the lock held); returns its epoch."""
+        self._check_open()
+        self._epoch += 1
+        self._engine.clear()
+        return self._epoch
+
+    def _check_file(self):
+        """Refuse to decode if the model file changed on disk since the session opened it: llama's
+        mapping and the pager's reads would mix old and new bytes."""
+        try:
+            now = _file_identity(self.layout.path)
+        except OSError as e:
+            raise ModelChangedError(f"the model file {self.layout.path} is gone ({e}); reopen the Session") from None
+        if now != self._file_id:
+            raise ModelChangedError(
+                f"the model file {self.layout.path} changed on disk since this Session opened it (size, mtime or "
+                "inode differ): its dense weights and experts would mix old and new bytes. Close the Session and "
+                "open a new one.")
+
     def _chunk_tokens(self, all_logits: bool) -> int:
         """Tokens per llama_decode call: n_batch, or for all-logits decodes as many as keep one
         block of logits within LOGITS_BLOCK_BYTES (llama.cpp's output buffer grows to the largest
@@ -238,25 +269,33 @@ class Session:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
         return tokens
 
-    def _decode_blocks(self, tokens, pos0: int, all_logits: bool, phase: int) -> Iterator[np.ndarray]:
-        """Decode tokens in chunks (see :meth:`_chunk_tokens`) starting at position pos0; yields
-        float32 logits blocks: [m, n_vocab] per chunk (all_logits) or one [1, n_vocab] (last)."""
+    def _decode_blocks(self, tokens, pos0: int, all_logits: bool, phase: int, epoch: int) -> Iterator[np.ndarray]:
+        """Decode tokens in chunks (see :meth:`_chunk_tokens`) starting at position pos0 of the
+        operation ``epoch``; yields float32 logits blocks: [m, n_vocab] per chunk (all_logits)
+        or one [1, n_vocab] (last)."""
         tokens = self._check_tokens(tokens, pos0)
         step = self._chunk_tokens(all_logits)
         for s in range(0, len(tokens), step):
             chunk = tokens[s:s + step]
             last = s + step >= len(tokens)
-            out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
-            if self.route_log_path is not None:
-                self._take_route(len(chunk), phase)
-            self._peak.update()
+            with self._lock:
+                self._check_open()
+                if epoch != self._epoch:
+                    raise EpqlabError(
+                        "this generator's context was reset by another call on the same Session (one KV cache per "
+                        "Session); finish or discard a stream before starting another operation")
+                self._check_file()
+                out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
+                if self.route_log_path is not None:
+                    self._take_route(len(chunk), phase)
+                self._peak.update()
             if all_logits or last:
                 yield out
 
-    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
+    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int, epoch: int) -> np.ndarray:
         """Like :meth:`_decode_blocks` but returns the last block only when all_logits is False,
         else every block concatenated (float32 [n, n_vocab]: the caller asked for all of it)."""
-        blocks = self._decode_blocks(tokens, pos0, all_logits, phase)
+        blocks = self._decode_blocks(tokens, pos0, all_logits, phase, epoch)
         if not all_logits:
             last = None
             for last in blocks:
@@ -265,12 +304,12 @@ class Session:
         outs = list(blocks)
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    def _prefill(self, tokens, phase: int = 0) -> np.ndarray:
+    def _prefill(self, tokens, epoch: int, phase: int = 0) -> np.ndarray:
         """Prefill from position 0 and return the last token's logits, float32 [n_vocab]. While
         routes are recorded every token outputs logits (llama.cpp routes only output tokens
         through the last layer); those blocks are dropped as they come, so memory stays bounded."""
         last = None
-        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase):
+        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase, epoch):
             pass
         return last[-1]
 
@@ -279,9 +318,9 @@ class Session:
         blocks ``[m, n_vocab]`` of consecutive positions with ``m * n_vocab * 4 <=
         LOGITS_BLOCK_BYTES`` (16 MiB; at least one token per block). Memory stays bounded however
         long ``tokens`` is (up to n_ctx); used by :func:`epqlab.perplexity.perplexity`."""
-        self._check_open()
-        self._engine.clear()
-        yield from self._decode_blocks(tokens, 0, True, 0)
+        with self._lock:
+            epoch = self._begin()
+        yield from self._decode_blocks(tokens, 0, True, 0, epoch)
 
     def _take_route(self, n: int, phase: int):
         flat = self._engine.take_route()
@@ -293,10 +332,10 @@ class Session:
             self._ubatches.append(ubs.astype(np.int32))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
-        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``."""
-        self._check_open()
-        self._engine.clear()
-        return self._decode(tokens, 0, True, 0)
+        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``
+        (the caller's memory: n_tokens x n_vocab x 4 bytes; :meth:`iter_logits` streams instead)."""
+        with self._lock:
+            return self._decode(tokens, 0, True, 0, self._begin())
 
     def greedy_trace(self, tokens: Sequence[int], n_predict: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Prefill ``tokens`` (one batch per n_batch) and decode ``n_predict`` greedy tokens one at a
@@ -307,18 +346,18 @@ class Session:
             prompt position), float32 ``[n_predict, n_vocab]`` (the logits each generated token was
             chosen from), and the generated ids (end-of-generation tokens included).
         """
-        self._check_open()
-        self._engine.clear()
-        prompt_logits = self._decode(tokens, 0, True, 0)
-        steps, out = [prompt_logits[-1]], []
-        pos = len(tokens)
-        for i in range(n_predict):
-            tok = int(np.argmax(steps[-1]))
-            out.append(tok)
-            if i + 1 < n_predict:
-                steps.append(self._decode([tok], pos, False, 1)[-1])
-                pos += 1
-        return prompt_logits, np.stack(steps), out
+        with self._lock:
+            epoch = self._begin()
+            prompt_logits = self._decode(tokens, 0, True, 0, epoch)
+            steps, out = [prompt_logits[-1]], []
+            pos = len(tokens)
+            for i in range(n_predict):
+                tok = int(np.argmax(steps[-1]))
+                out.append(tok)
+                if i + 1 < n_predict:
+                    steps.append(self._decode([tok], pos, False, 1, epoch)[-1])
+                    pos += 1
+            return prompt_logits, np.stack(steps), out
 
     def _counters(self) -> dict:
         c = dict(self._pager.stats) if self._pager else {}
@@ -349,12 +388,13 @@ class Session:
             raise ValueError("empty prompt")
         self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
         rng = np.random.default_rng(seed)
-        c0 = self._counters()
-        self._engine.clear()
+        with self._lock:
+            c0 = self._counters()
+            epoch = self._begin()
         t0 = time.perf_counter()
         # When routes are recorded, every prompt token outputs logits: llama.cpp then routes all
         # of them through the last layer too (it skips that layer's FFN for non-output tokens).
-        logits = self._prefill(toks)
+        logits = self._prefill(toks, epoch)
         t_prefill = time.perf_counter() - t0
         c1 = self._counters()
         out: list[int] = []
@@ -382,11 +422,11 @@ class Session:
                     emitted = len(s)
                 if len(out) >= n_predict:
                     break
-                logits = self._decode([tok], pos, False, 1)[-1]
+                logits = self._decode([tok], pos, False, 1, epoch)[-1]
                 pos += 1
         finally:
             t_decode = time.perf_counter() - t1
-            st = self._run_stats(len(toks), len(out), t_prefill, t_decode, c0, c1, self._counters())
+            st = self._run_stats(len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, self._counters())
             if _result is not None:
                 s = text.decode("utf-8", "replace")
                 _result.update(text=s[:emitted] if stops else s, tokens=out, prompt_tokens=toks, stats=st)
@@ -401,8 +441,9 @@ class Session:
             io_wait_s in s; peak memory in bytes).
         """
         res: dict = {}
-        for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
-            pass
+        with self._lock:  # a whole generation at a time: concurrent callers wait their turn
+            for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
+                pass
         return Generation(res["text"], res["tokens"], res["prompt_tokens"], res["stats"])
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
@@ -427,10 +468,13 @@ class Session:
         from .perplexity import perplexity
 
         self._check_open()
-        return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
+        with self._lock:
+            return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
-    def _run_stats(self, n_prompt, n_gen, t_prefill, t_decode, c0, c1, c2) -> dict:
+    def _run_stats(self, n_prompt, n_gen, passes, t_prefill, t_decode, c0, c1, c2) -> dict:
+        """Stats of one generation. ``passes``: single-token decode passes run (the first
+        generated token comes from the prefill, so usually n_gen - 1); decode rates divide by it."""
         d = {k: c2[k] - c0[k] for k in _COUNTERS}
         lay = self.layout
         st = {
@@ -444,14 +488,16 @@ class Session:
             "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_s": t_prefill, "decode_s": t_decode,
             "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
-            "decode_tok_s": n_gen / t_decode if t_decode > 0 and n_gen else 0.0,
+            "decode_passes": passes,
+            "decode_tok_s": passes / t_decode if t_decode > 0 and passes else 0.0,
             **d,
             "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
             "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
             "ssd_bytes": d["bytes_read"],
             "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
-            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, n_gen),
+            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
             "io_wait_s": d["io_wait_us"] / 1e6,
+            "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
             "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
             "dense_weights": self.dense_weights,
             **self._peak_fields(), "memory": self.memory_parts(),

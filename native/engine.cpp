@@ -15,9 +15,25 @@
 #include "llama.h"
 
 static bool g_verbose = false;
+static std::mutex g_log_mu;
+static std::string g_errors;  // llama.cpp's error lines since the last take_errors() (capped)
 
 static void log_cb(ggml_log_level level, const char * text, void *) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+    if (g_verbose) fputs(text, stderr);
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::lock_guard<std::mutex> lk(g_log_mu);
+        if (g_errors.size() < 4096) g_errors += text;
+    }
+}
+
+// llama.cpp's error lines logged since the last call, newlines folded, for exception messages.
+static std::string take_errors() {
+    std::lock_guard<std::mutex> lk(g_log_mu);
+    std::string s;
+    s.swap(g_errors);
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    for (auto & c : s) if (c == '\n') c = ';';
+    return s.empty() ? s : " [llama.cpp: " + s + "]";
 }
 
 void engine_set_verbose(bool verbose) { g_verbose = verbose; }
@@ -33,6 +49,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
                const std::vector<std::tuple<std::string, int, int>> & names, bool record_routes) {
     std::call_once(g_backend_once, [] { llama_backend_init(); });
     llama_log_set(log_cb, nullptr);
+    take_errors();
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers    = 0;
@@ -71,7 +88,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
     }
     load_.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + " (set EPQLAB_VERBOSE=1 to see its log)");
+    if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + take_errors());
     if (cfg.dense_mode != 0) {
         try {
             if (!have_map) throw std::runtime_error("llama.cpp did not map " + cfg.path + " while loading it; use dense_weights=\"mmap\"");
@@ -115,7 +132,8 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     if (!ctx_) {
         llama_model_free(model_);
         model_ = nullptr;
-        throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) + ")");
+        throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) +
+                                 "; a smaller n_ctx needs less memory)" + take_errors());
     }
 }
 

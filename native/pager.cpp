@@ -80,6 +80,12 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
         int e = errno;
         throw pager_io_error("cannot open " + path_ + ": " + errstr(e), path_, 0, e);
     }
+    {
+        struct stat st{};
+        fstat(fd_, &st);
+        file_size_ = (int64_t) st.st_size;
+        file_mtime_ns_ = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    }
 
     // --- regions (mirror layout) ---
     const auto ub = unit_slot_bytes(cfg.layers, n_expert_);
@@ -432,6 +438,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
     std::vector<int>    job_unit;
     size_t placed = 0;
     try {
+        check_file();
         for (int u : misses) {
             const int s = take_slot(li, unit_bytes_[li]);
             units_[u].slot = s;
@@ -491,6 +498,15 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         }
         release_layer(li);
         throw_read_error(*failed);
+    }
+}
+
+void pager::check_file() const {
+    struct stat st{};
+    if (fstat(fd_, &st) == 0 &&
+        ((int64_t) st.st_size != file_size_ || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != file_mtime_ns_)) {
+        throw pager_io_error("the model file " + path_ + " changed (size or mtime) since the pager opened it: its experts "
+                             "would mix with older bytes already in memory; reopen the session", path_, 0, ESTALE);
     }
 }
 
@@ -558,7 +574,10 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
             jobs.push_back(j);
         }
     }
-    if (!jobs.empty()) run_reads(jobs);
+    if (!jobs.empty()) {
+        check_file();
+        run_reads(jobs);
+    }
     for (const auto & j : jobs) {
         stats_.bytes_read += j.len;
         stats_.staged_bytes += j.len;

@@ -164,10 +164,14 @@ private:
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
     // Runs reads on the pool (redoing O_DIRECT refusals buffered), adds the wait to io_wait_us.
     void run_reads(std::vector<io_job> & jobs);
+    // Throws pager_io_error (ESTALE) when the file's size or mtime differ from those at open.
+    void check_file() const;
     [[noreturn]] void throw_read_error(const io_job & j) const;
 
     std::string                  path_;
     int                          fd_ = -1;
+    int64_t                      file_size_ = 0;      // at open: a read batch refuses a changed file
+    int64_t                      file_mtime_ns_ = 0;
     bool                         direct_ = false;
     int                          memfd_ = -1;
     char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads

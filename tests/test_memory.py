@@ -104,12 +104,15 @@ def _own_memory_cgroup() -> Path | None:
 
 CHILD = r"""
 import json, sys, epqlab
-path, budget, prompt_file, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+path, budget, prompt_file, n, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 prompt = open(prompt_file).read()
-s = epqlab.Session(path, ram_budget=budget, n_threads=2, n_ctx=1024)
+# route recording decodes the prompt with logits for every token: memory must stay bounded too
+s = epqlab.Session(path, ram_budget=budget, n_threads=2, n_ctx=512, route_log=log)
 print(json.dumps({"arena": s.pager.arena_bytes, "memory": s.memory_parts()}), flush=True)
+if n == 0:
+    sys.exit(0)
 g = s.generate(prompt, n)
-ppl = s.perplexity(prompt, n_ctx=256)
+ppl = s.perplexity(prompt, n_ctx=128)
 print(json.dumps({"text": g.text, "staged_layers": g.stats["staged_layers"], "ppl": ppl,
                   "peak_total": s.stats["peak_total"]}), flush=True)
 s.close()
@@ -141,13 +144,13 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
         pytest.skip("no writable memory cgroup (v1) for this process: cannot enforce a hard limit here")
     lay = epqlab.inspect(private_model)
     prompt = tmp_path / "prompt.txt"
-    prompt.write_text(EVAL_TEXT[:2600])  # ~600 tokens: prompt ubatches overflow a small arena
-    with epqlab.Session(private_model, pager=False, n_threads=2, n_ctx=1024) as s0:
-        assert 400 < len(s0.tokenize(prompt.read_text())) < 1000
-        ref = s0.generate(prompt.read_text(), 24)
-        ref_ppl = s0.perplexity(prompt.read_text(), n_ctx=256)
-    # learn what the process holds before the arena, with a generous budget
-    r, _, _ = run_in_cgroup(cg_parent, 8 * 2**30, [str(private_model), str(4 * 2**30), str(prompt), "24"])
+    prompt.write_text(EVAL_TEXT[:1100])  # ~250 tokens: prompt ubatches overflow a small arena
+    with epqlab.Session(private_model, pager=False, n_threads=2, n_ctx=512) as s0:
+        assert 200 < len(s0.tokenize(prompt.read_text())) < 500
+        ref = s0.generate(prompt.read_text(), 12)
+        ref_ppl = s0.perplexity(prompt.read_text(), n_ctx=128)
+    # learn what the process holds before the arena (load only), with a generous budget
+    r, _, _ = run_in_cgroup(cg_parent, 8 * 2**30, [str(private_model), str(4 * 2**30), str(prompt), "0", str(tmp_path / "r0.npz")])
     assert r.returncode == 0, r.stderr
     mem = json.loads(r.stdout.splitlines()[0])["memory"]
     all_experts = epqlab.Pager.all_experts_bytes(lay)
@@ -155,7 +158,7 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
     for frac in (0.4, 0.0):  # arena 40% of the experts; then the minimum (prompt layers are staged)
         budget = fixed + max(epqlab.Pager.min_arena_bytes(lay), int(frac * all_experts)) + 4 * MiB
         limit = budget + 16 * MiB
-        r, peak, oom = run_in_cgroup(cg_parent, limit, [str(private_model), str(budget), str(prompt), "24"])
+        r, peak, oom = run_in_cgroup(cg_parent, limit, [str(private_model), str(budget), str(prompt), "12", str(tmp_path / "r.npz")])
         assert r.returncode == 0, (frac, r.returncode, r.stderr[-2000:], oom)
         first, last = (json.loads(x) for x in r.stdout.splitlines()[:2])
         assert first["arena"] < all_experts / 2

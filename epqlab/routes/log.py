@@ -116,6 +116,13 @@ class RouteLog:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise RouteLogError(f"route log {path!r} does not exist")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # np.load would return a bare array (.npy) or try to unpickle text
+            raise RouteLogError(
+                f"route log {path!r} is not an NPZ archive: a route log is an .npz with arrays experts (int32 "
+                "[tokens, layers, k]), layers, phase, expert_bytes and n_expert, as Session(route_log=...) "
+                "writes it (docs/DESIGN.md §6)")
         try:
             z = np.load(path, allow_pickle=False)
         except Exception as ex:  # zipfile / format errors
