@@ -6,11 +6,13 @@ this order (``limit_mode``):
 
 - ``"cgroup-v1"``: a child of this process's own memory cgroup (``/proc/self/cgroup`` line
   ``N:memory:/path``, mounted at ``/sys/fs/cgroup/memory/path``) with ``memory.limit_in_bytes``
-  (and ``memory.memsw.limit_in_bytes`` where swap accounting exists, so the limit cannot be dodged
-  by swapping). The kernel charges anonymous memory, shared memory (memfd, tmpfs) *and the page
-  cache the child faults in* (kernel docs: admin-guide/cgroup-v1/memory.rst §2.2), and OOM-kills the
-  child when reclaim cannot keep it under the limit. Peak: ``memory.max_usage_in_bytes``; times the
-  limit was hit: ``memory.failcnt`` (+ ``memory.memsw.failcnt``); kills: ``oom_kill`` in ``memory.oom_control``.
+  (and, when the machine has swap, ``memory.memsw.limit_in_bytes`` too, so the limit cannot be
+  dodged by swapping; without swap it is left alone: with it set, Linux 6.18 stopped counting limit
+  hits in ``memory.failcnt``). The kernel charges anonymous memory, shared memory (memfd, tmpfs)
+  *and the page cache the child faults in* (kernel docs: admin-guide/cgroup-v1/memory.rst §2.2), and
+  OOM-kills the child when reclaim cannot keep it under the limit. Peak:
+  ``memory.max_usage_in_bytes``; times the limit was hit: ``memory.failcnt`` (+
+  ``memory.memsw.failcnt``); kills: ``oom_kill`` in ``memory.oom_control``.
 - ``"cgroup-v2"``: the same with ``memory.max`` (and ``memory.swap.max = 0``); peak from
   ``memory.peak`` (kernel >= 5.19), limit hits from ``max`` and kills from ``oom_kill`` in
   ``memory.events`` (admin-guide/cgroup-v2.rst "Memory Interface Files").
@@ -121,6 +123,14 @@ def own_cgroup_dirs() -> dict[str, Path]:
     return out
 
 
+def _swap_total() -> int:
+    """SwapTotal from /proc/meminfo, bytes (0 when unreadable)."""
+    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
+        if line.startswith("SwapTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _read(p: Path, default=None):
     try:
         return p.read_text()
@@ -151,7 +161,7 @@ class CgroupLimit:
             if version == "cgroup-v1":
                 (self.dir / "memory.limit_in_bytes").write_text(str(self.limit_bytes))
                 sw = self.dir / "memory.memsw.limit_in_bytes"
-                if sw.exists():
+                if sw.exists() and _swap_total() > 0:
                     try:
                         sw.write_text(str(self.limit_bytes))
                     except OSError:

@@ -135,6 +135,24 @@ def test_cgroup_limit_oom_kills_a_hog_and_spares_a_small_child(version):
     assert not any(p.name.startswith(mine) for p in limits.own_cgroup_dirs()[r.limit_mode].iterdir())
 
 
+@needs_cgroup
+def test_cgroup_limit_charges_page_cache(disk_dir):
+    # Reading a file twice the limit through the page cache: the cgroup is charged for the cache,
+    # hits its limit (failcnt) and reclaims it; the reader is not killed (page cache is reclaimable).
+    lim = 64 * MiB
+    path = disk_dir / "cache-hog.bin"
+    with open(path, "wb") as f:
+        for _ in range(2 * lim // MiB):
+            f.write(os.urandom(MiB))
+    drop_page_cache(path)
+    code = f"f = open({str(path)!r}, 'rb')\nwhile f.read(1 << 20): pass\nprint('read')"
+    r = limits.run_limited([sys.executable, "-c", code], lim)
+    path.unlink()
+    assert (r.returncode, r.killed, r.stdout.strip()) == (0, False, "read"), r
+    assert 0.9 * lim <= r.cgroup_peak <= lim   # the cache filled the limit, never more
+    assert r.failcnt > 0                       # and the limit was hit
+
+
 def test_sampled_limit_kills_a_hog_and_spares_a_small_child(monkeypatch):
     monkeypatch.setenv("EPQLAB_LIMIT_MODE", "sampled")  # forced through the environment
     lim = 96 * MiB
