@@ -161,7 +161,8 @@ def test_sampled_limit_kills_a_hog_and_spares_a_small_child(monkeypatch):
     assert r.killed and r.returncode == -9, r
     assert r.reason.startswith("killed by the sampler")
     assert r.peak_charged > lim
-    ok = limits.run_limited([sys.executable, "-c", HOG.format(n=lim // 4)], lim)
+    # it lives 0.3 s after allocating, so 20 ms samples see its peak
+    ok = limits.run_limited([sys.executable, "-c", HOG.format(n=lim // 4) + "; import time; time.sleep(0.3)"], lim)
     assert (ok.returncode, ok.killed, ok.stdout.strip()) == (0, False, "survived"), ok
     assert lim // 4 <= ok.peak_rss_anon <= lim
 
@@ -169,7 +170,7 @@ def test_sampled_limit_kills_a_hog_and_spares_a_small_child(monkeypatch):
 def _hog_python(tmp_path: Path, n: int) -> str:
     """An 'interpreter' for strict.run that ignores its arguments and allocates n bytes."""
     p = tmp_path / "hog-python"
-    p.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{HOG.format(n=n)}\"\n")
+    p.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{HOG.format(n=n)}; import time; time.sleep(2)\"\n")
     p.chmod(p.stat().st_mode | stat.S_IXUSR)
     return str(p)
 
