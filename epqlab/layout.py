@@ -209,8 +209,40 @@ def _field_value(reader, key: str):
         return v.tolist()[0] if len(v) == 1 else bytes(v).decode("utf-8", "replace")
 
 
+def _light_reader_class():
+    """gguf-py's GGUFReader, reading metadata arrays the light way: a numeric array becomes one
+    NumPy view (not one per element), and a long string array (the tokenizer's vocabulary and
+    merges) is skipped over, since a layout never needs it. gguf-py's eager per-element parse of
+    a 49K-token vocabulary takes seconds and ~160 MiB -- more than a small RAM budget -- before any
+    Session exists. Everything else is gguf-py's own parsing."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType
+
+    class LightReader(GGUFReader):
+        def _get_field_parts(self, orig_offs, raw_type):
+            if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            offs = orig_offs
+            raw_itype = self._get(offs, np.uint32)
+            offs += int(raw_itype.nbytes)
+            alen = self._get(offs, np.uint64)
+            offs += int(alen.nbytes)
+            itype, n = GGUFValueType(int(raw_itype[0])), int(alen[0])
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                vals = self._get(offs, nptype, n)
+                return offs + int(vals.nbytes) - orig_offs, [raw_itype, alen, vals], [2], [GGUFValueType.ARRAY, itype]
+            if itype == GGUFValueType.STRING and n > 256:
+                for _ in range(n):
+                    offs += 8 + int(self._get(offs, np.uint64)[0])
+                return offs - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
+            return super()._get_field_parts(orig_offs, raw_type)
+
+    return LightReader
+
+
 def _open_reader(path: Path):
-    from gguf import GGUFReader
+    GGUFReader = _light_reader_class()
 
     with open(path, "rb") as fh:
         magic = fh.read(4)
