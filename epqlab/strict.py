@@ -214,7 +214,8 @@ def _aggregate(rs: list[dict]) -> dict:
     def per_tok(key):
         vals = []
         for x, i in zip(ok, io):
-            n = x["child"]["stats"].get("n_gen") or 0
+            st = x["child"]["stats"]
+            n = st.get("decode_passes", st.get("n_gen")) or 0  # single-token decode passes run
             if n and i.get(key) is not None:
                 vals.append(i[key] / n / 1e6)
         return _median(vals)
