@@ -21,8 +21,9 @@ from .smollm2 import cache_dir, source_gguf
 # SmolLM2's SiLU FFN is dense: the error of a partial sum follows the dropped share of neurons
 # almost regardless of the partition (co-activation clustering vs random split: ~2-4 % lower
 # error; oracle vs fitted router: ~10 %), so about 70 % of the neurons must stay active per token.
-DEFAULT_CONFIG = MoefyConfig(n_expert=14, n_expert_used=7, n_ff_exp=64, n_expert_shared=10)
-FORMAT_VERSION = 2  # bump when the conversion changes, so stale cached builds are not reused (2: deepseek arch)
+DEFAULT_CONFIG = MoefyConfig()
+FORMAT_VERSION = 3  # bump when the conversion changes, so stale cached builds are not reused
+# (2: deepseek arch; 3: mixed calibration corpus, logistic-regression router on oracle top-k, weights scale k)
 
 
 def _cache_name(cfg: MoefyConfig) -> str:

@@ -61,27 +61,32 @@ class MoefyConfig:
         n_expert_shared: the shared expert is ``n_ff_exp * n_expert_shared`` neurons wide (llama.cpp's
             layout); ``E * n_ff_exp + shared width >= n_ff``, routed experts are zero-padded.
         n_f16_layers: the last this-many layers store experts in F16, the others in Q8_0.
-        calib_tokens: tokens of calibration text run through the dense model to fit the routers.
+        calib_tokens: tokens of calibration text run through the dense model to fit the routers, split
+            evenly over the genres of :func:`epqlab.data.calibration_texts`.
         chunk: sequence length of one calibration forward pass (tokens, BOS included).
-        router_spread: std of the router logits across experts; small keeps softmax ~uniform so each
-            selected expert enters with weight ~1 (w_scale = E).
-        router_ridge: ridge penalty of the router fit, relative to the mean diagonal of xn^T xn.
+        router_ridge: L2 penalty of the logistic-regression router, relative to the mean feature variance.
+        router_steps: gradient steps of the router fit.
         partition: ``"coactivation"`` (balanced k-means of neurons that fire together) or
             ``"random"`` (a baseline).
         seed: RNG seed; the build is deterministic for a given source and config.
     """
 
-    n_expert: int = 14
-    n_expert_used: int = 7
-    n_ff_exp: int = 64
-    n_expert_shared: int = 10
+    n_expert: int = 16
+    n_expert_used: int = 4
+    n_ff_exp: int = 32
+    n_expert_shared: int = 32
     n_f16_layers: int = 4
-    calib_tokens: int = 2048
+    calib_tokens: int = 8192
     chunk: int = 512
-    router_spread: float = 1e-3
-    router_ridge: float = 1e-2
+    router_ridge: float = 1e-3
+    router_steps: int = 150
     partition: str = "coactivation"
     seed: int = 0
+
+    @property
+    def weights_scale(self) -> float:
+        """``deepseek.expert_weights_scale``: k, so an expert holding 1/k of the softmax mass enters with weight 1."""
+        return float(self.n_expert_used)
 
     @property
     def shared_width(self) -> int:
@@ -246,28 +251,87 @@ def partition_neurons(contrib: np.ndarray, n_expert: int, cap: int, method: str,
     return lab
 
 
-def fit_router(xn: np.ndarray, a: np.ndarray, down: np.ndarray, labels: np.ndarray, n_expert: int,
-               spread: float, ridge: float = 1e-2) -> np.ndarray:
-    """Ridge least-squares router (n_expert, n_embd): logits rank experts by how much adding expert e
-    alone reduces the error of the routed output, ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2``, then
-    rescaled so the logits' std across experts is ``spread``.
-
-    xn: (N, n_embd) FFN inputs; a: (N, n) activations of the routed neurons; down: (n_embd, n)."""
-    y = a @ down.T  # routed part of the dense output, (N, n_embd)
-    yy = (y * y).sum(-1) + 1e-6
-    target = np.empty((len(xn), n_expert), dtype=np.float64)
+def expert_outputs(a: np.ndarray, down: np.ndarray, labels: np.ndarray, n_expert: int) -> np.ndarray:
+    """(E, N, n_embd) float32: each routed expert's part ``C_e`` of the dense FFN output.
+    a (N, n) activations of the routed neurons, down (n_embd, n), labels (n,) expert of each neuron."""
+    out = np.empty((n_expert, len(a), down.shape[0]), np.float32)
     for e in range(n_expert):
         m = labels == e
-        ce = a[:, m] @ down[:, m].T
-        target[:, e] = (2 * (ce * y).sum(-1) - (ce * ce).sum(-1)) / yy
-    target -= target.mean(1, keepdims=True)
+        out[e] = a[:, m] @ down[:, m].T
+    return out
+
+
+def oracle_scores(C: np.ndarray) -> np.ndarray:
+    """(N, E) error reduction of adding expert e alone to an empty routed output, relative to the routed
+    output's energy: ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` with ``y_r = sum_e C_e``. Its top-k per
+    token is the *oracle* expert set the router learns to predict."""
+    y = C.sum(0)
+    yy = (y * y).sum(-1) + 1e-6
+    return ((2 * np.einsum("end,nd->ne", C, y) - np.einsum("end,end->ne", C, C)) / yy[:, None]).astype(np.float64)
+
+
+def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-2, steps: int = 150,
+               lr: float = 1.0) -> np.ndarray:
+    """Multinomial logistic-regression router (E, n_embd), float32.
+
+    Targets: each token's oracle top-k experts (largest ``scores``), each with probability 1/k; loss:
+    cross-entropy of ``softmax(W @ xn)`` against them plus an L2 penalty (``ridge`` times the mean
+    feature variance). Trained by full-batch gradient descent with Nesterov momentum in whitened
+    coordinates (features decorrelated by ``(X^T X / N + ridge I)^(-1/2)``), which makes a fixed step
+    size work for every layer. A router trained this way puts ~1/k of its probability on each token's
+    predicted experts and little on the rest (MoEfication, Zhang et al. 2022, arXiv 2110.01786, trains
+    its MLP router on the same kind of oracle labels; LLaMA-MoE, arXiv 2406.16554, routes by learned
+    softmax gates).
+
+    xn: (N, n_embd) FFN inputs; scores: (N, E) from :func:`oracle_scores`."""
+    N, D = xn.shape
+    E = scores.shape[1]
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    q = np.zeros((N, E))
+    np.put_along_axis(q, top, 1.0 / k, axis=1)
     X = xn.astype(np.float64)
-    G = X.T @ X
-    G[np.diag_indices_from(G)] += ridge * np.trace(G) / len(G)
-    R = np.linalg.solve(G, X.T @ target)  # (n_embd, E)
-    logits = xn @ R
-    scale = spread / max(float(logits.std(axis=1).mean()), 1e-12)
-    return (R * scale).T.astype(np.float32)
+    mu = 0.0
+    G = X.T @ X / N
+    lam = ridge * np.trace(G) / D
+    w_, V = np.linalg.eigh(G + lam * np.eye(D))
+    P = (V / np.sqrt(w_)) @ V.T  # (D, D) whitening
+    Z = X @ P
+    Wt = np.zeros((D, E))
+    mom = np.zeros_like(Wt)
+    for _ in range(steps):
+        look = Wt + 0.9 * mom
+        lg = Z @ look
+        lg -= lg.max(1, keepdims=True)
+        p = np.exp(lg)
+        p /= p.sum(1, keepdims=True)
+        g = Z.T @ (p - q) / N + lam * (P @ (P @ look))  # penalty lam * ||W||^2 / 2 in original coordinates
+        mom = 0.9 * mom - lr * g
+        Wt = Wt + mom
+    return (P @ Wt).T.astype(np.float32) + np.float32(mu)
+
+
+def choose_temperature(xn: np.ndarray, router: np.ndarray, C: np.ndarray, k: int, w_scale: float,
+                       grid=(0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 3.0)) -> tuple[float, float]:
+    """The factor ``t`` (from ``grid``) that router logits are multiplied by (llama.cpp's top-k is unchanged
+    by it; only the softmax weights change) minimising the routed output's squared error against the dense
+    routed output ``sum_e C_e`` on the calibration tokens, with llama.cpp's ``deepseek`` gating (softmax
+    over all E, top-k, no renormalisation, times ``w_scale``). Returns (t, relative error)."""
+    y = C.sum(0)
+    yy = float((y * y).sum())
+    lg = xn @ router.T
+    top = np.argsort(-lg, axis=1, kind="stable")[:, :k]
+    Csel = C[top.T, np.arange(len(xn))[None, :]]  # (k, N, D)
+    best = (1.0, np.inf)
+    for t in grid:
+        z = lg * t
+        z = z - z.max(1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(1, keepdims=True)
+        w = np.take_along_axis(p, top, 1).T * w_scale  # (k, N)
+        err = float(((np.einsum("kn,knd->nd", w, Csel) - y) ** 2).sum()) / yy
+        if err < best[1]:
+            best = (float(t), err)
+    return best
 
 
 def moe_ffn(xn: np.ndarray, router: np.ndarray, gate_e: np.ndarray, up_e: np.ndarray, down_e: np.ndarray,
@@ -300,33 +364,51 @@ def moe_ffn(xn: np.ndarray, router: np.ndarray, gate_e: np.ndarray, up_e: np.nda
 # ---------------------------------------------------------------------------------------------
 
 
-def calibration_tokens(src: Path, text: str, n_tokens: int) -> list[int]:
-    """Tokenize ``text`` with the source model's own tokenizer (llama.cpp, vocab only)."""
+def calibration_tokens(src: Path, texts: dict[str, str] | str, n_tokens: int, chunk: int) -> list[list[int]]:
+    """Calibration sequences: each text tokenized with the source model's own tokenizer (llama.cpp, vocab
+    only; ChatML markers parsed as special tokens), its first ``n_tokens / len(texts)`` tokens cut into
+    sequences of at most ``chunk - 1`` tokens (BOS is prepended later), genres interleaved."""
     from llama_cpp import Llama
 
+    if isinstance(texts, str):
+        texts = {"text": texts}
+    per = max(1, n_tokens // len(texts))
     llm = Llama(str(src), vocab_only=True, verbose=False)
     try:
-        toks = llm.tokenize(text.encode(), add_bos=False, special=False)
+        seqs = []
+        for name in sorted(texts):
+            toks = llm.tokenize(texts[name].encode(), add_bos=False, special=True)[:per]
+            seqs.append([toks[i:i + chunk - 1] for i in range(0, len(toks), chunk - 1)])
     finally:
         llm.close()
-    return toks[:n_tokens]
+    out = []
+    for i in range(max(len(s) for s in seqs)):
+        out += [s[i] for s in seqs if i < len(s)]
+    return out
 
 
-def capture_activations(model: DenseLlama, toks: list[int], chunk: int, bar=None) -> list[np.ndarray]:
-    """FFN inputs xn (N, n_embd) of every layer of the dense model on ``toks``, in chunks of ``chunk``
-    tokens each starting with BOS."""
+def capture_activations(model: DenseLlama, seqs: list[list[int]], bar=None) -> list[np.ndarray]:
+    """FFN inputs xn (N, n_embd) of every layer of the dense model on ``seqs`` (each run from position 0
+    with BOS prepended; BOS positions are dropped)."""
     capture: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
     bos = 1
-    for i in range(0, len(toks), chunk - 1):
-        model.forward([bos] + toks[i:i + chunk - 1], capture)
+    for seq in seqs:
+        cap: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
+        model.forward([bos] + list(seq), cap)
+        for il in range(model.n_layer):
+            capture[il].append(cap[il][0][1:])
         if bar is not None:
             bar.update(1)
     return [np.concatenate(c) for c in capture]
 
 
-def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, rng) -> dict[str, np.ndarray]:
-    """Float32 MoE tensors of block ``il`` (GGUF names without the ``blk.N.`` prefix)."""
-    E, F, W = cfg.n_expert, cfg.n_ff_exp, model.n_embd
+def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, rng
+                  ) -> tuple[dict[str, np.ndarray], dict]:
+    """Float32 MoE tensors of block ``il`` (GGUF names without the ``blk.N.`` prefix) and fit statistics
+    (``temperature``: factor applied to the router; ``rel_err``: relative squared error of the routed
+    output at k on the calibration tokens; ``oracle_rel_err``: the same with the oracle's experts and
+    weight 1; ``margin``: median gap between the k-th and (k+1)-th router logit)."""
+    E, F, W, k = cfg.n_expert, cfg.n_ff_exp, model.n_embd, cfg.n_expert_used
     n_sh = min(cfg.shared_width, model.n_ff)
     if E * F + cfg.shared_width < model.n_ff:
         raise ValueError(f"E * n_ff_exp + shared width = {E * F + cfg.shared_width} < n_ff {model.n_ff}")
@@ -337,7 +419,20 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
     shared = np.sort(np.argsort(-contrib.mean(0), kind="stable")[:n_sh])
     rest = np.setdiff1d(np.arange(model.n_ff), shared)
     lab = partition_neurons(contrib[:, rest], E, F, cfg.partition, rng)
-    router = fit_router(xn, a[:, rest], down[:, rest], lab, E, cfg.router_spread, cfg.router_ridge)
+    C = expert_outputs(a[:, rest], down[:, rest], lab, E)
+    scores = oracle_scores(C)
+    router = fit_router(xn, scores, k, ridge=cfg.router_ridge, steps=cfg.router_steps)
+    t, err = choose_temperature(xn, router, C, k, cfg.weights_scale)
+    router = router * np.float32(t)
+    y = C.sum(0)
+    top_o = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    yo = C[top_o.T, np.arange(len(xn))[None, :]].sum(0)
+    lg = np.sort(xn @ router.T, axis=1)[:, ::-1]
+    pr = np.exp(lg - lg[:, :1])
+    pr /= pr.sum(1, keepdims=True)
+    stats = {"temperature": t, "rel_err": err, "oracle_rel_err": float(((yo - y) ** 2).sum() / (y * y).sum()),
+             "margin": float(np.median(lg[:, k - 1] - lg[:, k])) if k < E else float("inf"),
+             "boundary_weight": float(np.median(pr[:, k - 1])) * cfg.weights_scale}
     out = {
         "ffn_gate_inp.weight": router,
         "ffn_gate_exps.weight": np.zeros((E, F, W), np.float32),
@@ -355,7 +450,7 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
     out["ffn_gate_shexp.weight"][:n_sh] = gate[shared]
     out["ffn_up_shexp.weight"][:n_sh] = up[shared]
     out["ffn_down_shexp.weight"][:, :n_sh] = down[:, shared]
-    return out
+    return out, stats
 
 
 def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = MoefyConfig(),
@@ -379,23 +474,22 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     if cfg.n_ff_exp % 32:
         raise ValueError(f"n_ff_exp {cfg.n_ff_exp} must be a multiple of 32 (Q8_0 rows of down_exps)")
     rep: dict = {"n_expert": E, "n_expert_used": cfg.n_expert_used, "n_ff_exp": cfg.n_ff_exp,
-                 "shared_width": cfg.shared_width, "seconds": {}}
+                 "shared_width": cfg.shared_width, "seconds": {}, "layers": []}
     t0 = time.perf_counter()
     model = DenseLlama(src)
     n_embd = model.n_embd
     if calib_text is None:
-        from importlib.resources import files
+        from ..data import calibration_texts
 
-        calib_text = files("epqlab.data").joinpath("calib_reference.txt").read_text(encoding="utf-8")
-    toks = calibration_tokens(src, calib_text, cfg.calib_tokens)
+        calib_text = calibration_texts()
+    seqs = calibration_tokens(src, calib_text, cfg.calib_tokens, cfg.chunk)
     rep["seconds"]["load"] = time.perf_counter() - t0
 
     # 1. activations: FFN inputs of every layer on the calibration text (dense model)
-    n_chunks = -(-len(toks) // (cfg.chunk - 1))
-    bar = tqdm(total=(0 if activations else n_chunks) + model.n_layer, desc="moefy", unit="step",
+    bar = tqdm(total=(0 if activations else len(seqs)) + model.n_layer, desc="moefy", unit="step",
                disable=not progress)
     t1 = time.perf_counter()
-    xns = activations if activations is not None else capture_activations(model, toks, cfg.chunk, bar)
+    xns = activations if activations is not None else capture_activations(model, seqs, bar)
     rep["seconds"]["activations"] = time.perf_counter() - t1
 
     # 2. per layer: shared neurons, partition, router, expert tensors
@@ -405,7 +499,9 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     new: dict[str, tuple[np.ndarray, QT]] = {}
     for il in range(model.n_layer):
         qt = QT.F16 if il >= first_f16 else QT.Q8_0
-        for name, arr in convert_layer(model, il, xns[il], cfg, rng).items():
+        tensors, st = convert_layer(model, il, xns[il], cfg, rng)
+        rep["layers"].append(st)
+        for name, arr in tensors.items():
             if name == "ffn_gate_inp.weight":
                 new[f"blk.{il}.{name}"] = (arr, QT.F32)
                 continue
@@ -428,7 +524,7 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
         "deepseek.expert_feed_forward_length": (cfg.n_ff_exp, U32),
         "deepseek.expert_shared_count": (cfg.n_expert_shared, U32),
         "deepseek.leading_dense_block_count": (0, U32),
-        "deepseek.expert_weights_scale": (float(E), F32),
+        "deepseek.expert_weights_scale": (cfg.weights_scale, F32),
         "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), U32),
         "general.name": (f"SmolLM2-135M-Instruct MoEfied deepseek {E}x{cfg.n_ff_exp} top-{cfg.n_expert_used} "
                          f"+ shared {cfg.shared_width}", STR),
@@ -446,8 +542,10 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     for key, (val, vtype) in override.items():
         w.add_key_value(key, val, vtype)
     w.add_string("epqlab.moefy.partition", cfg.partition)
-    w.add_uint32("epqlab.moefy.calib_tokens", len(toks))
-    w.add_float32("epqlab.moefy.router_spread", cfg.router_spread)
+    w.add_uint32("epqlab.moefy.calib_tokens", sum(len(q) for q in seqs))
+    w.add_string("epqlab.moefy.router", "logistic")
+    w.add_array("epqlab.moefy.router_margin", [float(st["margin"]) for st in rep["layers"]])
+    w.add_array("epqlab.moefy.boundary_weight", [float(st["boundary_weight"]) for st in rep["layers"]])
     w.add_string("epqlab.moefy.source", src.name)
 
     for t in r.tensors:
