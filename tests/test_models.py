@@ -330,14 +330,16 @@ def test_llama_cpp_default_kernels_agree_with_engine(default_model_path, kind):
     assert abs(theirs / ours - 1) < 0.005, (kind, ours, theirs)
 
 
-def _record(path, tmp_path, name, n_predict=48):
+def _record(path, tmp_path, name, n_tokens=256):
+    """Routes of the first ``n_tokens`` tokens of the held-out prose, teacher-forced (greedy decoding of a
+    random-weight model repeats itself, which would give any routing reuse)."""
+    from epqlab.data import heldout_texts
     from epqlab.routes import RouteLog
     from epqlab.session import Session
 
     log = tmp_path / f"{name}.npz"
     with Session(path, pager=False, route_log=log, n_ctx=512) as s:
-        for prompt in ("Once upon a time", "def main():\n", "The weather today"):
-            s.generate(prompt, n_predict=n_predict)
+        s.logits(s.tokenize(heldout_texts()["prose"])[:n_tokens])
     return RouteLog.load(log)
 
 

@@ -79,7 +79,7 @@ class MoefyConfig:
     calib_tokens: int = 8192
     chunk: int = 512
     router_ridge: float = 1e-3
-    router_steps: int = 150
+    router_steps: int = 0
     partition: str = "coactivation"
     seed: int = 0
 
@@ -270,48 +270,54 @@ def oracle_scores(C: np.ndarray) -> np.ndarray:
     return ((2 * np.einsum("end,nd->ne", C, y) - np.einsum("end,end->ne", C, C)) / yy[:, None]).astype(np.float64)
 
 
-def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-2, steps: int = 150,
+def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-3, steps: int = 0,
                lr: float = 1.0) -> np.ndarray:
-    """Multinomial logistic-regression router (E, n_embd), float32.
+    """Router (E, n_embd), float32, trained to predict each token's oracle top-k experts (largest
+    ``scores``) from its FFN input.
 
-    Targets: each token's oracle top-k experts (largest ``scores``), each with probability 1/k; loss:
-    cross-entropy of ``softmax(W @ xn)`` against them plus an L2 penalty (``ridge`` times the mean
-    feature variance). Trained by full-batch gradient descent with Nesterov momentum in whitened
-    coordinates (features decorrelated by ``(X^T X / N + ridge I)^(-1/2)``), which makes a fixed step
-    size work for every layer. A router trained this way puts ~1/k of its probability on each token's
-    predicted experts and little on the rest (MoEfication, Zhang et al. 2022, arXiv 2110.01786, trains
-    its MLP router on the same kind of oracle labels; LLaMA-MoE, arXiv 2406.16554, routes by learned
-    softmax gates).
+    First a ridge least-squares fit of the centred top-k indicator ``1[e in top-k] - k/E`` (a linear
+    probability model), rescaled so its logits have unit std across experts; then, if ``steps`` > 0,
+    that many full-batch gradient steps (Nesterov momentum) of multinomial logistic regression
+    against targets 1/k on the oracle's experts, in whitened coordinates (features decorrelated by
+    ``(X^T X / N + ridge I)^(-1/2)``) so one step size suits every layer. Either way the router separates
+    the predicted top-k from the rest, so the k-th and (k+1)-th logits are apart (MoEfication, Zhang et al.
+    2022, arXiv 2110.01786, trains its router on the same kind of oracle labels). ``ridge`` is relative to
+    the mean feature variance.
 
     xn: (N, n_embd) FFN inputs; scores: (N, E) from :func:`oracle_scores`."""
     N, D = xn.shape
     E = scores.shape[1]
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    q = np.zeros((N, E))
-    np.put_along_axis(q, top, 1.0 / k, axis=1)
+    ind = np.zeros((N, E))
+    np.put_along_axis(ind, top, 1.0, axis=1)
     X = xn.astype(np.float64)
-    mu = 0.0
     G = X.T @ X / N
     lam = ridge * np.trace(G) / D
-    w_, V = np.linalg.eigh(G + lam * np.eye(D))
-    P = (V / np.sqrt(w_)) @ V.T  # (D, D) whitening
-    Z = X @ P
-    Wt = np.zeros((D, E))
-    mom = np.zeros_like(Wt)
-    for _ in range(steps):
-        look = Wt + 0.9 * mom
-        lg = Z @ look
-        lg -= lg.max(1, keepdims=True)
-        p = np.exp(lg)
-        p /= p.sum(1, keepdims=True)
-        g = Z.T @ (p - q) / N + lam * (P @ (P @ look))  # penalty lam * ||W||^2 / 2 in original coordinates
-        mom = 0.9 * mom - lr * g
-        Wt = Wt + mom
-    return (P @ Wt).T.astype(np.float32) + np.float32(mu)
+    W = np.linalg.solve(G + lam * np.eye(D), X.T @ (ind - k / E) / N)  # (D, E)
+    W /= max(float((X @ W).std(axis=1).mean()), 1e-12)
+    if steps > 0:
+        q = ind / k
+        w_, V = np.linalg.eigh(G + lam * np.eye(D))
+        P = (V / np.sqrt(w_)) @ V.T  # (D, D) whitening
+        Pinv = (V * np.sqrt(w_)) @ V.T
+        Z = X @ P
+        Wt = Pinv @ W * 3.0  # start: the least-squares router with logits std 3
+        mom = np.zeros_like(Wt)
+        for _ in range(steps):
+            look = Wt + 0.9 * mom
+            lg = Z @ look
+            lg -= lg.max(1, keepdims=True)
+            p = np.exp(lg)
+            p /= p.sum(1, keepdims=True)
+            g = Z.T @ (p - q) / N + lam * (P @ (P @ look))  # penalty lam * ||W||^2 / 2 in original coordinates
+            mom = 0.9 * mom - lr * g
+            Wt = Wt + mom
+        W = P @ Wt
+    return W.T.astype(np.float32)
 
 
 def choose_temperature(xn: np.ndarray, router: np.ndarray, C: np.ndarray, k: int, w_scale: float,
-                       grid=(0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 3.0)) -> tuple[float, float]:
+                       grid=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)) -> tuple[float, float]:
     """The factor ``t`` (from ``grid``) that router logits are multiplied by (llama.cpp's top-k is unchanged
     by it; only the softmax weights change) minimising the routed output's squared error against the dense
     routed output ``sum_e C_e`` on the calibration tokens, with llama.cpp's ``deepseek`` gating (softmax

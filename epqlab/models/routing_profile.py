@@ -45,14 +45,14 @@ class RoutingProfile:
         seed: RNG seed of biases, router directions and embeddings.
     """
 
-    zipf: float = 1.6
+    zipf: float = 1.0
     token_std: float = 0.3
     embd_scale: float = 8.0
     seed: int = 1
 
 
 SKEWED = RoutingProfile()
-SKEWED_LRU10_BAND = (0.40, 0.85)  # LRU hit rate at a 10 % arena, skewed small test model (tests/test_models.py)
+SKEWED_LRU10_BAND = (0.35, 0.75)  # LRU hit rate at a 10 % arena, skewed small test model (tests/test_models.py)
 
 
 def constant_direction(n_embd: int, seed: int) -> np.ndarray:
@@ -60,17 +60,25 @@ def constant_direction(n_embd: int, seed: int) -> np.ndarray:
     return np.where(np.random.default_rng([seed, 7]).random(n_embd) < 0.5, -1.0, 1.0).astype(np.float32)
 
 
-def embedding_rows(p: RoutingProfile, n_embd: int, rows: np.ndarray) -> np.ndarray:
-    """Float32 embeddings (len(rows), n_embd) of token ids ``rows``: ``embd_scale * (u + token_std * n_t)``,
-    n_t seeded by the token id (so any slice of the vocabulary is reproducible on its own)."""
+def embedding_rows(p: RoutingProfile, n_embd: int, start: int, stop: int) -> np.ndarray:
+    """Float32 embeddings (stop - start, n_embd) of token ids start..stop-1:
+    ``embd_scale * (u + token_std * n_t)``; the normals come from one generator per block of
+    :data:`EMBD_BLOCK` rows (``start`` must be a multiple of it), so the file is reproducible."""
+    if start % EMBD_BLOCK:
+        raise ValueError(f"start {start} must be a multiple of {EMBD_BLOCK}")
     u = constant_direction(n_embd, p.seed)
-    out = np.empty((len(rows), n_embd), np.float32)
-    for i, t in enumerate(rows):
-        out[i] = np.random.default_rng([p.seed, 11, int(t)]).standard_normal(n_embd, dtype=np.float32)
+    parts = []
+    for r0 in range(start, stop, EMBD_BLOCK):
+        n = min(EMBD_BLOCK, stop - r0)
+        parts.append(np.random.default_rng([p.seed, 11, r0]).standard_normal((n, n_embd), dtype=np.float32))
+    out = np.concatenate(parts) if len(parts) > 1 else parts[0]
     out *= np.float32(p.token_std)
     out += u
     out *= np.float32(p.embd_scale)
     return out
+
+
+EMBD_BLOCK = 4096
 
 
 def router_matrix(p: RoutingProfile, n_embd: int, n_expert: int, layer: int) -> np.ndarray:

@@ -275,7 +275,7 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
         elif prof is not None and name == "token_embd.weight":
             V = shape[1]
             for r0 in range(0, V, 4096):
-                fout.write(memoryview(encode(embedding_rows(prof, s.n_embd, np.arange(r0, min(V, r0 + 4096))), t)))
+                fout.write(memoryview(encode(embedding_rows(prof, s.n_embd, r0, min(V, r0 + 4096)), t)))
         elif prof is not None and name.endswith("ffn_gate_inp.weight"):
             il = int(name.split(".")[1])
             fout.write(memoryview(encode(router_matrix(prof, s.n_embd, s.n_expert, il), t)))
