@@ -101,7 +101,8 @@ def test_experts_partition_the_dense_ffn(default_model_path, layer):
     """The shared expert plus every routed expert, each with weight 1, is the source's dense SwiGLU FFN
     (NumPy from both GGUFs): the conversion moves neurons, it does not change them. Tolerance: 2 %
     relative L2 (Q8_0 re-quantization of the Q4_1 weights, ~0.5 %). The router no longer gives every
-    expert weight 1 at k = E (softmax weights times k), so this is checked on the experts themselves."""
+    expert weight 1 at k = E (softmax weights times k), so this is checked on the experts themselves;
+    each layer's routed down projections carry the gain the build recorded (epqlab.moefy.expert_gain)."""
     from gguf import GGUFReader
 
     from epqlab.models.smollm2 import source_gguf
@@ -121,9 +122,11 @@ def test_experts_partition_the_dense_ffn(default_model_path, layer):
     gate = _tensor(moe, p + "ffn_gate_exps.weight")   # (E, n_ff_exp, n_embd)
     up = _tensor(moe, p + "ffn_up_exps.weight")
     down = _tensor(moe, p + "ffn_down_exps.weight")   # (E, n_embd, n_ff_exp)
+    gain = float(moe.fields["epqlab.moefy.expert_gain"].contents()[layer])
+    assert 0.5 <= gain <= 4.0
     out = swiglu(*(_tensor(moe, p + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")))
     for e in range(gate.shape[0]):
-        out += swiglu(gate[e], up[e], down[e])
+        out += swiglu(gate[e], up[e], down[e]) / gain
     rel = np.linalg.norm(out - dense) / np.linalg.norm(dense)
     assert rel < 0.02, rel
     # and dropping the routed experts is far off: the routed part matters
@@ -300,15 +303,26 @@ def test_prompts_file_kinds():
 HELDOUT_RATIO_BOUND = {"prose": None, "code": None, "legal": None}
 
 
-@pytest.mark.parametrize("kind", ["prose", "code", "legal"])
-def test_heldout_perplexity_ratio_to_dense(default_model_path, kind):
+_PPL: dict = {}
+
+
+def _ppl(path, kind):
+    """epqlab.perplexity on a held-out text, computed once per (model, text) for the tests below."""
     from epqlab.data import heldout_texts
-    from epqlab.models.smollm2 import source_gguf
     from epqlab.perplexity import perplexity
 
-    text = heldout_texts()[kind]
-    dense = perplexity(source_gguf(), text, n_ctx=512)
-    moe = perplexity(default_model_path, text, n_ctx=512)
+    key = (str(path), kind)
+    if key not in _PPL:
+        _PPL[key] = perplexity(path, heldout_texts()[kind], n_ctx=512)
+    return _PPL[key]
+
+
+@pytest.mark.parametrize("kind", ["prose", "code", "legal"])
+def test_heldout_perplexity_ratio_to_dense(default_model_path, kind):
+    from epqlab.models.smollm2 import source_gguf
+
+    dense = _ppl(source_gguf(), kind)
+    moe = _ppl(default_model_path, kind)
     assert moe.n_scored == dense.n_scored > 1000
     ratio = moe.ppl / dense.ppl
     assert 1.0 < ratio <= HELDOUT_RATIO_BOUND[kind], (kind, dense.ppl, moe.ppl, ratio)
@@ -322,11 +336,9 @@ def test_llama_cpp_default_kernels_agree_with_engine(default_model_path, kind):
     differed by 1.5 % on one 726-token window)."""
     from epqlab.data import heldout_texts
     from epqlab.models.quality import llama_cpp_perplexity
-    from epqlab.perplexity import perplexity
 
-    text = heldout_texts()[kind]
-    ours = perplexity(default_model_path, text, n_ctx=512).ppl
-    theirs = llama_cpp_perplexity(default_model_path, text, n_ctx=512)
+    ours = _ppl(default_model_path, kind).ppl
+    theirs = llama_cpp_perplexity(default_model_path, heldout_texts()[kind], n_ctx=512)
     assert abs(theirs / ours - 1) < 0.005, (kind, ours, theirs)
 
 

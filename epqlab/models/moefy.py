@@ -21,18 +21,23 @@ The conversion (dense FFN ``y = down @ (silu(gate @ xn) * (up @ xn))``, n_ff neu
 * routed experts: the remaining neurons in E groups of at most ``n_ff_exp`` (zero-padded), by
   balanced k-means on their co-activation profiles (MoEfication, Zhang et al. 2022), so a token's
   important neurons concentrate in few experts; down projections are NOT scaled;
-* router: logits ``alpha * r(xn)`` with ``r`` fitted by ridge least squares on real activations to
-  each expert's error reduction ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` (C_e = expert e's part
-  of the routed output y_r), and alpha so small that p_e = 1/E to ~0.1 %; with
-  ``expert_weights_scale = E`` every selected expert enters with weight ~1. So at k = E the layer
-  is the dense FFN (up to alpha and Q8_0 re-quantization), and at k < E it is the shared part plus
-  the k routed experts the router ranks highest for this input.
+* oracle: on each calibration token, expert e's score is the error reduction of adding it alone,
+  ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` (C_e = expert e's part of the routed output y_r); the
+  token's oracle experts are its top-k scores;
+* router: a linear classifier of the FFN input that predicts the oracle's top-k
+  (:func:`fit_router`: least squares on the top-k indicator, optionally refined by multinomial
+  logistic regression), its logits multiplied by the factor (:func:`choose_temperature`) that
+  minimises the layer's output error under llama.cpp's gating with ``expert_weights_scale = k``: an
+  expert that holds 1/k of the softmax mass enters with weight 1, a weakly predicted boundary expert
+  with a small weight. So a flip at the k-th place (different kernel rounding) changes the output
+  little, and the router is not near-uniform (the build before this one spread its logits by 1e-3
+  so that every expert had weight ~1; near-ties then flipped between llama.cpp builds). The price:
+  at k = E the layer is no longer the dense FFN (the softmax weights are not all 1) -- the experts
+  still partition it exactly (tests/test_models.py checks shared + sum of experts = dense).
 
-Measured (bench/bench_default_model.py's perplexity on epqlab.models.eval_text(); dense 15.36):
-the default E = 14 routed experts of 64 neurons + 640 shared neurons gives 15.36 at k = E and 20.63
-at k = 7 (1.34 x); other configurations are listed next to DEFAULT_CONFIG in
-epqlab/models/default.py. SmolLM2's SiLU FFN is not sparse, so quality follows the share of
-neurons active per token much more than the partition or the router.
+Measured numbers are next to DEFAULT_CONFIG in epqlab/models/default.py (bench/bench_default_model.py).
+SmolLM2's SiLU FFN is not sparse, so quality follows the share of neurons active per token much more
+than the partition or the router.
 
 Activations come from a NumPy forward pass of the dense model (dequantized with
 ``gguf.quants.dequantize``), checked against llama-cpp-python's logits in tests/test_models.py.
@@ -317,26 +322,30 @@ def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-
 
 
 def choose_temperature(xn: np.ndarray, router: np.ndarray, C: np.ndarray, k: int, w_scale: float,
-                       grid=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)) -> tuple[float, float]:
-    """The factor ``t`` (from ``grid``) that router logits are multiplied by (llama.cpp's top-k is unchanged
-    by it; only the softmax weights change) minimising the routed output's squared error against the dense
-    routed output ``sum_e C_e`` on the calibration tokens, with llama.cpp's ``deepseek`` gating (softmax
-    over all E, top-k, no renormalisation, times ``w_scale``). Returns (t, relative error)."""
+                       grid=(0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)) -> tuple[float, float, float]:
+    """The factor ``t`` (from ``grid``) that router logits are multiplied by, and the gain ``g`` the routed
+    experts' down projections are multiplied by, minimising the routed output's squared error against the
+    dense routed output ``y_r = sum_e C_e`` on the calibration tokens under llama.cpp's ``deepseek`` gating
+    (softmax over all E, top-k, no renormalisation, times ``w_scale``). ``t`` leaves the top-k unchanged
+    and sets how unequal the selected experts' weights are; ``g`` is the least-squares gain for each ``t``
+    (``<o, y_r> / ||o||^2``, o the gated output), clipped to [0.5, 4]. Returns (t, g, relative error)."""
     y = C.sum(0)
     yy = float((y * y).sum())
     lg = xn @ router.T
     top = np.argsort(-lg, axis=1, kind="stable")[:, :k]
     Csel = C[top.T, np.arange(len(xn))[None, :]]  # (k, N, D)
-    best = (1.0, np.inf)
+    best = (1.0, 1.0, np.inf)
     for t in grid:
         z = lg * t
         z = z - z.max(1, keepdims=True)
         p = np.exp(z)
         p /= p.sum(1, keepdims=True)
         w = np.take_along_axis(p, top, 1).T * w_scale  # (k, N)
-        err = float(((np.einsum("kn,knd->nd", w, Csel) - y) ** 2).sum()) / yy
-        if err < best[1]:
-            best = (float(t), err)
+        o = np.einsum("kn,knd->nd", w, Csel)
+        g = float(np.clip((o * y).sum() / max(float((o * o).sum()), 1e-30), 0.5, 4.0))
+        err = float(((g * o - y) ** 2).sum()) / yy
+        if err < best[2]:
+            best = (float(t), g, err)
     return best
 
 
@@ -428,7 +437,7 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
     C = expert_outputs(a[:, rest], down[:, rest], lab, E)
     scores = oracle_scores(C)
     router = fit_router(xn, scores, k, ridge=cfg.router_ridge, steps=cfg.router_steps)
-    t, err = choose_temperature(xn, router, C, k, cfg.weights_scale)
+    t, gain, err = choose_temperature(xn, router, C, k, cfg.weights_scale)
     router = router * np.float32(t)
     y = C.sum(0)
     top_o = np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -436,7 +445,7 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
     lg = np.sort(xn @ router.T, axis=1)[:, ::-1]
     pr = np.exp(lg - lg[:, :1])
     pr /= pr.sum(1, keepdims=True)
-    stats = {"temperature": t, "rel_err": err, "oracle_rel_err": float(((yo - y) ** 2).sum() / (y * y).sum()),
+    stats = {"temperature": t, "gain": gain, "rel_err": err, "oracle_rel_err": float(((yo - y) ** 2).sum() / (y * y).sum()),
              "margin": float(np.median(lg[:, k - 1] - lg[:, k])) if k < E else float("inf"),
              "boundary_weight": float(np.median(pr[:, k - 1])) * cfg.weights_scale}
     out = {
@@ -452,7 +461,7 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
         idx = rest[lab == e]
         out["ffn_gate_exps.weight"][e, :len(idx)] = gate[idx]
         out["ffn_up_exps.weight"][e, :len(idx)] = up[idx]
-        out["ffn_down_exps.weight"][e, :, :len(idx)] = down[:, idx]
+        out["ffn_down_exps.weight"][e, :, :len(idx)] = down[:, idx] * np.float32(gain)
     out["ffn_gate_shexp.weight"][:n_sh] = gate[shared]
     out["ffn_up_shexp.weight"][:n_sh] = up[shared]
     out["ffn_down_shexp.weight"][:, :n_sh] = down[:, shared]
@@ -552,6 +561,7 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     w.add_string("epqlab.moefy.router", "logistic")
     w.add_array("epqlab.moefy.router_margin", [float(st["margin"]) for st in rep["layers"]])
     w.add_array("epqlab.moefy.boundary_weight", [float(st["boundary_weight"]) for st in rep["layers"]])
+    w.add_array("epqlab.moefy.expert_gain", [float(st["gain"]) for st in rep["layers"]])
     w.add_string("epqlab.moefy.source", src.name)
 
     for t in r.tensors:

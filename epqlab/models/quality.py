@@ -71,17 +71,18 @@ def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512
 
 
 def record_prompt_routes(model, path: str | os.PathLike, *, n_predict: int = 48, kinds=None,
-                         expert_used: int | None = None):
+                         expert_used: int | None = None, **session_kw):
     """Generate ``n_predict`` greedy tokens for each prompt of :func:`epqlab.data.prompts` (chat prompts in
     the model's chat template) in one plain-llama.cpp :class:`epqlab.Session` recording routes, save the
     route log (NPZ, DESIGN.md §6) to ``path`` and return it as a :class:`~epqlab.routes.RouteLog`
-    (prefill and decode tokens of every prompt, in order)."""
+    (prefill and decode tokens of every prompt, in order). ``session_kw`` go to the Session
+    (e.g. ``n_threads``)."""
     from ..data import prompts
     from ..routes import RouteLog
     from ..session import Session
 
     kw = {"expert_used": expert_used} if expert_used else {}
-    with Session(model, pager=False, route_log=path, n_ctx=512, **kw) as s:
+    with Session(model, pager=False, route_log=path, n_ctx=512, **kw, **session_kw) as s:
         for p in prompts():
             if kinds is None or p.kind in kinds:
                 s.generate(p.text(s), n_predict=n_predict)
