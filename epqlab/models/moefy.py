@@ -76,12 +76,12 @@ class MoefyConfig:
         seed: RNG seed; the build is deterministic for a given source and config.
     """
 
-    n_expert: int = 16
-    n_expert_used: int = 4
+    n_expert: int = 8
+    n_expert_used: int = 2
     n_ff_exp: int = 32
-    n_expert_shared: int = 32
+    n_expert_shared: int = 40
     n_f16_layers: int = 4
-    calib_tokens: int = 8192
+    calib_tokens: int = 4096
     chunk: int = 512
     router_ridge: float = 1e-3
     router_steps: int = 0
@@ -322,13 +322,18 @@ def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-
 
 
 def choose_temperature(xn: np.ndarray, router: np.ndarray, C: np.ndarray, k: int, w_scale: float,
-                       grid=(0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)) -> tuple[float, float, float]:
+                       grid=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)) -> tuple[float, float, float]:
     """The factor ``t`` (from ``grid``) that router logits are multiplied by, and the gain ``g`` the routed
     experts' down projections are multiplied by, minimising the routed output's squared error against the
     dense routed output ``y_r = sum_e C_e`` on the calibration tokens under llama.cpp's ``deepseek`` gating
     (softmax over all E, top-k, no renormalisation, times ``w_scale``). ``t`` leaves the top-k unchanged
     and sets how unequal the selected experts' weights are; ``g`` is the least-squares gain for each ``t``
-    (``<o, y_r> / ||o||^2``, o the gated output), clipped to [0.5, 4]. Returns (t, g, relative error)."""
+    (``<o, y_r> / ||o||^2``, o the gated output), clipped to [0.5, 4]. Returns (t, g, relative error).
+
+    The grid starts at 0.5 on purpose: smaller factors flatten the softmax, so the k-th (boundary) expert
+    enters with nearly the top expert's weight and a flip of the k-th choice under different kernel
+    rounding costs more. Measured on the default config: t = 0.1 (the error minimum) put llama-cpp-python's
+    default kernels 0.55 % away from epqlab's engine on the legal held-out text."""
     y = C.sum(0)
     yy = float((y * y).sum())
     lg = xn @ router.T
