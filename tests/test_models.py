@@ -282,7 +282,7 @@ def test_heldout_texts_do_not_overlap_calibration():
         assert len(t.split()) > 600, name
         assert _overlap(t, cal) < 0.01, (name, _overlap(t, cal))
     excerpt = calibration_texts()["code"][5000:9000]
-    assert _overlap(excerpt, cal) == 1.0
+    assert _overlap(excerpt, cal) > 0.99  # all but the n-grams with the cut words at both ends
     assert _overlap(texts["prose"][:3000] + calibration_texts()["prose"][:3000], cal) > 0.3
 
 
@@ -356,22 +356,28 @@ def _record(path, tmp_path, name, n_tokens=256):
 
 
 def test_synth_skewed_routing_has_locality(tmp_path):
-    """A small synthetic model with routing="skewed": LRU hit rate at a 10 % arena (one pool over all
-    layers) from its recorded route log lies in the documented band, far above the same model with
-    uniform routing (whose hit rate is about the arena fraction, ~10 %)."""
+    """A small synthetic model with routing="skewed": the LRU hit rate at a 10 % arena (one pool over all
+    layers) of its recorded route log lies in the documented band, far above uniform random routing of
+    the same shape (~the arena fraction), and every layer has popularity skew (its top quarter of experts
+    takes > 85 % of requests; uniform: ~25 %).
+
+    (The ``uniform`` preset is not the baseline here: its random attention averages positions into a
+    near-constant residual component that random routers also read as a bias, so on this small shape it
+    routes with uncontrolled skew -- measured LRU@10 % 0.58, top-quarter share 0.61-0.99 by layer.)"""
     from epqlab.models import synthesize
-    from epqlab.models.quality import locality_stats
+    from epqlab.models.quality import locality_stats, uniform_log
     from epqlab.models.routing_profile import SKEWED_LRU10_BAND
 
     sk = synthesize(tmp_path / "skewed.gguf", "small", routing="skewed", progress=False)
-    un = synthesize(tmp_path / "uniform.gguf", "small", progress=False)
-    a = locality_stats(_record(sk["path"], tmp_path, "sk"), arenas=(0.10,))
-    b = locality_stats(_record(un["path"], tmp_path, "un"), arenas=(0.10,))
+    log = _record(sk["path"], tmp_path, "sk")
+    a = locality_stats(log, arenas=(0.10,))
+    b = locality_stats(uniform_log(log), arenas=(0.10,))
     lo, hi = SKEWED_LRU10_BAND
     assert lo <= a["lru"][0.10] <= hi, a
     assert b["lru"][0.10] < 0.2, b
     assert a["lru"][0.10] > 2.5 * b["lru"][0.10]
-    assert a["top_share"] > 0.5 > b["top_share"]  # popularity skew: top quarter of experts
+    assert a["top_share_min"] > 0.85 and b["top_share_max"] < 0.4, (a, b)
+    assert a["belady"][0.10] >= a["lru"][0.10]
 
 
 def test_synth_rejects_unknown_routing(tmp_path):
