@@ -77,7 +77,7 @@ class MoefyConfig:
     """
 
     n_expert: int = 8
-    n_expert_used: int = 2
+    n_expert_used: int = 3
     n_ff_exp: int = 32
     n_expert_shared: int = 40
     n_f16_layers: int = 4
