@@ -11,21 +11,22 @@ from .moefy import MoefyConfig, moefy
 from .smollm2 import cache_dir, source_gguf
 
 # deepseek arch (see moefy.py's docstring for why not llama): 8 routed experts of 32 neurons + a 1280-neuron
-# shared expert (always on), top-2 (k/E = 1/4), router = least squares on oracle top-k labels, softmax
+# shared expert (always on), top-3 (k/E = 3/8), router = least squares on oracle top-k labels, softmax
 # weights x k, per-layer temperature and expert gain; calibration: 4096 tokens over five genres
 # (epqlab.data.calibration_texts()).
 # Perplexity ratio to the dense SmolLM2 Q4_1 at the default k (epqlab.perplexity, n_ctx 512; dense: prose
 # 21.98, code 13.90, legal 17.50, Python reference "execmodel" 15.26; 4096 calibration tokens unless said):
 #   config                                     prose  code   legal  execmodel
-#   E=8  k=2 sh 1280, gain, t >= 0.5           see bench/bench_default_model.py output  <- default
-#   E=8  k=2 sh 1280, gain, t = 0.1            1.168  1.216  1.309  1.101  (llama-cpp-python differs 0.55 %)
+#   E=8  k=3 sh 1280, gain, t >= 0.5           1.142  1.193  1.324  1.098   <- default
+#   E=8  k=2 sh 1280, gain, t >= 0.5           1.186  1.244  1.362  1.120  (llama-cpp-python: +0.03 %, -0.05 %)
+#   E=8  k=2 sh 1280, gain, t = 0.1            1.168  1.216  1.309  1.101  (llama-cpp-python: -0.44 %, +0.22 %, +0.55 %)
 #   E=8  k=2 sh 1280, no gain                  1.198  1.264  1.409  1.133
 #   E=12 k=4 sh 1152, no gain                  1.349  1.406  1.737  1.198
 #   E=16 k=8 sh 1024, no gain                  1.306  1.423  1.676  1.208
 #   E=16 k=4 sh 1024, no gain                  1.577  1.820  2.183  1.421
 #   previous default (E=14 k=7 sh 640, near-uniform router, one-genre calibration): 1.343 on execmodel,
 #   2.34 on a held-out licence/history passage.
-# SmolLM2's SiLU FFN is dense: quality follows the share of neurons active per token (here 1344 of 1536),
+# SmolLM2's SiLU FFN is dense: quality follows the share of neurons active per token (here 1376 of 1536),
 # so only 17 % of the FFN bytes are routed; a real MoE's experts are most of its bytes.
 DEFAULT_CONFIG = MoefyConfig()
 FORMAT_VERSION = 3  # bump when the conversion changes, so stale cached builds are not reused
