@@ -62,7 +62,7 @@ def main():
         ratio = r["decode_tok_s"] / base["decode_tok_s"] if base and base["decode_tok_s"] else float("nan")
         print(f"{r['label']:<32} {r['decode_tok_s']:>12.2f} {ratio:>8.2f} {r['prefill_tok_s']:>13.1f} "
               f"{r['hit_rate']:>8.1%} {r['decode_ssd_bytes_per_token'] / 1e6:>10.2f} {r['load_s']:>7.2f} "
-              f"{epqlab.fmt_bytes(r['peak_budgeted']):>16} {epqlab.fmt_bytes(r['peak_rss_file']):>10}")
+              f"{epqlab.fmt_bytes(r['peak_total']):>16} {epqlab.fmt_bytes(r['peak_rss_file']):>10}")
     texts = {t for _, t in rows}
     print(f"\ngreedy text identical across rows: {len(texts) == 1}")
     print(f"text: {rows[0][1]!r}")

@@ -17,3 +17,10 @@ except ImportError as e:  # pragma: no cover - only when the build is missing
     ) from e
 
 core = _core
+
+# EPQLAB_VERBOSE=1 shows llama.cpp's own log on stderr (otherwise only its errors, folded into
+# the exceptions epqlab raises).
+import os as _os  # noqa: E402
+
+if _os.environ.get("EPQLAB_VERBOSE", "") not in ("", "0"):
+    core.set_verbose(True)

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (EpqlabError, ValueError, OSError) as e:
-        # Our own errors, bad values and files: one clean line, no traceback.
+    except (EpqlabError, ValueError, OSError, RuntimeError, MemoryError, IndexError) as e:
+        # Our own errors, bad values and files, and llama.cpp's (std::runtime_error reaches
+        # Python as RuntimeError, std::bad_alloc as MemoryError): one clean line, no traceback.
         print(f"epqlab: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

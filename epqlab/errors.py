@@ -36,3 +36,8 @@ class ArenaTooSmall(EpqlabError, ValueError):
 
 class PagerIOError(EpqlabError, OSError):
     """A read of expert bytes failed or came back short; names the file, offset and errno."""
+
+
+class ModelChangedError(EpqlabError, OSError):
+    """The model file changed on disk (size, mtime or inode) while a Session had it open; decoding
+    would mix old and new bytes. Reopen the Session."""

@@ -20,6 +20,7 @@ from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
 SPLIT_NAME_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+PER_EXPERT_RE = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
 GGUF_MAGIC = b"GGUF"
 
 
@@ -281,6 +282,27 @@ def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
     return layout
 
 
+def _check_placement(path: Path, reader, alignment: int, file_size: int) -> None:
+    """Raise NotGGUFError naming the tensor whose data is misaligned, overlaps another or ends
+    past the file (llama.cpp would refuse to load it later, with a vaguer message)."""
+    ts = sorted(reader.tensors, key=lambda t: int(t.data_offset))
+    if not ts:
+        return
+    base = int(ts[0].data_offset)
+    prev = None
+    for t in ts:
+        off, n = int(t.data_offset), int(t.n_bytes)
+        if (off - base) % alignment:
+            raise NotGGUFError(
+                f"{path}: tensor {t.name} starts at byte {off}, not a multiple of general.alignment={alignment} from "
+                f"the data section at {base}: the file is corrupt or was edited by hand; re-convert it.")
+        if prev is not None and off < int(prev.data_offset) + int(prev.n_bytes):
+            raise NotGGUFError(
+                f"{path}: tensor {t.name} (bytes {off}..{off + n}) overlaps {prev.name} (ends at "
+                f"{int(prev.data_offset) + int(prev.n_bytes)}): the file is corrupt; re-convert it.")
+        prev = t
+
+
 def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -297,10 +319,15 @@ def _inspect(path: Path) -> ModelLayout:
     alignment = int(_field_value(reader, "general.alignment") or 32)
 
     def hp(key, default=0):
+        # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
+        # largest value any layer uses.
         v = _field_value(reader, f"{arch}.{key}")
+        if isinstance(v, (list, tuple)):
+            return max((int(x) for x in v), default=default)
         return int(v) if v is not None else default
 
     n_layer = hp("block_count")
+    _check_placement(path, reader, alignment, file_size)
     by_layer: dict[int, list[ExpertTensor]] = {}
     routed = 0
     total = 0
@@ -335,7 +362,14 @@ def _inspect(path: Path) -> ModelLayout:
     n_expert_used = hp("expert_used_count")
     metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
     data_offset = min((int(t.data_offset) for t in reader.tensors), default=file_size)
+    per_expert = [t.name for t in reader.tensors if PER_EXPERT_RE.match(t.name)]
     del reader
+    if not by_layer and per_expert:
+        raise NotMoEError(
+            f"{path} ({arch}) stores its routed experts one tensor per expert ({per_expert[0]}, ...): the legacy "
+            "per-expert layout. llama.cpp and epqlab need merged blk.N.ffn_{gate,up,down}_exps tensors; re-convert "
+            "the model with a current llama.cpp convert_hf_to_gguf.py (or merge the tensors with gguf-py)."
+        )
     layers = [
         ExpertLayer(il, tuple(sorted(ts, key=lambda t: _KIND_ORDER[t.kind])))
         for il, ts in sorted(by_layer.items())

@@ -3,7 +3,7 @@
 The pager keeps routed experts of one GGUF file in a fixed-size RAM arena (one memfd split into
 slots) and exposes each expert tensor through a reserved virtual range laid out like the file
 ("mirror" layout), so a resident expert's bytes sit at ``tensor_data + e * nb2`` exactly as in
-the file and non-resident ones are ``PROT_NONE``. See shared/DESIGN.md §3-5.
+the file and non-resident ones are ``PROT_NONE``. See docs/DESIGN.md (paging mechanism).
 """
 from __future__ import annotations
 
@@ -92,6 +92,14 @@ class Pager:
         k = int(k or layout.n_expert_used or 1)
         return k * max(cls.unit_slot_bytes(layout))
 
+    @staticmethod
+    def max_stage_bytes(layout: ModelLayout) -> int:
+        """Bytes of the staging buffer an oversize ubatch needs: the largest expert tensor's span
+        of whole file pages (one matrix of one layer, all experts). See native/hook.h."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        return max((-(-(t.offset % page + t.n_bytes) // page) * page for l in layout.layers for t in l.tensors),
+                   default=0)
+
     @classmethod
     def all_experts_bytes(cls, layout: ModelLayout) -> int:
         """Arena bytes at which every routed expert has its own slot."""
@@ -140,7 +148,7 @@ class Pager:
         """Drive the pager through a route log (real reads, no compute) and return :meth:`stats`.
 
         Args:
-            route_log: a path to a route-log NPZ (DESIGN.md §6), an object with ``experts`` and
+            route_log: a path to a route-log NPZ (docs/DESIGN.md §6), an object with ``experts`` and
                 ``layers`` attributes, or an int32 array ``[T, L, k]`` (then ``layers`` = GGUF
                 block ids of its L columns, default the model's MoE layers).
 
@@ -188,6 +196,11 @@ class Pager:
     def arena_bytes(self) -> int:
         """Bytes of the arena actually used by slots (<= the requested size)."""
         return int(self._p.arena_bytes)
+
+    @property
+    def arena_resident_bytes(self) -> int:
+        """Bytes of the arena that hold pages now (the memfd's allocated blocks), <= arena_bytes."""
+        return int(self._p.arena_resident_bytes())
 
     @property
     def n_slots(self) -> int:

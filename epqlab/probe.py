@@ -11,7 +11,7 @@ issues ``n_requests`` reads back to back, so ``concurrency`` reads are in flight
 
 Units: latency in microseconds (µs); bandwidth in MB/s with MB = 10**6 bytes; IOPS = requests/s.
 The seed study on its disk measured 4 KiB reads at 0.57 ms, one 1.9 MB stream at ~275 MB/s and
-aggregate bandwidth rising linearly to ~2.8 GB/s at 16 threads (see DESIGN.md §8).
+aggregate bandwidth rising linearly to ~2.8 GB/s at 16 threads (see docs/DESIGN.md §8).
 """
 from __future__ import annotations
 

@@ -2,12 +2,14 @@
 
 The math is llama.cpp's own: the hook (native/hook.cpp) only decides where the expert bytes
 come from, so logits are bit-identical to ``pager=False`` (plain llama.cpp, mmap) at every
-budget, policy and I/O thread count. See shared/DESIGN.md §3-5.
+budget, policy and I/O thread count. See docs/DESIGN.md (paging mechanism, memory accounting).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArenaTooSmall, EpqlabError
+from .errors import ArenaTooSmall, EpqlabError, ModelChangedError
 from .layout import ModelLayout, inspect
-from .memory import PeakTracker, cpu_threads, sample
+from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import POLICIES, Pager, default_io_threads
 from .units import fmt_bytes, parse_bytes
 
@@ -28,7 +30,7 @@ LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode 
 @dataclass
 class Generation:
     """Result of :meth:`Session.generate`: ``text`` (str), ``tokens`` (generated ids),
-    ``prompt_tokens`` (ids), ``stats`` (dict of this run, DESIGN.md §6 run-stats fields)."""
+    ``prompt_tokens`` (ids), ``stats`` (dict of this run, docs/DESIGN.md run-stats fields)."""
 
     text: str
     tokens: list[int]
@@ -41,7 +43,25 @@ class Generation:
 
 _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
              "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
-             "load_calls", "ubatches", "layer_loads", "fallback_layers", "fallback_tokens", "tokens_routed")
+             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
+             "staged_reads", "staged_copies", "tokens_routed")
+DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
+
+
+def _file_identity(path) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _prefetch_header(lay: ModelLayout) -> None:
+    """Read exactly the GGUF header into the page cache (readahead(2) of [0, data_offset)), so
+    llama.cpp's buffered header reads hit it instead of triggering the kernel's sequential
+    readahead (read_ahead_kb, often MiBs) into tensor data the lazy load does not want."""
+    fd = os.open(lay.path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, lay.data_offset, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
 
 
 class Session:
@@ -50,20 +70,31 @@ class Session:
     Args:
         model: path to a single-file MoE GGUF.
         ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
-            The budget bounds RssAnon + RssShmem of the process (arena, KV cache, compute
-            buffers, heap). The arena is sized after the context exists: budget - measured usage -
-            ``reserve``. Non-expert weights stay in llama's file mapping (RssFile), reported apart.
+            The budget bounds the whole resident set of the process, RssAnon + RssShmem +
+            RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
+            memory cgroup charges. The arena is sized after the model, its dense weights and the
+            context exist: budget - measured usage - ``reserve`` - the staging buffer (see
+            ``n_ubatch``) when not every expert fits. Everything allocated later is bounded by
+            design (logits come in blocks of at most 16 MiB, see :meth:`iter_logits`) and fits
+            in the reserve. ``stats["memory"]`` reports each part.
         reserve: bytes kept out of the arena for growth (default 64 MiB).
+        dense_weights: where the non-expert weights live while paging: ``"anon"`` (default when
+            paging: the load reads only the GGUF header and the dense tensors, into anonymous
+            memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
+            locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
+            file mapping; the stock loader reads the whole file; default with ``pager=False``).
         policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` (see :class:`epqlab.Pager`).
         expert_used: override top-k in the graph (GGUF kv override) and the pager together.
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
         n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens); llama.cpp raises
             n_ctx to its minimum (256) and caps n_batch at the requested n_ctx. A ubatch whose
-            union of experts in a layer exceeds the arena reads that layer through llama's own
-            mapping (same bytes; counted in ``fallback_layers``).
+            union of experts in a layer exceeds that layer's slots is *staged*: each of the
+            layer's expert matrices in turn is copied (resident experts) or read (the others)
+            into one buffer reserved in the budget, same bytes, same graph (counted in
+            ``staged_layers``, ``staged_bytes``; see native/hook.h).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
-        route_log: path; the routes of every decoded token are saved there as NPZ (DESIGN.md §6)
+        route_log: path; the routes of every decoded token are saved there as NPZ (docs/DESIGN.md)
             on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
             logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
@@ -81,7 +112,7 @@ class Session:
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True, arena_bytes=None):
+                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -97,6 +128,12 @@ class Session:
                         ("n_threads", 1 if n_threads is None else n_threads)):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
+        if not lay.is_moe and expert_used is not None:
+            raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
+        dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
+        if dense not in DENSE_MODES:
+            raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
+        self.dense_weights = dense
         self.n_expert_used = k
         self.policy = policy
         self.paged = bool(pager)
@@ -106,6 +143,12 @@ class Session:
         self.budget_bytes = parse_bytes(ram_budget) if ram_budget is not None else None
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._closed = False
+        # One llama context (one KV cache) per Session: operations are serialized by this lock,
+        # and each one that restarts the context bumps the epoch, so a stream or iter_logits
+        # generator resumed after another call raises instead of decoding on a foreign cache.
+        self._lock = threading.RLock()
+        self._epoch = 0
+        self._file_id = _file_identity(lay.path)
         self._pager: Pager | None = None
         self._peak = PeakTracker()
         self._runs: list[dict] = []
@@ -116,37 +159,57 @@ class Session:
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
         record = self.route_log_path is not None
+        dense_ranges = [(off, n) for _, off, n in lay.dense_tensors]
         before = sample()
+        io0 = read_bytes()
         m0 = core.malloc_bytes()
         t0 = time.perf_counter()
-        self._engine = core.Engine(str(lay.path), None, lay.architecture,
-                                   k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
-                                   int(n_threads or cpu_threads()), self.paged or record, lay.moe_layers, names, record)
+        if dense != "mmap":
+            _prefetch_header(lay)
+        try:
+            self._engine = core.Engine(str(lay.path), None, lay.architecture,
+                                       k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
+                                       int(n_threads or cpu_threads()), (self.paged or record) and lay.is_moe,
+                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges)
+        except RuntimeError as e:
+            if "whole-file read" in str(e) or "mlock" in str(e):
+                raise EpqlabError(str(e)) from None
+            raise
         self.load_s = time.perf_counter() - t0
+        io1 = read_bytes()
+        self.load_report = dict(self._engine.load_report())
+        self.load_report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
         after = sample()
         untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
-        self.used_before_arena = after.budgeted + untouched
+        self.used_before_arena = after.total + untouched
+        self.stage_reserve = 0
         if self.paged:
+            all_bytes = Pager.all_experts_bytes(lay)
             if arena_bytes is not None:
                 arena = parse_bytes(arena_bytes)
             elif self.budget_bytes is None:
-                arena = Pager.all_experts_bytes(lay)
+                arena = all_bytes
             else:
                 arena = self.budget_bytes - self.used_before_arena - self.reserve_bytes
+                if arena < all_bytes:  # some ubatch may overflow a layer's slots: reserve staging
+                    self.stage_reserve = Pager.max_stage_bytes(lay)
+                    arena -= self.stage_reserve
                 need = Pager.min_arena_bytes(lay, k)
                 if arena < need:
-                    smallest = self.used_before_arena + self.reserve_bytes + need
+                    smallest = self.used_before_arena + self.reserve_bytes + Pager.max_stage_bytes(lay) + need
                     self._engine = None
                     raise ArenaTooSmall(
                         f"ram_budget {fmt_bytes(self.budget_bytes)} is too small for {lay.path.name}: the process already "
-                        f"uses {fmt_bytes(self.used_before_arena)} (KV cache, compute buffers, heap), the reserve is "
-                        f"{fmt_bytes(self.reserve_bytes)}, and one layer's top-{k} experts need {fmt_bytes(need)}. "
-                        f"The smallest budget that works is {smallest} bytes ({fmt_bytes(smallest)}); "
-                        f"or lower n_ctx / reserve / expert_used."
+                        f"holds {fmt_bytes(self.used_before_arena)} (dense weights {fmt_bytes(self.load_report['dense_bytes'])}, "
+                        f"KV cache, compute buffers, heap, libraries), the reserve is {fmt_bytes(self.reserve_bytes)}, "
+                        f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, and one layer's top-{k} experts "
+                        f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
+                        f"({fmt_bytes(smallest)}); or lower n_ctx / reserve / expert_used."
                     )
             self._pager = Pager(lay, arena, policy=policy, io_threads=io_threads or default_io_threads(),
                                 direct_io=direct_io, n_expert_used=k)
             self._engine.attach_pager(self._pager.native)
+            self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
         self.n_batch = int(self._engine.n_batch)  # llama.cpp caps n_batch at the requested n_ctx
@@ -168,6 +231,26 @@ class Session:
         if self._closed:
             raise EpqlabError("this Session is closed; create a new one")
 
+    def _begin(self) -> int:
+        """Start an operation on an empty context (call with the lock held); returns its epoch."""
+        self._check_open()
+        self._epoch += 1
+        self._engine.clear()
+        return self._epoch
+
+    def _check_file(self):
+        """Refuse to decode if the model file changed on disk since the session opened it: llama's
+        mapping and the pager's reads would mix old and new bytes."""
+        try:
+            now = _file_identity(self.layout.path)
+        except OSError as e:
+            raise ModelChangedError(f"the model file {self.layout.path} is gone ({e}); reopen the Session") from None
+        if now != self._file_id:
+            raise ModelChangedError(
+                f"the model file {self.layout.path} changed on disk since this Session opened it (size, mtime or "
+                "inode differ): its dense weights and experts would mix old and new bytes. Close the Session and "
+                "open a new one.")
+
     def _chunk_tokens(self, all_logits: bool) -> int:
         """Tokens per llama_decode call: n_batch, or for all-logits decodes as many as keep one
         block of logits within LOGITS_BLOCK_BYTES (llama.cpp's output buffer grows to the largest
@@ -186,25 +269,33 @@ class Session:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
         return tokens
 
-    def _decode_blocks(self, tokens, pos0: int, all_logits: bool, phase: int) -> Iterator[np.ndarray]:
-        """Decode tokens in chunks (see :meth:`_chunk_tokens`) starting at position pos0; yields
-        float32 logits blocks: [m, n_vocab] per chunk (all_logits) or one [1, n_vocab] (last)."""
+    def _decode_blocks(self, tokens, pos0: int, all_logits: bool, phase: int, epoch: int) -> Iterator[np.ndarray]:
+        """Decode tokens in chunks (see :meth:`_chunk_tokens`) starting at position pos0 of the
+        operation ``epoch``; yields float32 logits blocks: [m, n_vocab] per chunk (all_logits)
+        or one [1, n_vocab] (last)."""
         tokens = self._check_tokens(tokens, pos0)
         step = self._chunk_tokens(all_logits)
         for s in range(0, len(tokens), step):
             chunk = tokens[s:s + step]
             last = s + step >= len(tokens)
-            out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
-            if self.route_log_path is not None:
-                self._take_route(len(chunk), phase)
-            self._peak.update()
+            with self._lock:
+                self._check_open()
+                if epoch != self._epoch:
+                    raise EpqlabError(
+                        "this generator's context was reset by another call on the same Session (one KV cache per "
+                        "Session); finish or discard a stream before starting another operation")
+                self._check_file()
+                out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
+                if self.route_log_path is not None:
+                    self._take_route(len(chunk), phase)
+                self._peak.update()
             if all_logits or last:
                 yield out
 
-    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int) -> np.ndarray:
+    def _decode(self, tokens, pos0: int, all_logits: bool, phase: int, epoch: int) -> np.ndarray:
         """Like :meth:`_decode_blocks` but returns the last block only when all_logits is False,
         else every block concatenated (float32 [n, n_vocab]: the caller asked for all of it)."""
-        blocks = self._decode_blocks(tokens, pos0, all_logits, phase)
+        blocks = self._decode_blocks(tokens, pos0, all_logits, phase, epoch)
         if not all_logits:
             last = None
             for last in blocks:
@@ -213,12 +304,12 @@ class Session:
         outs = list(blocks)
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    def _prefill(self, tokens, phase: int = 0) -> np.ndarray:
+    def _prefill(self, tokens, epoch: int, phase: int = 0) -> np.ndarray:
         """Prefill from position 0 and return the last token's logits, float32 [n_vocab]. While
         routes are recorded every token outputs logits (llama.cpp routes only output tokens
         through the last layer); those blocks are dropped as they come, so memory stays bounded."""
         last = None
-        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase):
+        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase, epoch):
             pass
         return last[-1]
 
@@ -227,9 +318,9 @@ class Session:
         blocks ``[m, n_vocab]`` of consecutive positions with ``m * n_vocab * 4 <=
         LOGITS_BLOCK_BYTES`` (16 MiB; at least one token per block). Memory stays bounded however
         long ``tokens`` is (up to n_ctx); used by :func:`epqlab.perplexity.perplexity`."""
-        self._check_open()
-        self._engine.clear()
-        yield from self._decode_blocks(tokens, 0, True, 0)
+        with self._lock:
+            epoch = self._begin()
+        yield from self._decode_blocks(tokens, 0, True, 0, epoch)
 
     def _take_route(self, n: int, phase: int):
         flat = self._engine.take_route()
@@ -241,10 +332,10 @@ class Session:
             self._ubatches.append(ubs.astype(np.int32))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
-        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``."""
-        self._check_open()
-        self._engine.clear()
-        return self._decode(tokens, 0, True, 0)
+        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``
+        (the caller's memory: n_tokens x n_vocab x 4 bytes; :meth:`iter_logits` streams instead)."""
+        with self._lock:
+            return self._decode(tokens, 0, True, 0, self._begin())
 
     def greedy_trace(self, tokens: Sequence[int], n_predict: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Prefill ``tokens`` (one batch per n_batch) and decode ``n_predict`` greedy tokens one at a
@@ -255,18 +346,18 @@ class Session:
             prompt position), float32 ``[n_predict, n_vocab]`` (the logits each generated token was
             chosen from), and the generated ids (end-of-generation tokens included).
         """
-        self._check_open()
-        self._engine.clear()
-        prompt_logits = self._decode(tokens, 0, True, 0)
-        steps, out = [prompt_logits[-1]], []
-        pos = len(tokens)
-        for i in range(n_predict):
-            tok = int(np.argmax(steps[-1]))
-            out.append(tok)
-            if i + 1 < n_predict:
-                steps.append(self._decode([tok], pos, False, 1)[-1])
-                pos += 1
-        return prompt_logits, np.stack(steps), out
+        with self._lock:
+            epoch = self._begin()
+            prompt_logits = self._decode(tokens, 0, True, 0, epoch)
+            steps, out = [prompt_logits[-1]], []
+            pos = len(tokens)
+            for i in range(n_predict):
+                tok = int(np.argmax(steps[-1]))
+                out.append(tok)
+                if i + 1 < n_predict:
+                    steps.append(self._decode([tok], pos, False, 1, epoch)[-1])
+                    pos += 1
+            return prompt_logits, np.stack(steps), out
 
     def _counters(self) -> dict:
         c = dict(self._pager.stats) if self._pager else {}
@@ -297,12 +388,13 @@ class Session:
             raise ValueError("empty prompt")
         self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
         rng = np.random.default_rng(seed)
-        c0 = self._counters()
-        self._engine.clear()
+        with self._lock:
+            c0 = self._counters()
+            epoch = self._begin()
         t0 = time.perf_counter()
         # When routes are recorded, every prompt token outputs logits: llama.cpp then routes all
         # of them through the last layer too (it skips that layer's FFN for non-output tokens).
-        logits = self._prefill(toks)
+        logits = self._prefill(toks, epoch)
         t_prefill = time.perf_counter() - t0
         c1 = self._counters()
         out: list[int] = []
@@ -330,11 +422,11 @@ class Session:
                     emitted = len(s)
                 if len(out) >= n_predict:
                     break
-                logits = self._decode([tok], pos, False, 1)[-1]
+                logits = self._decode([tok], pos, False, 1, epoch)[-1]
                 pos += 1
         finally:
             t_decode = time.perf_counter() - t1
-            st = self._run_stats(len(toks), len(out), t_prefill, t_decode, c0, c1, self._counters())
+            st = self._run_stats(len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, self._counters())
             if _result is not None:
                 s = text.decode("utf-8", "replace")
                 _result.update(text=s[:emitted] if stops else s, tokens=out, prompt_tokens=toks, stats=st)
@@ -349,8 +441,9 @@ class Session:
             io_wait_s in s; peak memory in bytes).
         """
         res: dict = {}
-        for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
-            pass
+        with self._lock:  # a whole generation at a time: concurrent callers wait their turn
+            for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
+                pass
         return Generation(res["text"], res["tokens"], res["prompt_tokens"], res["stats"])
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
@@ -375,10 +468,13 @@ class Session:
         from .perplexity import perplexity
 
         self._check_open()
-        return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
+        with self._lock:
+            return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
-    def _run_stats(self, n_prompt, n_gen, t_prefill, t_decode, c0, c1, c2) -> dict:
+    def _run_stats(self, n_prompt, n_gen, passes, t_prefill, t_decode, c0, c1, c2) -> dict:
+        """Stats of one generation. ``passes``: single-token decode passes run (the first
+        generated token comes from the prefill, so usually n_gen - 1); decode rates divide by it."""
         d = {k: c2[k] - c0[k] for k in _COUNTERS}
         lay = self.layout
         st = {
@@ -392,17 +488,19 @@ class Session:
             "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_s": t_prefill, "decode_s": t_decode,
             "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
-            "decode_tok_s": n_gen / t_decode if t_decode > 0 and n_gen else 0.0,
+            "decode_passes": passes,
+            "decode_tok_s": passes / t_decode if t_decode > 0 and passes else 0.0,
             **d,
             "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
             "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
             "ssd_bytes": d["bytes_read"],
             "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
-            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, n_gen),
+            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
             "io_wait_s": d["io_wait_us"] / 1e6,
-            "load_s": self.load_s,
-            "peak_rss_anon": self._peak.peak.rss_anon, "peak_rss_shmem": self._peak.peak.rss_shmem,
-            "peak_rss_file": self._peak.peak.rss_file, "peak_budgeted": self._peak.peak_budgeted,
+            "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
+            "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
+            "dense_weights": self.dense_weights,
+            **self._peak_fields(), "memory": self.memory_parts(),
             "memory_limit_mode": "sampled",
         }
         self._runs.append(st)
@@ -422,8 +520,27 @@ class Session:
                  slot_classes=self._pager.stats["slot_classes"] if self._pager else [],
                  policy=self.policy, n_expert_used=self.n_expert_used, load_s=self.load_s,
                  budget_bytes=self.budget_bytes, used_before_arena=self.used_before_arena,
-                 peak_budgeted=self._peak.peak_budgeted, peak_rss_file=self._peak.peak.rss_file)
+                 load_bytes_read=self.load_report["load_bytes_read"], dense_weights=self.dense_weights,
+                 memory=self.memory_parts(), **self._peak_fields())
         return c
+
+    def _peak_fields(self) -> dict:
+        p = self._peak.peak
+        return {"peak_rss_anon": p.rss_anon, "peak_rss_shmem": p.rss_shmem, "peak_rss_file": p.rss_file,
+                "peak_arena_resident": p.arena_resident, "peak_total": self._peak.peak_total}
+
+    def memory_parts(self) -> dict:
+        """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
+        measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
+        buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
+        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; and the current
+        reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
+        now = sample(arena_resident=self._pager.arena_resident_bytes if self._pager else 0)
+        return {"budget": self.budget_bytes, "used_before_arena": self.used_before_arena,
+                "dense": int(self.load_report.get("dense_bytes", 0)),
+                "arena": self._pager.arena_bytes if self._pager else 0, "stage_reserve": self.stage_reserve,
+                "reserve": self.reserve_bytes,
+                "now": {"rss_anon": now.rss_anon, "shmem": now.shmem, "rss_file": now.rss_file, "total": now.total}}
 
     def stats_frame(self):
         """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
@@ -445,7 +562,7 @@ class Session:
 
     # -- route log -----------------------------------------------------------------------------
     def route_log(self):
-        """Routes recorded so far as a dict in DESIGN.md §6 layout (experts int32 [T, L, k],
+        """Routes recorded so far as a dict in the route-log layout of docs/DESIGN.md (experts int32 [T, L, k],
         layers, phase, expert_bytes, n_expert, meta), plus ``ubatch`` int32 [T]: the forward pass
         (llama.cpp ubatch) each token was computed in. Requires ``route_log=`` at construction."""
         if self.route_log_path is None:
@@ -462,7 +579,7 @@ class Session:
                 "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
 
     def save_route_log(self, path=None) -> Path:
-        """Write the recorded routes as NPZ (DESIGN.md §6) to ``path`` (default: the route_log path)."""
+        """Write the recorded routes as NPZ (docs/DESIGN.md) to ``path`` (default: the route_log path)."""
         p = Path(path or self.route_log_path)
         d = self.route_log()
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,10 @@
 """Byte-size parsing and formatting ("4GiB" <-> 4294967296)."""
 from __future__ import annotations
 
+import math
 import re
+
+MAX_BYTES = 2**62
 
 _UNITS = {
     "": 1, "b": 1,
@@ -17,9 +20,12 @@ def parse_bytes(value: int | float | str) -> int:
     bare K/M/G/T) are powers of 1000. Case-insensitive.
 
     Raises:
-        ValueError: unparseable string, or a negative value.
+        ValueError: unparseable string, a negative, infinite or NaN value, or more than
+            :data:`MAX_BYTES` (2**62: what a signed 64-bit offset can address with room to add).
     """
     if isinstance(value, bool):
+        raise ValueError(f"not a byte count: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"not a byte count: {value!r}")
     if isinstance(value, (int, float)):
         n = int(value)
@@ -30,6 +36,8 @@ def parse_bytes(value: int | float | str) -> int:
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n < 0:
         raise ValueError(f"byte count must be >= 0, got {value!r}")
+    if n > MAX_BYTES:
+        raise ValueError(f"byte count {value!r} is too large (at most {MAX_BYTES} bytes = 4 EiB)")
     return n
 
 

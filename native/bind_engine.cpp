@@ -13,11 +13,14 @@ namespace py = pybind11;
 void register_engine(py::module_ & m) {
     m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
+    m.def("lazy_load_check", [] { return lazy_load_check(); },
+          "empty string when libllama's mmap/posix_madvise relocations can be redirected, else the reason");
 
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & path, pager * pg, const std::string & arch, int expert_used, int n_ctx,
                          int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
-                         std::vector<std::tuple<std::string, int, int>> names, bool record) {
+                         std::vector<std::tuple<std::string, int, int>> names, bool record, int dense_mode,
+                         std::vector<std::pair<int64_t, int64_t>> dense_ranges) {
                  engine_config c;
                  c.path = path;
                  c.arch = arch;
@@ -27,12 +30,29 @@ void register_engine(py::module_ & m) {
                  c.n_ubatch = n_ubatch;
                  c.n_threads = n_threads;
                  c.install_hook = install_hook;
+                 c.dense_mode = dense_mode;
+                 c.dense_ranges = std::move(dense_ranges);
                  py::gil_scoped_release nogil;
                  return new engine(c, pg, blocks, names, record);
              }),
              py::keep_alive<1, 3>(), py::arg("path"), py::arg("pager").none(true), py::arg("arch"), py::arg("expert_used"),
              py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
-             py::arg("blocks"), py::arg("names"), py::arg("record"))
+             py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = 0,
+             py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{})
+        .def("load_report", [](const engine & e) {
+            const auto & r = e.load_report();
+            py::dict d;
+            d["lazy_load"] = r.lazy;
+            d["populates_stripped"] = r.populates_stripped;
+            d["willneeds_skipped"] = r.willneeds_skipped;
+            d["dense_bytes"] = r.dense_bytes;
+            d["dense_bytes_read"] = r.dense_bytes_read;
+            d["dense_direct"] = r.dense_direct;
+            d["dense_locked"] = r.dense_locked;
+            d["dense_s"] = r.dense_s;
+            d["model_load_s"] = r.model_s;
+            return d;
+        })
         .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
         .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
         .def("decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks, int pos0, bool all) {
@@ -62,8 +82,8 @@ void register_engine(py::module_ & m) {
             const auto & s = e.hook()->stats();
             d["ubatches"] = s.ubatches;
             d["layer_loads"] = s.layer_loads;
-            d["fallback_layers"] = s.fallback_layers;
-            d["fallback_tokens"] = s.fallback_tokens;
+            d["staged_layers"] = s.staged_layers;
+            d["staged_tokens"] = s.staged_tokens;
             d["tokens_routed"] = s.tokens;
             d["dropped_bytes"] = s.dropped_bytes;
             return d;

@@ -41,6 +41,9 @@ static py::dict stats_dict(const pager & p) {
     d["map_us"] = s.map_us;
     d["load_calls"] = s.load_calls;
     d["passes"] = s.passes;
+    d["staged_bytes"] = s.staged_bytes;
+    d["staged_reads"] = s.staged_reads;
+    d["staged_copies"] = s.staged_copies;
     d["layer_requests"] = s.layer_requests;
     d["layer_hits"] = s.layer_hits;
     d["resident"] = p.n_resident();
@@ -122,6 +125,8 @@ void register_pager(py::module_ & m) {
         .def("tensor_data", [](const pager & p, int li, int ti) { return (uintptr_t) p.tensor_data(li, ti); })
         .def("is_resident", &pager::is_resident)
         .def("layer_index", &pager::layer_index)
+        .def("arena_resident_bytes", &pager::arena_resident_bytes)
+        .def("max_stage_bytes", &pager::max_stage_bytes)
         .def("stats", &stats_dict)
         .def("reset_stats", &pager::reset_stats)
         .def("inject_fault", &pager::inject_fault, py::arg("nth"), py::arg("err"))

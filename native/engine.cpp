@@ -1,18 +1,39 @@
 // engine: llama.cpp model + context with the expert hook; see engine.h for the invariant.
 #include "engine.h"
 
+#include <chrono>
 #include <cstdio>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cstring>
 #include <malloc.h>
 #include <mutex>
 #include <stdexcept>
 
+#include "dense_weights.h"
 #include "llama.h"
 
 static bool g_verbose = false;
+static std::mutex g_log_mu;
+static std::string g_errors;  // llama.cpp's error lines since the last take_errors() (capped)
 
 static void log_cb(ggml_log_level level, const char * text, void *) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+    if (g_verbose) fputs(text, stderr);
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::lock_guard<std::mutex> lk(g_log_mu);
+        if (g_errors.size() < 4096) g_errors += text;
+    }
+}
+
+// llama.cpp's error lines logged since the last call, newlines folded, for exception messages.
+static std::string take_errors() {
+    std::lock_guard<std::mutex> lk(g_log_mu);
+    std::string s;
+    s.swap(g_errors);
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    for (auto & c : s) if (c == '\n') c = ';';
+    return s.empty() ? s : " [llama.cpp: " + s + "]";
 }
 
 void engine_set_verbose(bool verbose) { g_verbose = verbose; }
@@ -28,6 +49,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
                const std::vector<std::tuple<std::string, int, int>> & names, bool record_routes) {
     std::call_once(g_backend_once, [] { llama_backend_init(); });
     llama_log_set(log_cb, nullptr);
+    take_errors();
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers    = 0;
@@ -45,8 +67,49 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         kvo.push_back(end);
         mp.kv_overrides = kvo.data();
     }
-    model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
-    if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + " (set EPQLAB_VERBOSE=1 to see its log)");
+    const auto t0 = std::chrono::steady_clock::now();
+    file_mapping fmap{};
+    bool have_map = false;
+    if (cfg.dense_mode != 0) {
+        struct stat st{};
+        if (stat(cfg.path.c_str(), &st) != 0) throw std::runtime_error("cannot stat " + cfg.path);
+        lazy_load_scope scope;  // throws, naming the reason, if libllama's relocations are not found
+        model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+        for (const auto & m : scope.mappings()) {
+            if (m.dev == (uint64_t) st.st_dev && m.ino == (uint64_t) st.st_ino && (!have_map || m.length > fmap.length)) {
+                fmap = m;
+                have_map = true;
+            }
+        }
+        load_.lazy = true;
+        load_.populates_stripped = scope.populates_stripped();
+        load_.willneeds_skipped = scope.willneeds_skipped();
+    } else {
+        model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
+    }
+    load_.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + take_errors());
+    if (cfg.dense_mode != 0) {
+        try {
+            if (!have_map) throw std::runtime_error("llama.cpp did not map " + cfg.path + " while loading it; use dense_weights=\"mmap\"");
+            const dense_report r = dense_to_anon(cfg.path, fmap, cfg.dense_ranges, cfg.dense_mode == 2);
+            load_.dense_bytes = r.bytes;
+            load_.dense_bytes_read = r.bytes_read;
+            load_.dense_direct = r.direct;
+            load_.dense_locked = r.locked;
+            load_.dense_s = r.seconds;
+            // Whatever the header reads left in the page cache is not ours to keep.
+            int fd = open(cfg.path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd >= 0) {
+                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+                close(fd);
+            }
+        } catch (...) {
+            llama_model_free(model_);
+            model_ = nullptr;
+            throw;
+        }
+    }
     vocab_ = llama_model_get_vocab(model_);
 
     llama_context_params cp = llama_context_default_params();
@@ -69,7 +132,8 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     if (!ctx_) {
         llama_model_free(model_);
         model_ = nullptr;
-        throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) + ")");
+        throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) +
+                                 "; a smaller n_ctx needs less memory)" + take_errors());
     }
 }
 

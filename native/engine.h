@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hook.h"
+#include "lazy_load.h"
 
 struct llama_model;
 struct llama_context;
@@ -27,6 +28,23 @@ struct engine_config {
     int32_t     n_ubatch = 512;
     int32_t     n_threads = 0;    // 0 = hardware threads
     bool        install_hook = false;
+    // Dense (non-expert) weights: 0 = llama's file mapping as loaded (stock: the loader reads the
+    // whole file), 1 = anonymous copies (the load reads only the header; see lazy_load.h and
+    // dense_weights.h), 2 = anonymous copies, mlock'ed.
+    int32_t     dense_mode = 0;
+    std::vector<std::pair<int64_t, int64_t>> dense_ranges;  // (file offset, bytes) of non-expert tensors
+};
+
+struct engine_load_report {
+    bool    lazy = false;               // loaded with populate/WILLNEED stripped
+    int64_t populates_stripped = 0;
+    int64_t willneeds_skipped = 0;
+    int64_t dense_bytes = 0;            // anonymous bytes holding dense weights
+    int64_t dense_bytes_read = 0;       // bytes read for them
+    bool    dense_direct = false;
+    bool    dense_locked = false;
+    double  dense_s = 0.0;
+    double  model_s = 0.0;              // llama_model_load_from_file, seconds
 };
 
 class engine {
@@ -53,6 +71,7 @@ public:
     int32_t n_threads() const;
     bool    is_eog(int32_t token) const;
     expert_hook * hook() { return hook_.get(); }
+    const engine_load_report & load_report() const { return load_; }
     void attach_pager(pager * pg);
 
 private:
@@ -60,6 +79,7 @@ private:
     llama_context *               ctx_ = nullptr;
     const llama_vocab *           vocab_ = nullptr;
     std::unique_ptr<expert_hook>  hook_;
+    engine_load_report            load_;
 };
 
 // Bytes malloc has handed out (arena + mmapped chunks), from mallinfo2: counts buffers llama

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "ggml.h"
 
@@ -23,10 +24,26 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     orig_.assign(n_layers_, std::vector<void *>(max_ti, nullptr));
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
+    stage_ids_.assign(n_layers_, {});
 }
 
 expert_hook::~expert_hook() {
     if (zero_) munmap(zero_, (size_t) zero_bytes_);
+    if (stage_) munmap(stage_, (size_t) stage_bytes_);
+}
+
+int64_t expert_hook::stage_capacity() const { return pg_ ? pg_->max_stage_bytes() : 0; }
+
+char * expert_hook::stage_buffer() {
+    if (!stage_) {
+        const int64_t need = stage_capacity();
+        void * p = mmap(nullptr, (size_t) need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) throw std::runtime_error("cannot map the " + std::to_string(need) + "-byte staging buffer");
+        stage_ = (char *) p;
+        stage_bytes_ = need;
+    }
+    stage_used_ = true;
+    return stage_;
 }
 
 void * expert_hook::zero_mapping(int64_t bytes) {
@@ -41,14 +58,14 @@ void * expert_hook::zero_mapping(int64_t bytes) {
 
 bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
     auto * h = (expert_hook *) user_data;
-    if (ask) return h->on_ask(t);
     try {
-        h->on_topk(t);
+        if (ask) return h->on_ask(t);
+        if (t->op != GGML_OP_MUL_MAT_ID) h->on_topk(t);  // a staged matmul's observe needs nothing
     } catch (...) {
         if (!h->error_) h->error_ = std::current_exception();
         h->abort_ = true;
     }
-    return true;  // never false: that would truncate the graph silently
+    return true;  // never false in the observe pass: that would truncate the graph silently
 }
 
 bool expert_hook::abort_cb(void * user_data) {
@@ -68,7 +85,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             if (pg_) {
                 // llama's loader read the whole file; its copy of these experts is not needed:
                 // unmap those pages from llama's mapping and drop them from the page cache.
-                const int64_t page = 4096;
+                const int64_t page = sysconf(_SC_PAGESIZE);
                 const uintptr_t a = ((uintptr_t) w->data + page - 1) & ~(uintptr_t) (page - 1);
                 const uintptr_t b = ((uintptr_t) w->data + ggml_nbytes(w)) & ~(uintptr_t) (page - 1);
                 if (b > a) {
@@ -80,14 +97,22 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         }
         const int li = it->second.first, ti = it->second.second;
         if (!pg_) return false;
-        switch (mode_[li]) {
-            case REGION: w->data = pg_->tensor_data(li, ti); break;
-            case LLAMA:  w->data = orig_[li][ti]; break;
-            case ZERO: {
-                void * z = zero_mapping(tensor_bytes_[li][ti]);
-                w->data = z ? z : orig_[li][ti];
-                break;
+        if (mode_[li] == STAGE && !abort_) {
+            try {
+                const auto & ids = stage_ids_[li];
+                w->data = pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer());
+                return true;  // computed before the next ask: the buffer is then free again
+            } catch (...) {
+                if (!error_) error_ = std::current_exception();
+                abort_ = true;
+                mode_[li] = ZERO;
             }
+        }
+        if (mode_[li] == REGION) {
+            w->data = pg_->tensor_data(li, ti);
+        } else {  // ZERO (or a STAGE layer after a failure): compute on zeros until the abort lands
+            void * z = zero_mapping(tensor_bytes_[li][ti]);
+            w->data = z ? z : pg_->tensor_data(li, ti);
         }
         return false;
     }
@@ -104,6 +129,10 @@ void expert_hook::begin_decode() {
 
 void expert_hook::end_decode() {
     flush_ubatch();
+    if (stage_used_) {  // give the staging pages back until the next oversize ubatch
+        madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
+        stage_used_ = false;
+    }
     if (pg_ && last_li_ >= 0) pg_->release_layer(last_li_);
     last_li_ = -1;
     in_decode_ = false;
@@ -179,10 +208,11 @@ void expert_hook::on_topk(ggml_tensor * t) {
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
     if ((int) uni.size() > pg_->capacity(li)) {
-        // More distinct experts than slots: this layer of this ubatch reads llama's own mapping.
-        mode_[li] = LLAMA;
-        stats_.fallback_layers++;
-        stats_.fallback_tokens += n_tokens;
+        // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
+        mode_[li] = STAGE;
+        stage_ids_[li] = std::move(uni);
+        stats_.staged_layers++;
+        stats_.staged_tokens += n_tokens;
         return;
     }
     // Request in router order for a single token (recency as the router ranks them), else sorted.

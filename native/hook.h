@@ -5,12 +5,17 @@
 // We need `ffn_moe_topk-<il>`: when it is observed, the router's ids for layer il are final and
 // none of layer il's expert matmuls has been asked about yet. There we release layer il-1, make
 // the union of layer il's selected experts resident and pinned, and only then return. When a
-// MUL_MAT_ID node is asked about, we point its expert weight (src[0]) at the pager's region, at
-// llama's own file mapping (a batch whose expert union exceeds the arena: same bytes, read
-// through the page cache), or at an all-zero mapping (a read failed: the decode is being
+// MUL_MAT_ID node is asked about, we point its expert weight (src[0]) at the pager's region.
+// A ubatch whose expert union in a layer exceeds the slots that layer can use is *staged*
+// instead: at each of that layer's MUL_MAT_ID asks, the union's slices of that one matrix are
+// copied or read into one staging buffer laid out like the file, the weight points there, and
+// we need the node, so it is computed (and observed) before the next node is asked about and
+// the buffer is reused -- one matrix at a time, in memory reserved up front, same bytes, same
+// graph. After a read failure the weight points at an all-zero mapping (the decode is being
 // aborted, and the zero page keeps the matmul from touching PROT_NONE memory before the abort
 // callback stops the graph). The callback never returns false in the observe pass: that would
-// silently truncate the graph (DESIGN.md §4). Errors are stored and reported after llama_decode.
+// silently truncate the graph (docs/DESIGN.md "Pitfalls"). Errors are stored and reported after
+// llama_decode.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +31,8 @@ struct ggml_tensor;
 struct hook_stats {
     int64_t ubatches = 0;        // forward passes seen (one per ubatch)
     int64_t layer_loads = 0;     // (ubatch, layer) pairs paged through the arena
-    int64_t fallback_layers = 0; // (ubatch, layer) pairs read through llama's mapping (union > arena)
-    int64_t fallback_tokens = 0; // tokens in those ubatches, summed over layers
+    int64_t staged_layers = 0;   // (ubatch, layer) pairs staged matrix by matrix (union > slots)
+    int64_t staged_tokens = 0;   // tokens in those ubatches, summed over layers
     int64_t tokens = 0;          // tokens routed (counted at the first MoE layer)
     int64_t dropped_bytes = 0;   // llama-mapped expert bytes dropped from memory at capture
 };
@@ -53,6 +58,8 @@ public:
     bool failed() const { return (bool) error_; }
 
     const hook_stats & stats() const { return stats_; }
+    // Bytes of the staging buffer: the largest expert tensor's file pages (0 without a pager).
+    int64_t stage_capacity() const;
     void reset_stats() { stats_ = hook_stats{}; }
 
     // Route log: tokens in processing order, [n_tokens][n_moe_layers][k] int32.
@@ -63,10 +70,11 @@ public:
     void clear_route() { route_.clear(); route_ub_.clear(); }
 
 private:
-    enum mode : uint8_t { REGION = 0, LLAMA = 1, ZERO = 2 };
+    enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2 };
 
     bool on_ask(ggml_tensor * t);
     void on_topk(ggml_tensor * t);
+    char * stage_buffer();
     void flush_ubatch();
     void * zero_mapping(int64_t bytes);
 
@@ -84,6 +92,10 @@ private:
     std::exception_ptr                       error_;
     void *                                   zero_ = nullptr;
     int64_t                                  zero_bytes_ = 0;
+    char *                                   stage_ = nullptr;   // staging buffer (anonymous)
+    int64_t                                  stage_bytes_ = 0;
+    bool                                     stage_used_ = false;
+    std::vector<std::vector<int32_t>>        stage_ids_;         // per layer: the union to stage
     bool                                     record_;
     std::vector<int32_t>                     route_;
     std::vector<int32_t>                     route_ub_;

@@ -80,6 +80,12 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
         int e = errno;
         throw pager_io_error("cannot open " + path_ + ": " + errstr(e), path_, 0, e);
     }
+    {
+        struct stat st{};
+        fstat(fd_, &st);
+        file_size_ = (int64_t) st.st_size;
+        file_mtime_ns_ = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    }
 
     // --- regions (mirror layout) ---
     const auto ub = unit_slot_bytes(cfg.layers, n_expert_);
@@ -195,6 +201,12 @@ pager::~pager() {
     if (fill_) munmap(fill_, (size_t) arena_size_);
     if (memfd_ >= 0) close(memfd_);
     if (fd_ >= 0) close(fd_);
+}
+
+int64_t pager::arena_resident_bytes() const {
+    struct stat st{};
+    if (memfd_ < 0 || fstat(memfd_, &st) != 0) return 0;
+    return (int64_t) st.st_blocks * 512;
 }
 
 int pager::layer_index(int32_t block) const {
@@ -426,6 +438,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
     std::vector<int>    job_unit;
     size_t placed = 0;
     try {
+        check_file();
         for (int u : misses) {
             const int s = take_slot(li, unit_bytes_[li]);
             units_[u].slot = s;
@@ -457,23 +470,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         throw;
     }
 
-    const int64_t t0 = io_now_us();
-    pool_->run(fd_, !direct_, jobs);
-    if (direct_) {
-        // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
-        std::vector<io_job> redo;
-        for (auto & j : jobs) if (j.err == EINVAL) redo.push_back(j);
-        if (!redo.empty()) {
-            int fd2 = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd2 >= 0) {
-                close(fd_);
-                fd_ = fd2;
-                direct_ = false;
-                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(fd_, true, one); j = one[0]; }
-            }
-        }
-    }
-    stats_.io_wait_us += io_now_us() - t0;
+    run_reads(jobs);
 
     const io_job * failed = nullptr;
     std::vector<int> bad_units;
@@ -500,11 +497,93 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             units_[u].slot = -1;
         }
         release_layer(li);
-        std::string what = failed->err
-            ? "read of " + std::to_string(failed->len) + " bytes at offset " + std::to_string(failed->offset) + " of " + path_ +
-                  " failed: " + errstr(failed->err)
-            : "short read at offset " + std::to_string(failed->offset) + " of " + path_ + ": got " + std::to_string(failed->got) +
-                  " of " + std::to_string(failed->need) + " bytes (was the file truncated or replaced?)";
-        throw pager_io_error(what, path_, failed->offset, failed->err ? failed->err : EIO);
+        throw_read_error(*failed);
     }
+}
+
+void pager::check_file() const {
+    struct stat st{};
+    if (fstat(fd_, &st) == 0 &&
+        ((int64_t) st.st_size != file_size_ || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != file_mtime_ns_)) {
+        throw pager_io_error("the model file " + path_ + " changed (size or mtime) since the pager opened it: its experts "
+                             "would mix with older bytes already in memory; reopen the session", path_, 0, ESTALE);
+    }
+}
+
+void pager::run_reads(std::vector<io_job> & jobs) {
+    const int64_t t0 = io_now_us();
+    pool_->run(fd_, !direct_, jobs);
+    if (direct_) {
+        // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
+        std::vector<io_job> redo;
+        for (auto & j : jobs) if (j.err == EINVAL) redo.push_back(j);
+        if (!redo.empty()) {
+            int fd2 = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd2 >= 0) {
+                close(fd_);
+                fd_ = fd2;
+                direct_ = false;
+                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(fd_, true, one); j = one[0]; }
+            }
+        }
+    }
+    stats_.io_wait_us += io_now_us() - t0;
+}
+
+void pager::throw_read_error(const io_job & j) const {
+    std::string what = j.err
+        ? "read of " + std::to_string(j.len) + " bytes at offset " + std::to_string(j.offset) + " of " + path_ + " failed: " + errstr(j.err)
+        : "short read at offset " + std::to_string(j.offset) + " of " + path_ + ": got " + std::to_string(j.got) + " of " +
+              std::to_string(j.need) + " bytes (was the file truncated or replaced?)";
+    throw pager_io_error(what, path_, j.offset, j.err ? j.err : EIO);
+}
+
+void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst) {
+    const tensor_map & m = maps_.at(li).at(ti);
+    std::vector<int32_t> es(ids, ids + n);
+    std::sort(es.begin(), es.end());
+    es.erase(std::unique(es.begin(), es.end()), es.end());
+    if (!es.empty() && (es.front() < 0 || es.back() >= n_expert_))
+        throw std::out_of_range("expert id out of range [0, " + std::to_string(n_expert_) + ")");
+    // Resident experts: copy their pages from the region (every page of a resident expert's
+    // slice is mapped and holds that file page's bytes). Others: page ranges to read, merged.
+    std::vector<std::pair<int64_t, int64_t>> want;
+    for (int32_t e : es) {
+        int64_t p0, p1;
+        expert_pages(m, e, p0, p1);
+        if (units_[unit_id(li, e)].mapped) {
+            memcpy(dst + (p0 - m.first_page) * page_, m.region + (p0 - m.first_page) * page_, (size_t) ((p1 - p0) * page_));
+            stats_.staged_copies++;
+            continue;
+        }
+        stats_.staged_reads++;
+        if (!want.empty() && p0 <= want.back().second) want.back().second = std::max(want.back().second, p1);
+        else want.emplace_back(p0, p1);
+    }
+    // Split long runs into segments so the pool reads them in parallel.
+    const int64_t seg = std::max<int64_t>(page_, (int64_t) (4 << 20) / page_ * page_);
+    const int64_t tensor_end = m.offset + (int64_t) n_expert_ * m.expert_bytes;
+    std::vector<io_job> jobs;
+    for (const auto & w : want) {
+        for (int64_t off = w.first * page_; off < w.second * page_; off += seg) {
+            io_job j;
+            j.offset = off;
+            j.len    = std::min(seg, w.second * page_ - off);
+            j.need   = std::min(off + j.len, tensor_end) - off;
+            j.dst    = dst + (off / page_ - m.first_page) * page_;
+            jobs.push_back(j);
+        }
+    }
+    if (!jobs.empty()) {
+        check_file();
+        run_reads(jobs);
+    }
+    for (const auto & j : jobs) {
+        stats_.bytes_read += j.len;
+        stats_.staged_bytes += j.len;
+        stats_.read_us += j.t_us;
+    }
+    for (const auto & j : jobs)
+        if (j.err != 0 || j.got < j.need) throw_read_error(j);
+    return dst + (m.offset - m.first_page * page_);
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -66,6 +67,9 @@ struct pager_stats {
     int64_t map_us = 0;          // wall time spent in mmap for residency/eviction, microseconds
     int64_t load_calls = 0;
     int64_t passes = 0;
+    int64_t staged_bytes = 0;    // bytes read by stage_tensor (also counted in bytes_read)
+    int64_t staged_reads = 0;    // expert slices stage_tensor read from the file
+    int64_t staged_copies = 0;   // expert slices stage_tensor copied from resident slots
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
 };
 
@@ -82,6 +86,19 @@ public:
     // Makes the given experts of MoE layer index li resident and pinned. ids may repeat;
     // each distinct id is one request. hit_out[i] = 1 if ids[i] was already resident.
     void load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out);
+    // Staging, for a ubatch whose experts in layer li exceed the slots: copies the slices of the
+    // distinct experts ids[0..n) of tensor ti into dst, laid out like the file's pages (dst page
+    // p holds file page first_page + p; dst page-aligned, stage_bytes(li, ti) long): resident
+    // experts are copied from their slots, the others read from the file with the I/O pool.
+    // Residency and eviction state do not change. Returns the tensor's data pointer inside dst.
+    // Throws pager_io_error on a failed or short read.
+    void * stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst);
+    int64_t stage_bytes(int li, int ti) const { return maps_.at(li).at(ti).region_bytes; }
+    int64_t max_stage_bytes() const {
+        int64_t mx = 0;
+        for (const auto & ms : maps_) for (const auto & m : ms) mx = std::max(mx, m.region_bytes);
+        return mx;
+    }
     // Unpins every pinned expert of MoE layer index li.
     void release_layer(int li);
     void release_all();
@@ -102,6 +119,8 @@ public:
     bool direct_io() const { return direct_; }
     int  io_threads() const { return pool_->n_threads(); }
     int64_t arena_bytes() const { return arena_size_; }
+    // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
+    int64_t arena_resident_bytes() const;
     const std::vector<int64_t> & class_slot_bytes() const { return class_bytes_; }
     const std::vector<int32_t> & class_n_slots() const { return class_n_; }
     int64_t n_resident() const;
@@ -143,9 +162,16 @@ private:
     void map_unit(int u);
     void unmap_unit(int u);
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
+    // Runs reads on the pool (redoing O_DIRECT refusals buffered), adds the wait to io_wait_us.
+    void run_reads(std::vector<io_job> & jobs);
+    // Throws pager_io_error (ESTALE) when the file's size or mtime differ from those at open.
+    void check_file() const;
+    [[noreturn]] void throw_read_error(const io_job & j) const;
 
     std::string                  path_;
     int                          fd_ = -1;
+    int64_t                      file_size_ = 0;      // at open: a read batch refuses a changed file
+    int64_t                      file_mtime_ns_ = 0;
     bool                         direct_ = false;
     int                          memfd_ = -1;
     char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads

@@ -5,7 +5,8 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("info", help="print the routed-expert layout of a MoE GGUF")
     p.add_argument("model", help="path to a .gguf file")
-    p.add_argument("--ram-budget", default=None, help="show how much of the experts a budget covers, e.g. 4GiB")
+    p.add_argument("--ram-budget", default=None,
+                   help="show how much of the experts a whole-process RAM budget can hold, e.g. 4GiB")
     p.set_defaults(func=run)
 
 
@@ -16,8 +17,14 @@ def run(args) -> int:
     layout = inspect(args.model)
     print(layout.summary())
     if args.ram_budget is not None:
+        from ..session import DEFAULT_RESERVE
+
         budget = parse_bytes(args.ram_budget)
-        cov = layout.budget_coverage(budget)
-        print(f"\nbudget {fmt_bytes(budget)} holds {cov:.1%} of the routed experts "
-              f"({fmt_bytes(min(budget, layout.routed_expert_bytes))} of {fmt_bytes(layout.routed_expert_bytes)})")
+        arena = budget - layout.non_expert_bytes - DEFAULT_RESERVE
+        cov = layout.budget_coverage(max(0, arena))
+        print(f"\nram_budget {fmt_bytes(budget)} bounds the whole process (RssAnon + RssShmem + RssFile). Of it, "
+              f"the dense weights take {fmt_bytes(layout.non_expert_bytes)} and the reserve {fmt_bytes(DEFAULT_RESERVE)}; "
+              f"the rest, {fmt_bytes(max(0, arena))}, holds at most {cov:.1%} of the routed experts "
+              f"({fmt_bytes(layout.routed_expert_bytes)}). The KV cache, compute buffers and libraries are measured "
+              f"when a Session loads and come out of the arena too (see `epqlab run ... --ram-budget`).")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def register(sub) -> None:
     p = sub.add_parser("routes", help="analyse a route log: cache hit rates (LRU, Least-Stale, Belady), U(k), reuse")
-    p.add_argument("log", help="route log NPZ (DESIGN.md §6)")
+    p.add_argument("log", help="route log NPZ (docs/DESIGN.md §6)")
     p.add_argument("--capacities", default=None,
                    help="comma-separated slot counts (default: ~12 from k to all experts)")
     p.add_argument("--total", action="store_true",

@@ -7,7 +7,10 @@ import sys
 def add_session_args(p) -> None:
     p.add_argument("-p", "--prompt", default="Explain what a CPU cache is in two sentences.")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
-    p.add_argument("--ram-budget", default=None, help="RAM budget for anon+shmem memory, e.g. 4GiB (default: all experts fit)")
+    p.add_argument("--ram-budget", default=None,
+                   help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB (default: all experts fit)")
+    p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
+                   help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=["lru", "ls", "ls_pos"])
     p.add_argument("--expert-used", type=int, default=None, help="override top-k")
     p.add_argument("--io-threads", type=int, default=None)
@@ -49,14 +52,18 @@ def stats_table(st: dict, session) -> str:
             ("evictions", str(st["evictions"])),
             ("SSD read", f"{fmt_bytes(st['ssd_bytes'])}; {st['decode_ssd_bytes_per_token'] / 1e6:.2f} MB/token in decode"),
             ("I/O wait", f"{st['io_wait_s']:.3f} s"),
-            ("batches via llama mapping", f"{st['fallback_layers']} (layer, ubatch) pairs whose experts exceeded the arena"),
+            ("staged (layer, ubatch)", f"{st['staged_layers']} pairs whose experts exceeded the slots "
+                                       f"({fmt_bytes(st['staged_bytes'])} read, {st['staged_copies']} copied from the arena)"),
         ]
     rows += [
         ("prefill", f"{st['n_prompt']} tokens, {st['prefill_tok_s']:.1f} tok/s"),
         ("decode", f"{st['n_gen']} tokens, {st['decode_tok_s']:.2f} tok/s"),
-        ("load", f"{st['load_s']:.2f} s"),
-        ("peak memory", f"anon {fmt_bytes(st['peak_rss_anon'])} + shmem {fmt_bytes(st['peak_rss_shmem'])} "
-                        f"= {fmt_bytes(st['peak_budgeted'])} (file-backed {fmt_bytes(st['peak_rss_file'])}, sampled)"),
+        ("load", f"{st['load_s']:.2f} s, "
+                 + (f"{fmt_bytes(st['load_bytes_read'])} read from storage" if st.get("load_bytes_read") is not None else "bytes read unknown")
+                 + f"; dense weights: {st['dense_weights']}"),
+        ("peak memory", f"{fmt_bytes(st['peak_total'])} = anon {fmt_bytes(st['peak_rss_anon'])} + shmem "
+                        f"{fmt_bytes(max(st['peak_rss_shmem'], st['peak_arena_resident']))} + file {fmt_bytes(st['peak_rss_file'])}"
+                        f" (peaks sampled per decode call)"),
     ]
     w = max(len(r[0]) for r in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
@@ -67,7 +74,8 @@ def run_session(model, args, arena_bytes=None) -> int:
 
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
-                 route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes) as s:
+                 route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
+                 dense_weights=getattr(args, "dense_weights", None)) as s:
         prompt = args.prompt
         if args.chat:
             prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])

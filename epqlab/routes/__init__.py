@@ -1,6 +1,6 @@
 """Route analysis: what routing locality allows paging to achieve, from a route log alone (no engine).
 
-- :class:`RouteLog`: the NPZ format of DESIGN.md §6 (load, save, validate, synthetic logs).
+- :class:`RouteLog`: the NPZ format of docs/DESIGN.md §6 (load, save, validate, synthetic logs).
 - Analyses (:mod:`.analysis`): :func:`reuse_histogram`, :func:`one_off_share`, :func:`union_sizes` (U(k)),
   :func:`popularity`, :func:`hot_set_hit_rate`.
 - Offline cache simulators (:mod:`.simulate`): :func:`simulate` for ``lru``, ``ls``, ``ls_pos`` and Belady's

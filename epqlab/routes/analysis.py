@@ -1,6 +1,6 @@
 """Routing-locality analyses of a :class:`~epqlab.routes.RouteLog`, each returning numbers or a DataFrame.
 
-They answer how fast paging can ever be (DESIGN.md §8, the seed's route_overlap study): how soon an expert is
+They answer how fast paging can ever be (docs/DESIGN.md §8, the seed's route_overlap study): how soon an expert is
 reused, how much a batch of k tokens shares, how concentrated popularity is, and what a static pin list buys.
 The cache simulators live in :mod:`epqlab.routes.simulate`.
 """

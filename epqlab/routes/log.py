@@ -1,4 +1,4 @@
-"""Route logs: which routed experts every token selected in every MoE layer (DESIGN.md §6).
+"""Route logs: which routed experts every token selected in every MoE layer (docs/DESIGN.md §6).
 
 A route log is an NPZ file with
 
@@ -25,7 +25,7 @@ from ..errors import EpqlabError
 
 
 class RouteLogError(EpqlabError, ValueError):
-    """A route log (file or arrays) does not follow the format of DESIGN.md §6."""
+    """A route log (file or arrays) does not follow the format of docs/DESIGN.md §6."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class RouteLog:
 
     # ------------------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise :class:`RouteLogError` naming the array at fault if anything breaks DESIGN.md §6."""
+        """Raise :class:`RouteLogError` naming the array at fault if anything breaks docs/DESIGN.md §6."""
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 raise RouteLogError(f"route log: {msg}")
@@ -105,7 +105,7 @@ class RouteLog:
 
     # ----------------------------------------------------------------------------------- I/O
     def save(self, path: str | os.PathLike) -> None:
-        """Write the NPZ of DESIGN.md §6 (``meta`` as a JSON string)."""
+        """Write the NPZ of docs/DESIGN.md §6 (``meta`` as a JSON string)."""
         np.savez(path, experts=self.experts, layers=self.layers, phase=self.phase,
                  expert_bytes=self.expert_bytes, n_expert=np.int64(self.n_expert),
                  meta=np.array(json.dumps(self.meta)))
@@ -116,6 +116,13 @@ class RouteLog:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise RouteLogError(f"route log {path!r} does not exist")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # np.load would return a bare array (.npy) or try to unpickle text
+            raise RouteLogError(
+                f"route log {path!r} is not an NPZ archive: a route log is an .npz with arrays experts (int32 "
+                "[tokens, layers, k]), layers, phase, expert_bytes and n_expert, as Session(route_log=...) "
+                "writes it (docs/DESIGN.md §6)")
         try:
             z = np.load(path, allow_pickle=False)
         except Exception as ex:  # zipfile / format errors
@@ -123,7 +130,7 @@ class RouteLog:
         with z:
             missing = [n for n in ("experts", "layers", "phase", "expert_bytes", "n_expert") if n not in z.files]
             if missing:
-                raise RouteLogError(f"route log {path!r} lacks array(s) {', '.join(missing)} (see DESIGN.md §6)")
+                raise RouteLogError(f"route log {path!r} lacks array(s) {', '.join(missing)} (see docs/DESIGN.md §6)")
             ne = z["n_expert"]
             if ne.ndim != 0 or ne.dtype.kind not in "iu":
                 raise RouteLogError(f"route log {path!r}: `n_expert` must be an integer scalar, got {ne.dtype} {ne.shape}")

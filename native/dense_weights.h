@@ -1,0 +1,34 @@
+// dense_weights: llama.cpp's non-expert tensors held in anonymous memory, not the page cache.
+//
+// Invariant: each non-expert byte range of llama's own file mapping is replaced *in place* --
+// same virtual addresses, so every tensor pointer llama holds stays valid -- by private
+// anonymous pages that hold exactly the file's bytes: the pages are mapped read-write, filled
+// with pread (O_DIRECT where the file system allows it, so the read leaves nothing in the page
+// cache), then made read-only. Ranges are widened to whole pages; a page shared with an expert
+// tensor carries bytes nobody reads through this mapping (the hook reads experts from the
+// pager's region). This runs right after the load, before any tensor is read, so no
+// computation ever sees the file-backed pages (docs/DESIGN.md "Memory accounting").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lazy_load.h"
+
+struct dense_report {
+    int64_t bytes = 0;       // anonymous bytes now holding dense weights (whole pages)
+    int64_t bytes_read = 0;  // bytes read from the file for them
+    int64_t ranges = 0;      // merged page ranges
+    bool    direct = false;  // read with O_DIRECT
+    bool    locked = false;  // mlock'ed
+    double  seconds = 0.0;
+};
+
+// ranges: (file offset, bytes) of every non-expert tensor. map: llama's mapping of the file.
+// lock: mlock the copies; on failure throws std::runtime_error naming RLIMIT_MEMLOCK and the
+// bytes needed. Throws std::runtime_error on a failed or short read (the mapping is then left
+// partly anonymous: the caller must free the model).
+dense_report dense_to_anon(const std::string & path, const file_mapping & map,
+                           std::vector<std::pair<int64_t, int64_t>> ranges, bool lock);

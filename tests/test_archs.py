@@ -1,0 +1,166 @@
+"""Every MoE architecture we support pages bit-identically: prompt logits and 8 greedy steps of
+``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equal plain llama.cpp's
+(``pager=False``: stock mmap load) exactly, for tiny random models of llama, deepseek, deepseek2
+(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss and dots1 (epqlab.models.archs) and shrunk
+synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u in {1: every
+token pages its experts, 512: the minimum arena stages the prompt}."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab.models import synthesize
+from epqlab.models.archs import tiny_spec, write_tiny
+
+N_STEPS = 8
+N_PROMPT = 40
+TEXT = ("Paging experts from disk keeps the arena small, and the logits must not change by a single bit. "
+        "The router of every layer picks the experts of each token; a miss reads them with O_DIRECT into "
+        "a slot of the arena while the least recently used expert is evicted.")
+
+# name -> (writer, preset/arch, knobs). Synth presets are shrunk to a few MiB.
+SHRINK = dict(n_embd=256, n_head=4, head_dim=64, n_expert=16, n_expert_used=4, n_ff_exp=256)
+MODELS = {
+    "llama": ("tiny", "llama", {}),
+    # experts without ffn_gate_exps (down(silu(up x))), tied output, 4096-byte tensor alignment
+    "llama-nogate": ("tiny", "llama", dict(gate_exps=False, tied_output=True, alignment=4096)),
+    "deepseek": ("tiny", "deepseek", {}),
+    "deepseek2": ("tiny", "deepseek2", {}),
+    # fused gate_up experts, a plain attn_q (no q LoRA), tied output and a trailing MTP block
+    # (GLM-4.7-Flash style) that llama.cpp does not load: its experts are in the layout, never routed
+    "deepseek2-fused-mtp": ("tiny", "deepseek2", dict(fused=True, expert_types=("Q8_0", "Q8_0", "F16"),
+                                                      late_expert_types=None, n_late_layers=0, q_lora_rank=0,
+                                                      tied_output=True, n_nextn=1)),
+    "qwen2moe": ("tiny", "qwen2moe", {}),
+    "qwen3moe": ("tiny", "qwen3moe", {}),
+    "gpt-oss": ("tiny", "gpt-oss", {}),
+    "dots1": ("tiny", "dots1", {}),
+    "synth-tiny": ("synth", "tiny", {}),
+    "synth-tiny-unaligned": ("synth", "tiny", dict(unaligned=True)),
+    # n_layer 3 (not 2): block 0 is dense, so blocks 1 (Q4_K) and 2 (BF16) give two slot classes
+    "synth-laguna-s": ("synth", "laguna-s", dict(SHRINK, n_layer=3, n_head_kv=4, n_ff_dense=512, n_late_layers=1)),
+    "synth-qwen3-30b-a3b": ("synth", "qwen3-30b-a3b", dict(SHRINK, n_layer=2, n_head_kv=2)),
+}
+XFAIL: dict[str, str] = {}
+
+
+def _param(name):
+    marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("archs")
+    cache: dict[str, object] = {}
+
+    def get(name):
+        if name not in cache:
+            kind, what, knobs = MODELS[name]
+            p = root / f"{name}.gguf"
+            if kind == "tiny":
+                write_tiny(p, what, **knobs)
+            else:
+                synthesize(p, what, progress=False, **knobs)
+            cache[name] = p
+        return cache[name]
+
+    return get
+
+
+def _dense_page_bytes(lay) -> int:
+    """Bytes of the union of whole pages that the non-expert tensors touch (within the file's pages)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    end = -(-lay.file_size // page) * page
+    spans = sorted((off // page * page, min(end, -(-(off + n) // page) * page)) for _, off, n in lay.dense_tensors if n)
+    total, cur = 0, None
+    for a, b in spans:
+        if cur and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+        else:
+            total += cur[1] - cur[0] if cur else 0
+            cur = [a, b]
+    return total + (cur[1] - cur[0] if cur else 0)
+
+
+def _prompt(path):
+    with epqlab.Session(path, pager=False, n_threads=1, n_ctx=256) as s:
+        toks = s.tokenize(TEXT)[:N_PROMPT]
+    assert len(toks) == N_PROMPT
+    return toks
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 512])
+@pytest.mark.parametrize("name", [_param(n) for n in MODELS])
+def test_paged_equals_plain_llama(models, name, n_ubatch):
+    path = models(name)
+    lay = epqlab.inspect(path)
+    if MODELS[name][0] == "tiny":
+        assert lay.architecture == MODELS[name][1]
+    toks = _prompt(path)
+    with epqlab.Session(path, pager=False, n_threads=1, n_ctx=256, n_ubatch=n_ubatch) as s:
+        ref = s.greedy_trace(toks, N_STEPS)
+    assert np.isfinite(ref[0]).all() and np.isfinite(ref[1]).all()
+    dense_pages = _dense_page_bytes(lay)
+    arenas = {"min": epqlab.Pager.min_arena_bytes(lay), "all": epqlab.Pager.all_experts_bytes(lay)}
+    # mlock once, on the tiny models only (their dense weights, < 1 MiB, fit the common 8 MiB RLIMIT_MEMLOCK)
+    mlock = n_ubatch == 512 and MODELS[name][0] == "tiny"
+    runs = [(a, d) for a in arenas for d in ("anon", "mmap")] + ([("min", "mlock")] if mlock else [])
+    for arena_name, dense in runs:
+        key = (name, arena_name, dense, n_ubatch)
+        with epqlab.Session(path, dense_weights=dense, arena_bytes=arenas[arena_name], n_ubatch=n_ubatch,
+                            n_threads=1, n_ctx=256, io_threads=2) as s:
+            p, st, gen = s.greedy_trace(toks, N_STEPS)
+            stats, report = s.stats, s.load_report
+        assert np.array_equal(p, ref[0]), key
+        assert np.array_equal(st, ref[1]), key
+        assert gen == ref[2], key
+        assert report["lazy_load"] == (dense != "mmap"), key
+        if dense != "mmap":  # exactly the pages of the non-expert tensors were swapped for anonymous copies
+            assert report["dense_bytes"] == dense_pages, key
+        assert stats["misses"] > 0 and stats["dense_weights"] == dense
+        if arena_name == "min":
+            assert stats["evictions"] > 0, key
+        # staging happens exactly when a ubatch's union of experts outgrows the minimum arena
+        if arena_name == "min" and n_ubatch == 512:
+            assert stats["staged_layers"] > 0, key
+        else:
+            assert stats["staged_layers"] == 0, key
+
+
+# ggml block size (elements) and bytes per block, from ggml's type table (ggml.c type_traits)
+BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "MXFP4": (32, 17)}
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if MODELS[n][0] == "tiny"])
+def test_tiny_layout_matches_spec(models, name):
+    _, arch, knobs = MODELS[name]
+    s = tiny_spec(arch, **knobs)
+    lay = epqlab.inspect(models(name))
+    assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
+    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer + s.n_nextn))
+    for l in lay.layers:
+        g, u, d = s.expert_types_of(l.layer)
+        want = [("gate_up", g, (s.n_embd, 2 * s.n_ff_exp))] if s.fused else \
+            [("gate", g, (s.n_embd, s.n_ff_exp))] * s.gate_exps + [("up", u, (s.n_embd, s.n_ff_exp))]
+        want.append(("down", d, (s.n_ff_exp, s.n_embd)))
+        assert [(t.kind, t.ggml_type, t.shape[:2]) for t in l.tensors] == want
+        for t in l.tensors:
+            blk, size = BLOCK[t.ggml_type]
+            assert t.expert_bytes == t.shape[0] // blk * size * t.shape[1]
+            assert t.offset % s.alignment == 0
+
+
+def test_write_tiny_rejects_bad_knobs(tmp_path):
+    with pytest.raises(ValueError, match="unknown architecture"):
+        write_tiny(tmp_path / "x.gguf", "mixtral")
+    with pytest.raises(ValueError, match="unknown knob"):
+        write_tiny(tmp_path / "x.gguf", "llama", n_experts=4)
+    with pytest.raises(ValueError, match="ffn_gate_up_exps"):
+        write_tiny(tmp_path / "x.gguf", "qwen3moe", fused=True)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        write_tiny(tmp_path / "x.gguf", "qwen3moe", n_ff_exp=40)
+    assert not list(tmp_path.iterdir())
