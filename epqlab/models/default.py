@@ -26,6 +26,10 @@ from .smollm2 import cache_dir, source_gguf
 #   E=16 k=4 sh 1024, no gain                  1.577  1.820  2.183  1.421
 #   previous default (E=14 k=7 sh 640, near-uniform router, one-genre calibration): 1.343 on execmodel,
 #   2.34 on a held-out licence/history passage.
+# Routing over epqlab.data.prompts() (12 prompts, 32 decoded tokens each, 593 tokens), vs uniform random:
+# previous-token repeat 0.507 vs 0.377; U(4) saving 0.498 vs 0.436; top quarter of experts 0.32 vs 0.27
+# of requests; LRU (one pool) 0.0 vs 0.0 at a 25 % arena (k/E = 37.5 % > 25 %: one token's experts do not
+# fit), 0.508 vs 0.376 at 50 %; Belady 0.562 vs 0.500 at 25 %.
 # SmolLM2's SiLU FFN is dense: quality follows the share of neurons active per token (here 1376 of 1536),
 # so only 17 % of the FFN bytes are routed; a real MoE's experts are most of its bytes.
 DEFAULT_CONFIG = MoefyConfig()
