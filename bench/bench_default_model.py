@@ -1,127 +1,76 @@
-"""Quality and routing of the default MoE model, measured with plain llama.cpp (llama-cpp-python).
+"""Quality and routing of the default MoE model.
 
-Prints: E, k, bytes per expert of each type; perplexity on the evaluation text (Python Language
-Reference, "Execution model") of the dense SmolLM2 GGUF, of the MoE model at k = E and at the
-default k (and any --k values); the greedy answer to a CPU-cache prompt; for 256 generated tokens,
-the fraction of (layer, expert) requests that repeat within the last 1 and 8 tokens next to
-uniform random routing; optionally the write speed of synthesize().
+Prints, as JSON blocks and tables:
 
-    python bench/bench_default_model.py [--k 4 10] [--synth-layers 4]
+1. E, k, bytes per expert of each type; build time (``--build-runs N`` rebuilds it N times into a temp
+   directory: median and all runs, with the 1-minute load average before each).
+2. Perplexity (epqlab.perplexity.perplexity, windows of 512 tokens, plain llama.cpp) of the dense
+   SmolLM2 and of the MoE model at every k from 1 to E, on each held-out text (epqlab.data.heldout_texts)
+   and on the Python reference chapter (eval_execmodel.txt); ratio to dense at the default k.
+3. The same perplexity at the default k through llama-cpp-python's own defaults (CPU weight repacking on)
+   next to epqlab's engine, per text; per-layer router margins (median gap between the k-th and
+   (k+1)-th router logit on the calibration tokens, stored in the GGUF by the build).
+4. Routing locality from a route log recorded over epqlab.data.prompts() (chat, code, prose; prefill
+   and ``--n-predict`` decoded tokens each), next to uniform random routing of the same shape:
+   previous-token repeat rate, U(k) savings, per-layer popularity skew, LRU and Belady hit rates at
+   arenas of 10/25/50 % (one pool of slots over all layers).
+5. The greedy answer to a CPU-cache question at the default k.
 
-Routing is read back by running the generated tokens through a NumPy model that uses the MoE
-GGUF's own router, routed and shared experts (llama.cpp's ``deepseek`` gating: softmax, top-k, no
-renormalisation, times ``expert_weights_scale``, plus the shared expert; see
-epqlab.models.moefy.moe_ffn), because llama.cpp does not expose the selected experts.
+    python bench/bench_default_model.py [--ks 1 4 16] [--build-runs 3] [--n-predict 48] [--synth-layers 4]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import tempfile
 import time
 
-import numpy as np
+
+def build_times(runs: int) -> list[tuple[float, float]]:
+    """(seconds, 1-min load average before the run) of ``runs`` fresh builds of the default model."""
+    from epqlab.models import DEFAULT_CONFIG
+    from epqlab.models.moefy import moefy
+    from epqlab.models.smollm2 import source_gguf
+
+    out = []
+    src = source_gguf()
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(runs):
+            load = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            moefy(src, os.path.join(d, f"m{i}.gguf"), DEFAULT_CONFIG, progress=False)
+            out.append((time.perf_counter() - t0, load))
+    return out
 
 
-def _k_override(path, k: int | None) -> dict | None:
-    """kv_overrides setting ``<arch>.expert_used_count`` = k (None: keep the file's k)."""
-    if not k:
-        return None
-    from gguf import GGUFReader
-
-    arch = GGUFReader(path).fields["general.architecture"].contents()
-    return {f"{arch}.expert_used_count": k}
-
-
-def perplexity(path, text: str, k: int | None = None, n_ctx: int = 512) -> tuple[float, int]:
-    """exp(mean NLL) over ``text`` in windows of ``n_ctx`` tokens (each window restarts with BOS)."""
-    from llama_cpp import Llama
-
-    kv = _k_override(path, k)
-    llm = Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=2, kv_overrides=kv)
-    toks = llm.tokenize(text.encode())
-    nll = []
-    for i in range(0, len(toks) - 1, n_ctx - 1):
-        ch = toks[i:i + n_ctx] if i == 0 else [toks[0]] + toks[i:i + n_ctx - 1]
-        if len(ch) < 16:
-            break
-        llm.reset()
-        llm.eval(ch)
-        L = np.array(llm.scores[:len(ch)], dtype=np.float64)[:-1]
-        m = L.max(-1, keepdims=True)
-        lse = np.log(np.exp(L - m).sum(-1)) + m[:, 0]
-        nll.append(lse - L[np.arange(len(ch) - 1), ch[1:]])
-    llm.close()
-    nll = np.concatenate(nll)
-    return float(np.exp(nll.mean())), len(nll)
-
-
-def generate(path, prompt: str, n: int, k: int | None = None) -> tuple[str, list[int]]:
-    from llama_cpp import Llama
-
-    kv = _k_override(path, k)
-    llm = Llama(str(path), n_ctx=1024, verbose=False, n_threads=2, kv_overrides=kv)
-    out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=n, temperature=0.0,
-                                     top_k=1, seed=0)
-    text = out["choices"][0]["message"]["content"]
-    toks = llm.tokenize(text.encode(), add_bos=False)
-    llm.close()
-    return text, toks
-
-
-def routed_sets(moe_path, src_path, toks: list[int]) -> np.ndarray:
-    """(T, n_layer, k) expert ids llama.cpp's gating picks for ``toks`` (NumPy replica)."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    from epqlab.models.moefy import DenseLlama, moe_ffn
-
-    m = DenseLlama(src_path)
-    r = GGUFReader(moe_path)
-    arch = r.fields["general.architecture"].contents()
-    k = int(r.fields[f"{arch}.expert_used_count"].contents())
-    w_scale = float(r.fields[f"{arch}.expert_weights_scale"].contents())
-    T = {t.name: t for t in r.tensors}
-    sel = []
-    names = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-             "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-
-    def ffn(il, xn):
-        p = f"blk.{il}."
-        W = [dequantize(T[p + n + ".weight"].data, T[p + n + ".weight"].tensor_type).astype(np.float32)
-             for n in names]
-        out, top = moe_ffn(xn, *W, k=k, w_scale=w_scale)
-        sel.append(top)
-        return out
-
-    m.forward(toks, ffn=ffn)
-    return np.stack(sel, 1)  # (T, n_layer, k)
-
-
-def repeat_fraction(sel: np.ndarray, window: int = 8) -> float:
-    """Fraction of (token, layer, expert) requests whose (layer, expert) was also requested by one of
-    the previous ``window`` tokens (tokens before the first ``window`` are skipped)."""
-    T = sel.shape[0]
-    hits = tot = 0
-    for t in range(window, T):
-        for il in range(sel.shape[1]):
-            recent = set(sel[t - window:t, il].ravel().tolist())
-            for e in sel[t, il]:
-                hits += e in recent
-                tot += 1
-    return hits / tot
+def fmt_table(rows: list[dict], cols: list[str]) -> str:
+    w = {c: max(len(c), *(len(f"{r.get(c, '')}") for r in rows)) for c in cols}
+    lines = ["  ".join(c.rjust(w[c]) for c in cols)]
+    lines += ["  ".join(f"{r.get(c, '')}".rjust(w[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--k", type=int, nargs="*", default=[], help="extra top-k values to measure")
-    ap.add_argument("--gen-tokens", type=int, default=256)
+    ap.add_argument("--ks", type=int, nargs="*", default=None, help="top-k values (default: 1..E)")
+    ap.add_argument("--build-runs", type=int, default=0, help="time this many fresh builds")
+    ap.add_argument("--n-predict", type=int, default=48, help="decoded tokens per prompt for the route log")
+    ap.add_argument("--route-log", default="/tmp/epqlab-default-routes.npz")
     ap.add_argument("--synth-layers", type=int, default=0, help="also time synthesize(qwen3-30b-a3b, n_layer=N)")
     ap.add_argument("--synth-out", default="/tmp/epqlab-synth-bench.gguf")
     args = ap.parse_args()
 
+    from gguf import GGUFReader
+
+    from epqlab.data import heldout_texts, read_text
     from epqlab.layout import inspect
-    from epqlab.models import DEFAULT_CONFIG, default_model, eval_text
+    from epqlab.models import DEFAULT_CONFIG, default_model
+    from epqlab.models.quality import (llama_cpp_perplexity, locality_stats, perplexity_table,
+                                       record_prompt_routes, uniform_log)
     from epqlab.models.smollm2 import source_gguf
+    from epqlab.perplexity import perplexity
 
     res: dict = {}
     t0 = time.perf_counter()
@@ -130,34 +79,72 @@ def main() -> None:
     src = source_gguf()
     lay = inspect(path)
     E, k = lay.n_expert, lay.n_expert_used
-    res.update(arch=lay.architecture, E=E, k=k, n_ff_exp=DEFAULT_CONFIG.n_ff_exp,
+    res.update(path=str(path), arch=lay.architecture, E=E, k=k, n_ff_exp=DEFAULT_CONFIG.n_ff_exp,
                shared_width=DEFAULT_CONFIG.shared_width,
                expert_bytes={"/".join(c.types): c.expert_bytes for c in lay.slot_classes})
-    text = eval_text()
-    res["ppl_dense"], res["eval_tokens"] = perplexity(src, text)
-    res["ppl_k=E"] = perplexity(path, text, E)[0]
-    res[f"ppl_k={k}"] = perplexity(path, text, k)[0]
-    for kk in args.k:
-        res[f"ppl_k={kk}"] = perplexity(path, text, kk)[0]
-    res["ratio_k=E"] = res["ppl_k=E"] / res["ppl_dense"]
-    res[f"ratio_k={k}"] = res[f"ppl_k={k}"] / res["ppl_dense"]
+    if args.build_runs:
+        bt = build_times(args.build_runs)
+        res["build_seconds"] = [round(s, 1) for s, _ in bt]
+        res["build_load_avg"] = [round(a, 2) for _, a in bt]
+        res["build_seconds_median"] = round(statistics.median(s for s, _ in bt), 1)
     print(json.dumps(res, indent=1), flush=True)
 
-    prompt = "Explain what a CPU cache is in two sentences."
-    for kk, label in ((k, "default k"), (E, "k = E")):
-        ans, _ = generate(path, prompt, 80, kk)
-        print(f"\n[greedy, {label} = {kk}] {prompt}\n{ans}", flush=True)
+    texts = dict(heldout_texts(), execmodel=read_text("eval_execmodel.txt"))
+    ks = args.ks or list(range(1, E + 1))
+    tab = perplexity_table(path, src, texts, ks)
+    rows = []
+    for name, r in tab.items():
+        row = {"text": name, "tokens": r["tokens"], "dense": f"{r['dense']:.2f}"}
+        row.update({f"k={kk}": f"{r[kk]:.2f}" for kk in ks})
+        if k in r:
+            row[f"ratio@k={k}"] = f"{r[k] / r['dense']:.3f}"
+        rows.append(row)
+    print("\nperplexity (epqlab.perplexity, n_ctx 512, plain llama.cpp):")
+    print(fmt_table(rows, ["text", "tokens", "dense"] + [f"k={kk}" for kk in ks] + [f"ratio@k={k}"]), flush=True)
 
-    gen, toks = generate(path, "Write a short story about a lighthouse keeper.", args.gen_tokens, k)
-    sel = routed_sets(path, src, [1] + toks)[1:]
-    rng = np.random.default_rng(0)
-    uni = np.stack([np.stack([rng.permutation(E)[:k] for _ in range(sel.shape[1])]) for _ in range(sel.shape[0])])
-    print(f"\nrouting over {sel.shape[0]} generated tokens, {sel.shape[1]} layers, top-{k} of {E}:")
-    for win in (1, 8):  # at k = E/2 a window of 8 saturates (uniform ~1 - 2^-8); 1 shows the contrast
-        print(f"  requests repeating within the last {win} token(s): {repeat_fraction(sel, win):.3f}   "
-              f"uniform random routing: {repeat_fraction(uni, win):.3f} (analytic {1 - (1 - k / E) ** win:.3f})")
-    counts = np.bincount(sel.reshape(-1, k)[:, :].ravel() % E, minlength=E)
-    print(f"  expert load (all layers): min {counts.min()} max {counts.max()} of {counts.sum()}")
+    print(f"\nllama-cpp-python defaults (repacking on) vs epqlab engine, k = {k}:")
+    for name, text in texts.items():
+        ours = perplexity(path, text, n_ctx=512).ppl
+        theirs = llama_cpp_perplexity(path, text, n_ctx=512)
+        print(f"  {name:10s} engine {ours:.4f}  llama-cpp-python {theirs:.4f}  diff {100 * (theirs / ours - 1):+.3f} %")
+    r = GGUFReader(path)
+    f = r.fields.get("epqlab.moefy.router_margin")
+    if f is not None:
+        m = [float(x) for x in f.contents()]
+        print("  router margin (median k-th minus (k+1)-th logit, calibration tokens) per layer: "
+              + " ".join(f"{x:.2f}" for x in m))
+        fr = r.fields.get("epqlab.moefy.boundary_weight")
+        if fr is not None:
+            print("  weight of the k-th expert (median, w_scale x softmax) per layer: "
+                  + " ".join(f"{float(x):.2f}" for x in fr.contents()))
+
+    t1 = time.perf_counter()
+    log = record_prompt_routes(path, args.route_log, n_predict=args.n_predict)
+    st = locality_stats(log)
+    un = locality_stats(uniform_log(log))
+    print(f"\nrouting over {log.n_tokens} tokens of {len(__import__('epqlab.data', fromlist=['x']).prompts())} prompts "
+          f"({int((log.phase == 1).sum())} decoded), {log.n_layers} layers, top-{k} of {E} "
+          f"(recorded in {time.perf_counter() - t1:.1f} s; log {args.route_log}):")
+    rows = [
+        {"statistic": "previous-token repeat rate", "model": f"{st['repeat_prev']:.3f}", "uniform": f"{un['repeat_prev']:.3f}"},
+        *({"statistic": f"U({u}) saving", "model": f"{st['union_saving'][u]:.3f}", "uniform": f"{un['union_saving'][u]:.3f}"}
+          for u in st["union_saving"]),
+        {"statistic": f"share of top {int(st['top_frac'] * 100)} % experts (mean over layers)",
+         "model": f"{st['top_share']:.3f} [{st['top_share_min']:.2f}-{st['top_share_max']:.2f}]",
+         "uniform": f"{un['top_share']:.3f}"},
+        *({"statistic": f"LRU hit rate, arena {int(a * 100)} %", "model": f"{st['lru'][a]:.3f}", "uniform": f"{un['lru'][a]:.3f}"}
+          for a in st["lru"]),
+        *({"statistic": f"Belady hit rate, arena {int(a * 100)} %", "model": f"{st['belady'][a]:.3f}",
+           "uniform": f"{un['belady'][a]:.3f}"} for a in st["belady"]),
+    ]
+    print(fmt_table(rows, ["statistic", "model", "uniform"]), flush=True)
+
+    from epqlab.session import Session
+
+    with Session(path, pager=False, n_ctx=512) as s:
+        q = "Explain what a CPU cache is in two sentences."
+        g = s.generate(s.chat_prompt([{"role": "user", "content": q}]), n_predict=80)
+        print(f"\n[greedy, k = {k}] {q}\n{g.text}", flush=True)
 
     if args.synth_layers:
         from epqlab.models import synthesize

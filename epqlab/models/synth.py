@@ -80,6 +80,8 @@ PRESETS: dict[str, SynthSpec] = {
     # tests: 4 layers, 8 experts, two slot classes (Q4_K, BF16)
     "tiny": SynthSpec("qwen3moe", 4, 256, 4, 2, 64, 8, 2, 256, late_expert_type="BF16", n_late_layers=1,
                       name="synthetic tiny"),
+    # routing statistics tests: 4 layers of 64 experts, top-4 (k/E = 1/16 as in Qwen3-30B-A3B), small experts
+    "small": SynthSpec("qwen3moe", 4, 256, 4, 2, 64, 64, 4, 64, expert_type="Q8_0", name="synthetic small"),
 }
 
 
@@ -158,18 +160,27 @@ def _make_unaligned(s: SynthSpec) -> SynthSpec:
 
 
 def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = False, progress: bool = True,
-               **overrides) -> dict:
+               routing: str = "uniform", **overrides) -> dict:
     """Write a synthetic MoE GGUF to ``path``.
 
     Args:
         path: output file (written to a temp name, then renamed).
-        preset: a key of :data:`PRESETS` (``qwen3-30b-a3b``, ``laguna-s``, ``tiny``).
+        preset: a key of :data:`PRESETS` (``qwen3-30b-a3b``, ``laguna-s``, ``tiny``, ``small``).
         sparse: leave the routed-expert bytes as holes (fast, tiny on disk, reads as zeros, so
             logits are not meaningful); the default writes real random bytes.
-        **overrides: any :class:`SynthSpec` field, e.g. ``n_layer=96`` to make a ~30 GB file.
+        routing: ``"uniform"`` (random routers: no popularity skew, reuse only by chance) or
+            ``"skewed"`` (token embeddings and routers written so that routing has per-layer popularity
+            skew and reuse like a real MoE; see :mod:`epqlab.models.routing_profile`).
+        **overrides: any :class:`SynthSpec` field, e.g. ``n_layer=96`` to make a ~30 GB file, or any
+            :class:`~epqlab.models.routing_profile.RoutingProfile` field (``zipf``, ``token_std``,
+            ``embd_scale``) with ``routing="skewed"``.
 
     Returns:
-        dict with ``path``, ``bytes``, ``seconds``, ``mb_per_s`` (MB = 1e6 bytes), ``spec``.
+        dict with ``path``, ``bytes``, ``seconds``, ``mb_per_s`` (MB = 1e6 bytes), ``spec``, ``routing``
+        (the RoutingProfile, or None for uniform).
+
+    Raises:
+        ValueError: unknown preset, routing or override name.
     """
     import gguf
     from gguf import GGMLQuantizationType as QT
@@ -177,8 +188,26 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
 
     from .smollm2 import source_gguf
 
+    from dataclasses import fields
+
+    from .routing_profile import ROUTINGS, SKEWED, RoutingProfile, embedding_rows, encode, router_matrix
+
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
+    rknobs = {f.name for f in fields(RoutingProfile)}
+    sknobs = {f.name for f in fields(SynthSpec)}
+    bad = sorted(set(overrides) - rknobs - sknobs)
+    if bad:
+        raise ValueError(f"unknown override(s) {', '.join(bad)}; SynthSpec fields: {', '.join(sorted(sknobs))}; "
+                         f"routing knobs (routing='skewed'): {', '.join(sorted(rknobs))}")
+    rover = {k: overrides.pop(k) for k in list(overrides) if k in rknobs and k not in sknobs}
+    if "seed" in overrides and routing == "skewed":
+        rover["seed"] = overrides["seed"]
+    if rover and routing != "skewed":
+        raise ValueError(f"{', '.join(sorted(rover))} only apply with routing='skewed'")
+    prof = replace(SKEWED, **rover) if routing == "skewed" else None
     s = replace(PRESETS[preset], **overrides)
     if s.unaligned:
         s = _make_unaligned(s)
@@ -243,6 +272,13 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
         if name.endswith("_norm.weight"):
             buf = np.ones(n // 4, dtype=np.float32).view(np.uint8)
             fout.write(buf)
+        elif prof is not None and name == "token_embd.weight":
+            V = shape[1]
+            for r0 in range(0, V, 4096):
+                fout.write(memoryview(encode(embedding_rows(prof, s.n_embd, r0, min(V, r0 + 4096)), t)))
+        elif prof is not None and name.endswith("ffn_gate_inp.weight"):
+            il = int(name.split(".")[1])
+            fout.write(memoryview(encode(router_matrix(prof, s.n_embd, s.n_expert, il), t)))
         elif sparse and "_exps." in name:
             fout.seek(n, os.SEEK_CUR)
         else:
@@ -266,4 +302,4 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
     os.replace(tmp, path)
     dt = time.perf_counter() - t0
     size = path.stat().st_size
-    return {"path": path, "bytes": size, "seconds": dt, "mb_per_s": size / 1e6 / dt, "spec": s}
+    return {"path": path, "bytes": size, "seconds": dt, "mb_per_s": size / 1e6 / dt, "spec": s, "routing": prof}
