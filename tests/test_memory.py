@@ -155,8 +155,9 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
     mem = json.loads(r.stdout.splitlines()[0])["memory"]
     all_experts = epqlab.Pager.all_experts_bytes(lay)
     fixed = mem["used_before_arena"] + mem["reserve"] + epqlab.Pager.max_stage_bytes(lay)
-    for frac in (0.4, 0.0):  # arena 40% of the experts; then the minimum (prompt layers are staged)
-        budget = fixed + max(epqlab.Pager.min_arena_bytes(lay), int(frac * all_experts)) + 4 * MiB
+    for frac in (0.25, 0.0):  # arena ~25% of the experts; then the minimum (prompt layers are staged)
+        # +2 MiB: what two children measure before the arena differs by (heap, thread stacks)
+        budget = fixed + max(epqlab.Pager.min_arena_bytes(lay), int(frac * all_experts)) + 2 * MiB
         limit = budget + 16 * MiB
         r, peak, oom = run_in_cgroup(cg_parent, limit, [str(private_model), str(budget), str(prompt), "12", str(tmp_path / "r.npz")])
         assert r.returncode == 0, (frac, r.returncode, r.stderr[-2000:], oom)
