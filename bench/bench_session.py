@@ -17,7 +17,7 @@ import time
 import epqlab
 from epqlab.models import default_model
 
-PROMPT = "Explain what a CPU cache is in two sentences."
+PROMPT = "A CPU cache is a small, fast memory that"
 
 
 def run(path, label, n, **kw):

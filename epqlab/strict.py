@@ -38,7 +38,7 @@ from .memory import drop_page_cache, page_cache_bytes
 from .units import fmt_bytes, parse_bytes
 
 DEFAULT_HEADROOM = 16 * 2**20  # bytes of the limit left outside ram_budget (interpreter growth)
-DEFAULT_PROMPT = "Explain what a CPU cache is in two sentences."
+DEFAULT_PROMPT = "A CPU cache is a small, fast memory that"
 DEFAULT_TIMEOUT_S = 3600.0
 CACHE_DROPPED_BELOW = 2**20  # a drop "worked" when less than this many bytes of the file stay cached
 

@@ -149,7 +149,7 @@ import sys, json, epqlab
 path, budget = sys.argv[1], sys.argv[2]
 s = epqlab.Session(path, ram_budget=int(budget), n_threads=2, n_ctx=512)
 print(json.dumps({"used": s.used_before_arena, "arena": s.pager.arena_bytes}), flush=True)
-g = s.generate("Explain what a CPU cache is in two sentences.", 16)
+g = s.generate("A CPU cache is a small, fast memory that", 16)
 print(json.dumps({"misses": g.stats["misses"], "evictions": g.stats["evictions"], "n_gen": len(g.tokens)}), flush=True)
 s.close()
 """

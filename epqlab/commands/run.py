@@ -5,7 +5,7 @@ import sys
 
 
 def add_session_args(p) -> None:
-    p.add_argument("-p", "--prompt", default="Explain what a CPU cache is in two sentences.")
+    p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--ram-budget", default=None,
                    help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB (default: all experts fit)")
