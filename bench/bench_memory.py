@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--results-dir", default="results")
+    ap.add_argument("--no-table", action="store_true", help="skip part 3 (the strict table)")
     args = ap.parse_args()
     lay = epqlab.inspect(args.model)
     limit = parse_bytes(args.limit) if args.limit else lay.file_size // 5 // (64 * 2**20) * (64 * 2**20)
@@ -82,6 +83,8 @@ def main():
     print(f"load goal: <= dense bytes / probe bandwidth + 2 s = {goal:.2f} s (paged load {paged['load_s']:.2f} s)")
 
     # 3. strict table
+    if args.no_table:
+        return
     levels = strict.parse_levels(args.levels) if args.levels else [int(limit * f) for f in (1, 1.5, 2, 3)]
     table = strict.run(args.model, levels, n_predict=args.n, repeats=args.repeats, **kw)
     print("\n" + strict.format_table(table))

@@ -9,7 +9,8 @@ def register(sub) -> None:
     add_session_args(p)
     p.add_argument("--arena-fraction", type=float, default=0.25,
                    help="arena size as a fraction of the routed-expert bytes when --ram-budget is not given (default 0.25)")
-    p.set_defaults(func=run, chat=True)
+    # an instruction for the chat template (run's default prompt is a continuation for plain text)
+    p.set_defaults(func=run, chat=True, prompt="Explain what a CPU cache is in two sentences.")
 
 
 def run(args) -> int:
