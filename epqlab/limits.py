@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .memory import sample
+
 SAMPLE_INTERVAL_S = 0.02  # parent's sampling period (s), as in seed 000's strict_bench.py
 MODES = ("auto", "cgroup", "cgroup-v1", "cgroup-v2", "sampled")
 _counter = itertools.count()
@@ -49,17 +51,13 @@ _counter = itertools.count()
 
 # -- process memory -----------------------------------------------------------------------------
 def _status(pid: int) -> tuple[int, int, int] | None:
-    """(RssAnon, RssShmem, RssFile) of ``pid`` in bytes, or None once it is gone (or a zombie)."""
-    vals = {"RssAnon": 0, "RssShmem": 0, "RssFile": 0}
+    """(RssAnon, RssShmem, RssFile) of ``pid`` in bytes (:func:`epqlab.memory.sample`), or None
+    once it is gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key = line.split(":", 1)[0]
-                if key in vals:
-                    vals[key] = int(line.split()[1]) * 1024
+        m = sample(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return vals["RssAnon"], vals["RssShmem"], vals["RssFile"]
+    return m.rss_anon, m.rss_shmem, m.rss_file
 
 
 def charged_bytes(pid: int) -> int | None:
