@@ -153,3 +153,23 @@ def test_live_equals_replay(default_model_path, tmp_path, policy):
         assert rep[c] == live[c], c
     assert [a.tolist() for a in p.pass_history()] == [a.tolist() for a in hist]
     assert live["requests"] > 0 and live["evictions"] > 0
+
+
+def test_notebook_03(default_model_path, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from notebooks import run_notebook
+
+    r = run_notebook("03_least_stale", {"model": str(default_model_path), "arenas": [0.3, 0.6],
+                                         "policies": ["lru", "ls_pos", "static", "fnu"],
+                                         "prompt_ids": ["chat-cache", "code-fib"], "n_predict": 6, "repeats": 1,
+                                         "warmup": 2}, tmp_path)
+    rows = r["rows"]
+    assert len(rows) == 8 and {x["policy"] for x in rows} == {"lru", "ls_pos", "static", "fnu"}
+    for x in rows:
+        assert x["replay_equal"] is True
+        assert 0 <= x["hit_rate"] <= x["belady_hit_rate"] <= 1
+        assert x["belady_gap"] == pytest.approx(x["hit_rate"] / x["belady_hit_rate"])
+    assert r["python"] == sys.executable
+    assert len(r["figures"]) == 4 and all(__import__("os").path.getsize(p) > 1000 for p in r["figures"])

@@ -101,7 +101,8 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
         ``_min``/``_max``), ``replay_equal``, ``replay_io_wait_s`` (the replay's wait for the same
         reads, s) beside the live ``io_wait_s``, ``belady_hit_rate`` / ``belady_decode_hit_rate`` /
         ``belady_steady_hit_rate``, and ``belady_gap`` = ``hit_rate / belady_hit_rate`` (also
-        ``steady_belady_gap``).
+        ``steady_belady_gap``). ``df.attrs`` holds the settings and ``route_log``: the first run's
+        route log (dict; routing does not depend on the policy or the arena: logits are identical).
 
     Raises:
         ValueError: unknown policy, bad arena, repeats < 1.
@@ -127,7 +128,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
     prompts = list(prompts) if prompts is not None else shipped_prompts()
     ranked = hot_experts(calibration_route_log(model, calibration_text), layout.n_layer * layout.n_expert) \
         if "static" in policies else None
-    rows = []
+    rows, first_log = [], None
     bar = tqdm(total=len(points) * len(policies) * repeats, desc="eviction ablation", disable=not progress)
     with tempfile.TemporaryDirectory() as tmp:
         for pt in points:
@@ -142,6 +143,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
                         runs.append(m)
                         if r == 0:
                             log = s.route_log()
+                            first_log = first_log or log
                             arena, slots = s.pager.requested_arena_bytes, s.pager.n_slots
                             used, direct = s.pager.arena_bytes, s.pager.direct_io
                     bar.update(1)
@@ -162,7 +164,8 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
     bar.close()
     df = pd.DataFrame(rows)
     df.attrs.update(model=str(layout.path), n_expert=layout.n_expert, n_expert_used=k, n_layer=len(layout.layers),
-                    n_predict=n_predict, repeats=repeats, warmup=warmup, prompts=[getattr(p, "id", str(p)[:40]) for p in prompts])
+                    n_predict=n_predict, repeats=repeats, warmup=warmup, prompts=[getattr(p, "id", str(p)[:40]) for p in prompts],
+                    route_log=first_log)
     return df
 
 

@@ -190,7 +190,7 @@ def summarize(runs: Sequence[dict]) -> dict:
 
 
 def save(df, out_dir, stem: str, meta: dict | None = None) -> dict:
-    """Write a result table as ``<stem>.csv`` and ``<stem>.json`` (``{"meta": ..., "rows": [...]}``) in
+    """Write a result table as ``<stem>.csv`` and ``<stem>.json`` (``{**meta, "rows": [...]}``) in
     ``out_dir`` (created); returns the paths written."""
     import json
     from pathlib import Path
@@ -200,5 +200,5 @@ def save(df, out_dir, stem: str, meta: dict | None = None) -> dict:
     csv, js = out / f"{stem}.csv", out / f"{stem}.json"
     df.to_csv(csv, index=False)
     rows = json.loads(df.to_json(orient="records"))
-    js.write_text(json.dumps({"meta": meta or {}, "rows": rows}, indent=1) + "\n")
+    js.write_text(json.dumps({**(meta or {}), "rows": rows}, indent=1, default=str) + "\n")
     return {"csv": str(csv), "json": str(js)}
