@@ -194,7 +194,8 @@ class Pager:
         no compute) and return :meth:`stats`.
 
         Args:
-            route_log: a path to a route-log NPZ (docs/DESIGN.md, "Route log"), a dict or object
+            route_log: a path to a route-log NPZ (docs/DESIGN.md §6, read with
+                :meth:`epqlab.routes.RouteLog.load`), a :class:`~epqlab.routes.RouteLog`, a dict or object
                 with ``experts``, ``layers`` and (optionally) ``ubatch``, or an int32 array
                 ``[T, L, k]`` (then ``layers`` = GGUF block ids of its L columns, default the
                 model's MoE layers).
@@ -207,13 +208,18 @@ class Pager:
         of -1 (a token not routed through a layer) are skipped. This is the live hook's own code
         path (``pager::request_layer``), so replaying a live run's log reproduces its hits,
         misses and evictions exactly. Stats accumulate (call :meth:`reset_stats`).
+
+        Raises:
+            RouteLogError: ``route_log`` is a path to a file that is not a valid route log.
+            ValueError: expert ids outside ``[-1, n_expert)``, or layer / ubatch counts that do not
+                match the log's shape.
         """
         log_ub = None
         if isinstance(route_log, (str, os.PathLike)):
-            with np.load(route_log, allow_pickle=False) as z:
-                experts, layers = z["experts"], z["layers"]
-                log_ub = z["ubatch"] if "ubatch" in z.files else None
-        elif isinstance(route_log, dict):
+            from .routes.log import RouteLog
+
+            route_log = RouteLog.load(route_log)  # the format's one reader; names what is wrong with the file
+        if isinstance(route_log, dict):
             experts, layers, log_ub = route_log["experts"], route_log["layers"], route_log.get("ubatch")
         elif hasattr(route_log, "experts"):
             experts, layers = route_log.experts, route_log.layers

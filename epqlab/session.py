@@ -592,11 +592,12 @@ class Session:
                 "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
 
     def save_route_log(self, path=None) -> Path:
-        """Write the recorded routes as NPZ (docs/DESIGN.md) to ``path`` (default: the route_log path)."""
+        """Write the recorded routes to ``path`` (default: the route_log path) with
+        :meth:`epqlab.routes.RouteLog.save`, the one writer of the route-log NPZ (docs/DESIGN.md §6)."""
+        from .routes.log import RouteLog
+
         p = Path(path or self.route_log_path)
-        d = self.route_log()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(p, **d)
+        RouteLog.from_dict(self.route_log()).save(p)
         return p
 
     # -- lifecycle -----------------------------------------------------------------------------
