@@ -219,7 +219,7 @@ def test_notebook(tmp_path):
     d = run_notebook("01_io_probe", {"sizes": sizes, "concurrency": conc, "n_requests": 3, "scratch_bytes": "2MiB",
                                      "scratch_dir": str(tmp_path), "run_name": "tiny"}, tmp_path)
     assert d["notebook"] == "01_io_probe" and d["run_name"] == "tiny"
-    assert d["params"]["sizes"] == sizes and d["params"]["concurrency"] == conc
+    assert d["parameters"]["sizes"] == sizes and d["parameters"]["concurrency"] == conc
     rows = d["rows"]
     assert len(rows) == len(sizes) * len(conc)
     assert sorted((r["request_bytes"], r["concurrency"]) for r in rows) == [(s, c) for s in sizes for c in conc]
@@ -228,7 +228,7 @@ def test_notebook(tmp_path):
         assert r["mb_s"] == pytest.approx(r["total_bytes"] / r["wall_s"] / 1e6, rel=1e-9)
         assert r["lat_median_us"] > 0
     res = tmp_path / "results" / "01_io_probe"
-    assert (res / d["figure"]).stat().st_size > 0 and (res / d["csv"]).stat().st_size > 0
+    assert (res / d["figures"]["probe"]).stat().st_size > 1000 and (res / d["csv"]).stat().st_size > 0
     first = next(r for r in rows if r["request_bytes"] == 4096 and r["concurrency"] == 1)
     assert f"{first['lat_median_us']:.0f} us median alone" in d["reading"]
     assert not list(tmp_path.glob("epqlab-probe-*")), "scratch file must be removed"

@@ -243,3 +243,28 @@ def test_synthetic_locality():
     assert all(set(log.experts[t, l]) == set(log.experts[0, l]) for t in range(20) for l in range(3))
     df = simulate(log, [4]).set_index("policy")
     assert df.loc["lru", "misses"] == 3 * 4
+
+
+def test_routes_package_never_imports_the_engine():
+    """epqlab.routes reads and analyses logs only: no module of it imports the Session, the native extension,
+    the pager or the recorder (epqlab.route_recording), even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import epqlab.routes
+
+    engine = {"session", "_native", "pager", "strict", "strict_child", "route_recording", "models", "ablation"}
+    for f in Path(epqlab.routes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mods = [("." * node.level) + (node.module or "")] + [
+                    ("." * node.level) + (node.module + "." if node.module else "") + a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for m in mods:
+                parts = m.lstrip(".").split(".") if m.startswith("..") else (
+                    m.split(".")[1:] if m.startswith("epqlab.") else [])
+                assert not (parts and parts[0] in engine), f"{f.name}:{node.lineno} imports {m}"
+

@@ -1,12 +1,11 @@
-"""One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb."""
+"""One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb.
+No engine here: logs are recorded by :mod:`epqlab.route_recording`."""
 from __future__ import annotations
-
-import hashlib
-import os
 
 import numpy as np
 import pandas as pd
 
+from ..results import write_json  # noqa: F401  (notebooks written before epqlab.results import it from here)
 from .analysis import one_off_share, popularity, reuse_histogram, union_sizes
 from .log import RouteLog
 from .simulate import simulate
@@ -93,51 +92,3 @@ def make_figures(summary: dict) -> dict:
     ax.legend()
     figs["popularity"] = fig
     return figs
-
-
-def record_route_log(model, prompt: str, n_tokens: int, path: str) -> RouteLog:
-    """Generate ``n_tokens`` with an :class:`epqlab.Session` (plain llama.cpp, routes recorded;
-    ``model=None`` means the default model) and save its route log to ``path``."""
-    from ..models import default_model
-    from ..session import Session
-
-    with Session(model or default_model(), pager=False, route_log=path) as s:
-        s.generate(prompt, n_tokens)
-    return RouteLog.load(path)
-
-
-def obtain_log(route_log=None, *, model=None, prompt: str = "", n_tokens: int = 64, synthetic: bool = False,
-               workdir: str = ".", seed: int = 0):
-    """The log a notebook analyses: ``route_log`` if given; else one recorded with a Session; else, only when
-    ``synthetic``, a synthetic log. Returns (RouteLog or None, a line saying where it came from)."""
-    if route_log is not None:
-        return RouteLog.load(route_log), f"route log {os.fspath(route_log)}"
-    if synthetic:
-        log = RouteLog.synthetic(n_tokens=max(n_tokens, 2), n_layers=8, n_expert=64, k=4, locality=0.6,
-                                 n_prefill=min(8, n_tokens), seed=seed)
-        return log, f"synthetic log ({log!r})"
-    h = hashlib.sha1(f"{model}|{prompt}|{n_tokens}".encode()).hexdigest()[:10]
-    path = os.path.join(workdir, f"routes-{h}.npz")
-    return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
-
-
-def _clean(x):
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    return x
-
-
-def write_json(obj: dict, path: str) -> str:
-    """Write ``obj`` as strict JSON (NaN and inf become null), creating the folder; returns the path."""
-    import json
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(_clean(obj), f, indent=1, allow_nan=False)
-    return path
