@@ -19,6 +19,7 @@ from pathlib import Path
 
 
 import epqlab
+from epqlab.constants import ggml_row_bytes
 from epqlab.models import synthesize
 from epqlab.models.smollm2 import cache_dir
 from epqlab.routes import RouteLog
@@ -57,7 +58,7 @@ def main():
     if args.model:
         path = Path(args.model)
     else:
-        per_layer = 128 * 3 * (2048 * 768 // 256 * 144)
+        per_layer = 128 * 3 * ggml_row_bytes("Q4_K", 2048) * 768  # 128 experts x gate/up/down of 2048 x 768 Q4_K
         n_layer = max(1, int(args.gb * 1e9 // per_layer))
         path = cache_dir() / "bench" / f"qwen3-30b-a3b-{n_layer}L.gguf"
         if not path.exists():

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from .constants import GGUF_MAGIC, KEY_BLOCK_COUNT, KEY_EXPERT_COUNT, KEY_EXPERT_USED_COUNT, arch_key
 from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
 from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
 SPLIT_NAME_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
 PER_EXPERT_RE = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
-GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -350,15 +350,15 @@ def _inspect(path: Path) -> ModelLayout:
     name = str(_field_value(reader, "general.name") or path.stem)
     alignment = int(_field_value(reader, "general.alignment") or 32)
 
-    def hp(key, default=0):
+    def hp(template, default=0):
         # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
         # largest value any layer uses.
-        v = _field_value(reader, f"{arch}.{key}")
+        v = _field_value(reader, arch_key(template, arch))
         if isinstance(v, (list, tuple)):
             return max((int(x) for x in v), default=default)
         return int(v) if v is not None else default
 
-    n_layer = hp("block_count")
+    n_layer = hp(KEY_BLOCK_COUNT)
     _check_placement(path, reader, alignment, file_size)
     by_layer: dict[int, list[ExpertTensor]] = {}
     routed = 0
@@ -390,8 +390,8 @@ def _inspect(path: Path) -> ModelLayout:
             ExpertTensor(t.name, m.group(2), qtype.name, (dims[0], dims[1], dims[2]), int(t.data_offset), nb2, int(t.n_bytes))
         )
     n_tensors = len(reader.tensors)
-    n_expert_kv = hp("expert_count")
-    n_expert_used = hp("expert_used_count")
+    n_expert_kv = hp(KEY_EXPERT_COUNT)
+    n_expert_used = hp(KEY_EXPERT_USED_COUNT)
     metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
     data_offset = min((int(t.data_offset) for t in reader.tensors), default=file_size)
     per_expert = [t.name for t in reader.tensors if PER_EXPERT_RE.match(t.name)]

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .constants import OFFLINE_POLICIES, PAGE_SIZE
+from .constants import ONLINE_POLICIES as POLICIES
 from .errors import ArenaTooSmall
 from .layout import ModelLayout
 from .units import fmt_bytes, parse_bytes
 
-POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")  # online: what a live Session can run
-OFFLINE_POLICIES = ("belady",)  # needs the future: replay of a route log only
 
 
 def default_io_threads() -> int:
@@ -124,7 +124,7 @@ class Pager:
     def max_stage_bytes(layout: ModelLayout) -> int:
         """Bytes of the staging buffer an oversize ubatch needs: the largest expert tensor's span
         of whole file pages (one matrix of one layer, all experts). See native/hook.h."""
-        page = os.sysconf("SC_PAGE_SIZE")
+        page = PAGE_SIZE
         return max((-(-(t.offset % page + t.n_bytes) // page) * page for l in layout.layers for t in l.tensors),
                    default=0)
 

@@ -83,8 +83,8 @@ class Session:
             memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
             locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
             file mapping; the stock loader reads the whole file; default with ``pager=False``).
-        policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` | ``lfu`` | ``static`` (each rule and its
-            source: :class:`epqlab.Pager`).
+        policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES` (``lru`` | ``ls`` |
+            ``ls_pos`` | ``lfu`` | ``static`` | ``fnu``; each rule and its source: :class:`epqlab.Pager`).
         hot_experts: with ``policy="static"``: int ``[n, 2]`` (GGUF block, expert) pairs kept unless
             nothing else can be evicted (:func:`epqlab.ablation.hot_experts` picks them from a
             calibration route log; ``session.pager.set_hot`` sets them later). Without them

@@ -40,12 +40,13 @@ def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512
     from gguf import GGUFReader
     from llama_cpp import Llama
 
+    from ..constants import KEY_EXPERT_USED_COUNT, arch_key
     from ..perplexity import windowed_perplexity
 
     kv = None
     if expert_used:
         arch = GGUFReader(path).fields["general.architecture"].contents()
-        kv = {f"{arch}.expert_used_count": int(expert_used)}
+        kv = {arch_key(KEY_EXPERT_USED_COUNT, arch): int(expert_used)}
     llm = Llama(str(path), n_ctx=max(n_ctx, 256), n_batch=n_ctx, logits_all=True, verbose=False,
                 n_threads=n_threads, kv_overrides=kv)
 

@@ -8,6 +8,7 @@ import pandas as pd
 from ..results import write_json  # noqa: F401  (notebooks written before epqlab.results import it from here)
 from .analysis import one_off_share, popularity, reuse_histogram, union_sizes
 from .log import RouteLog
+from .reference import POLICIES
 from .simulate import simulate
 
 
@@ -18,7 +19,7 @@ def default_capacities(log: RouteLog, per_layer: bool = True, n: int = 12) -> li
 
 
 def summarize(log: RouteLog, capacities=None, *, window: int = 48, per_layer: bool = True,
-              policies=("lru", "ls", "ls_pos", "belady")) -> dict:
+              policies=POLICIES) -> dict:
     """Every analysis of the log as plain numbers: log shape, one-off share in ``window``, cache simulation
     (records of :func:`~epqlab.routes.simulate`), U(k), reuse histogram and popularity (records)."""
     caps = list(capacities) if capacities is not None else default_capacities(log, per_layer)
@@ -41,7 +42,7 @@ def summary_table(summary: dict) -> pd.DataFrame:
     """Hit rate per capacity (rows) and policy (columns), the table ``epqlab routes`` prints."""
     sim = pd.DataFrame(summary["simulation"])
     return sim.pivot(index="capacity", columns="policy", values="hit_rate")[
-        [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]]
+        [p for p in POLICIES if p in set(sim.policy)]]
 
 
 def make_figures(summary: dict) -> dict:
@@ -54,7 +55,7 @@ def make_figures(summary: dict) -> dict:
     fig, ax = plt.subplots(figsize=(6, 4))
     style = {"belady": dict(color="k", lw=2.5, zorder=5), "lru": dict(ls="-"), "ls": dict(ls="--"),
              "ls_pos": dict(ls=":")}
-    for pol in [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]:
+    for pol in [p for p in POLICIES if p in set(sim.policy)]:
         d = sim[sim.policy == pol]
         ax.plot(d.capacity, d.hit_rate, marker="o", ms=3, label=pol, **style.get(pol, {}))
     ax.set_xscale("log")
