@@ -232,3 +232,19 @@ def test_notebook(tmp_path):
     first = next(r for r in rows if r["request_bytes"] == 4096 and r["concurrency"] == 1)
     assert f"{first['lat_median_us']:.0f} us median alone" in d["reading"]
     assert not list(tmp_path.glob("epqlab-probe-*")), "scratch file must be removed"
+
+
+def test_probe_defaults(tmp_path):
+    """What notebook 01 probes when given a MoE GGUF, another file, or nothing."""
+    from epqlab.probe import DEFAULT_REQUEST_BYTES, REFERENCE_EXPERT_BYTES
+    from epqlab.probe_report import probe_defaults
+
+    m = tmp_path / "moe.gguf"
+    write_moe_gguf(m)
+    assert probe_defaults(m) == (81920, 2, None)  # per-expert bytes worked out in write_moe_gguf; top-k 2
+    assert probe_defaults(m, sizes=[4096], top_k=5) == (81920, 5, [4096])
+    other = tmp_path / "data.bin"
+    other.write_bytes(b"x" * 8192)
+    expected_sizes = sorted(set(DEFAULT_REQUEST_BYTES) | {REFERENCE_EXPERT_BYTES})
+    assert probe_defaults(other) == (REFERENCE_EXPERT_BYTES, 4, expected_sizes)
+    assert probe_defaults(None) == (REFERENCE_EXPERT_BYTES, 4, expected_sizes)
