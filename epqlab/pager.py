@@ -28,11 +28,15 @@ def default_io_threads() -> int:
 
 
 def _layer_specs(layout: ModelLayout):
-    return [(l.layer, [(t.offset, t.expert_bytes) for t in l.tensors]) for l in layout.layers]
+    return [(l.layer, [(t.offset, t.expert_bytes, t.file) for t in l.tensors]) for l in layout.layers]
 
 
 class Pager:
     """A fixed RAM arena of expert slots over one MoE GGUF, with O_DIRECT reads and eviction.
+
+    A split GGUF (shards) is paged from all its files: one descriptor per shard, each expert
+    tensor read from the shard that holds it (``ExpertTensor.file``), every shard checked for
+    changes (size, mtime) before each read batch.
 
     Args:
         layout: from :func:`epqlab.inspect`.
@@ -75,7 +79,7 @@ class Pager:
                 f"the smallest arena that works is {need} bytes ({fmt_bytes(need)})"
             )
         self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
-                             int(io_threads or default_io_threads()), bool(direct_io))
+                             int(io_threads or default_io_threads()), bool(direct_io), [str(f) for f in layout.files])
         self._index = {l.layer: i for i, l in enumerate(layout.layers)}
 
     # -- sizing --------------------------------------------------------------------------------

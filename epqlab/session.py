@@ -48,27 +48,34 @@ _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", 
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
-def _file_identity(path) -> tuple:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _file_identity(paths) -> tuple:
+    """(dev, inode, size, mtime) of each file of the model (every shard of a split one)."""
+    out = []
+    for p in paths:
+        st = os.stat(p)
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _prefetch_header(lay: ModelLayout) -> None:
-    """Read exactly the GGUF header into the page cache (readahead(2) of [0, data_offset)), so
-    llama.cpp's buffered header reads hit it instead of triggering the kernel's sequential
-    readahead (read_ahead_kb, often MiBs) into tensor data the lazy load does not want."""
-    fd = os.open(lay.path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, lay.data_offset, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
+    """Read exactly the GGUF header of each file into the page cache (readahead(2) of
+    [0, data_offset)), so llama.cpp's buffered header reads hit it instead of triggering the
+    kernel's sequential readahead (read_ahead_kb, often MiBs) into tensor data the lazy load
+    does not want."""
+    for path, data_offset in zip(lay.files, lay.data_offsets):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, data_offset, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
 
 
 class Session:
     """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
 
     Args:
-        model: path to a single-file MoE GGUF.
+        model: path to a MoE GGUF, or to the first (or any) shard of a split one (``NAME-00001-of-0000N.gguf``:
+            every shard is paged from its own file, see :func:`epqlab.inspect`).
         ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
             The budget bounds the whole resident set of the process, RssAnon + RssShmem +
             RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
@@ -103,7 +110,8 @@ class Session:
             experiments that fix the arena rather than the process budget.
 
     Raises:
-        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError, NotMoEError: bad model file.
+        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
+            model file.
         ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
@@ -148,7 +156,7 @@ class Session:
         # generator resumed after another call raises instead of decoding on a foreign cache.
         self._lock = threading.RLock()
         self._epoch = 0
-        self._file_id = _file_identity(lay.path)
+        self._file_id = _file_identity(lay.files)
         self._pager: Pager | None = None
         self._peak = PeakTracker()
         self._runs: list[dict] = []
@@ -160,6 +168,7 @@ class Session:
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
         record = self.route_log_path is not None
         dense_ranges = [(off, n) for _, off, n in lay.dense_tensors]
+        files = [str(f) for f in lay.files] if lay.n_files > 1 else []
         before = sample()
         io0 = read_bytes()
         m0 = core.malloc_bytes()
@@ -170,7 +179,8 @@ class Session:
             self._engine = core.Engine(str(lay.path), None, lay.architecture,
                                        k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
                                        int(n_threads or cpu_threads()), (self.paged or record) and lay.is_moe,
-                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges)
+                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges, files,
+                                       list(lay.dense_files) if files else [])
         except RuntimeError as e:
             if "whole-file read" in str(e) or "mlock" in str(e):
                 raise EpqlabError(str(e)) from None
@@ -242,9 +252,9 @@ class Session:
         """Refuse to decode if the model file changed on disk since the session opened it: llama's
         mapping and the pager's reads would mix old and new bytes."""
         try:
-            now = _file_identity(self.layout.path)
+            now = _file_identity(self.layout.files)
         except OSError as e:
-            raise ModelChangedError(f"the model file {self.layout.path} is gone ({e}); reopen the Session") from None
+            raise ModelChangedError(f"a file of the model {self.layout.path} is gone ({e}); reopen the Session") from None
         if now != self._file_id:
             raise ModelChangedError(
                 f"the model file {self.layout.path} changed on disk since this Session opened it (size, mtime or "

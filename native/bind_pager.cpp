@@ -12,13 +12,14 @@
 
 namespace py = pybind11;
 
-using layer_list = std::vector<std::pair<int32_t, std::vector<std::pair<int64_t, int64_t>>>>;
+// [(block, [(offset, expert_bytes, file index)])]
+using layer_list = std::vector<std::pair<int32_t, std::vector<std::tuple<int64_t, int64_t, int32_t>>>>;
 
 static std::vector<pager_layer_spec> to_specs(const layer_list & layers) {
     std::vector<pager_layer_spec> out;
     for (const auto & l : layers) {
         pager_layer_spec s{l.first, {}};
-        for (const auto & t : l.second) s.tensors.push_back({t.first, t.second});
+        for (const auto & t : l.second) s.tensors.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
         out.push_back(s);
     }
     return out;
@@ -67,9 +68,11 @@ void register_pager(py::module_ & m) {
 
     py::class_<pager>(m, "Pager")
         .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
-                         int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io) {
+                         int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io,
+                         const std::vector<std::string> & paths) {
                  pager_config c;
                  c.path = path;
+                 c.paths = paths;
                  c.layers = to_specs(layers);
                  c.n_expert = n_expert;
                  c.n_expert_used = n_expert_used;
@@ -80,7 +83,8 @@ void register_pager(py::module_ & m) {
                  return new pager(c);
              }),
              py::arg("path"), py::arg("layers"), py::arg("n_expert"), py::arg("n_expert_used"), py::arg("arena_bytes"),
-             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"))
+             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"),
+             py::arg("paths") = std::vector<std::string>{})
         .def_static("unit_slot_bytes", [](const layer_list & layers, int32_t n_expert) {
             return pager::unit_slot_bytes(to_specs(layers), n_expert);
         })

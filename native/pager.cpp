@@ -51,7 +51,47 @@ std::vector<int64_t> pager::unit_slot_bytes(const std::vector<pager_layer_spec> 
     return out;
 }
 
-pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert) {
+void pager::close_files() { files_.clear(); }
+
+void pager::open_files(const std::vector<std::string> & paths, bool direct) {
+    files_.clear();
+    direct_ = direct;
+    for (const auto & path : paths) {
+        file_state f;
+        f.path = path;
+        if (direct_) {
+            f.fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+            bool refused = f.fd < 0 && errno == EINVAL;
+            if (f.fd >= 0) {
+                // Some file systems accept O_DIRECT at open and refuse it at read: probe one page.
+                void * buf = nullptr;
+                if (posix_memalign(&buf, (size_t) page_, (size_t) page_) == 0) {
+                    ssize_t r = pread(f.fd, buf, (size_t) page_, 0);
+                    refused = r < 0 && errno == EINVAL;
+                    free(buf);
+                }
+            }
+            if (refused) {
+                // One file refuses O_DIRECT: read every file buffered (one mode per pager).
+                open_files(paths, false);
+                return;
+            }
+        }
+        if (f.fd < 0) f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (f.fd < 0) {
+            int e = errno;
+            files_.clear();
+            throw pager_io_error("cannot open " + path + ": " + errstr(e), path, 0, e);
+        }
+        struct stat st{};
+        fstat(f.fd, &st);
+        f.size = (int64_t) st.st_size;
+        f.mtime_ns = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        files_.push_back(std::move(f));
+    }
+}
+
+pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     page_ = page_size();
     if (cfg.policy == "lru") policy_ = 0;
     else if (cfg.policy == "ls") policy_ = 1;
@@ -60,32 +100,14 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
     policy_name_ = cfg.policy;
     if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
 
-    // --- file ---
-    direct_ = false;
-    if (cfg.direct_io) {
-        fd_ = open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (fd_ >= 0) {
-            // Some file systems accept O_DIRECT at open and refuse it at read: probe one page.
-            void * buf = nullptr;
-            if (posix_memalign(&buf, (size_t) page_, (size_t) page_) == 0) {
-                ssize_t r = pread(fd_, buf, (size_t) page_, 0);
-                free(buf);
-                if (r < 0 && errno == EINVAL) { close(fd_); fd_ = -1; }
-                else direct_ = true;
-            }
-        }
-    }
-    if (fd_ < 0) fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-        int e = errno;
-        throw pager_io_error("cannot open " + path_ + ": " + errstr(e), path_, 0, e);
-    }
-    {
-        struct stat st{};
-        fstat(fd_, &st);
-        file_size_ = (int64_t) st.st_size;
-        file_mtime_ns_ = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    }
+    // --- files (one per shard of a split model) ---
+    const std::vector<std::string> paths = cfg.paths.empty() ? std::vector<std::string>{cfg.path} : cfg.paths;
+    for (const auto & l : cfg.layers)
+        for (const auto & t : l.tensors)
+            if (t.file < 0 || t.file >= (int32_t) paths.size())
+                throw std::invalid_argument("tensor file index " + std::to_string(t.file) + " outside the " +
+                                            std::to_string(paths.size()) + " model files");
+    open_files(paths, cfg.direct_io);
 
     // --- regions (mirror layout) ---
     const auto ub = unit_slot_bytes(cfg.layers, n_expert_);
@@ -98,6 +120,7 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
             tensor_map m{};
             m.offset       = t.offset;
             m.expert_bytes = t.expert_bytes;
+            m.file         = t.file;
             m.first_page   = t.offset / page_;
             const int64_t lead = t.offset - m.first_page * page_;
             m.region_bytes = ceil_div(lead + (int64_t) n_expert_ * t.expert_bytes, page_) * page_;
@@ -200,7 +223,7 @@ pager::~pager() {
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
     if (fill_) munmap(fill_, (size_t) arena_size_);
     if (memfd_ >= 0) close(memfd_);
-    if (fd_ >= 0) close(fd_);
+    close_files();
 }
 
 int64_t pager::arena_resident_bytes() const {
@@ -222,7 +245,7 @@ void * pager::tensor_data(int li, int ti) const {
 
 void pager::drop_file_cache(int li, int ti) const {
     const auto & m = maps_.at(li).at(ti);
-    posix_fadvise(fd_, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
+    posix_fadvise(files_[m.file].fd, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
 }
 
 int pager::capacity(int li) const {
@@ -453,6 +476,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
                 j.len    = (p1 - p0) * page_;
                 j.need   = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes - j.offset;
                 j.dst    = fill_ + slots_[s].offset + m.sub_off;
+                j.fd     = files_[m.file].fd;
                 jobs.push_back(j);
                 job_unit.push_back(u);
             }
@@ -502,28 +526,39 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
 }
 
 void pager::check_file() const {
-    struct stat st{};
-    if (fstat(fd_, &st) == 0 &&
-        ((int64_t) st.st_size != file_size_ || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != file_mtime_ns_)) {
-        throw pager_io_error("the model file " + path_ + " changed (size or mtime) since the pager opened it: its experts "
-                             "would mix with older bytes already in memory; reopen the session", path_, 0, ESTALE);
+    for (const auto & f : files_) {
+        struct stat st{};
+        if (fstat(f.fd, &st) == 0 &&
+            ((int64_t) st.st_size != f.size || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f.mtime_ns)) {
+            throw pager_io_error("the model file " + f.path + " changed (size or mtime) since the pager opened it: its experts "
+                                 "would mix with older bytes already in memory; reopen the session", f.path, 0, ESTALE);
+        }
     }
 }
 
 void pager::run_reads(std::vector<io_job> & jobs) {
     const int64_t t0 = io_now_us();
-    pool_->run(fd_, !direct_, jobs);
+    pool_->run(files_[0].fd, !direct_, jobs);
     if (direct_) {
         // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
-        std::vector<io_job> redo;
-        for (auto & j : jobs) if (j.err == EINVAL) redo.push_back(j);
-        if (!redo.empty()) {
-            int fd2 = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd2 >= 0) {
-                close(fd_);
-                fd_ = fd2;
+        bool redo = false;
+        for (auto & j : jobs) redo |= j.err == EINVAL;
+        if (redo) {
+            std::vector<int> fds(files_.size(), -1);
+            for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
+                for (auto & j : jobs) {
+                    for (size_t i = 0; i < files_.size(); i++)
+                        if (j.fd == files_[i].fd) j.fd = fds[i];
+                }
+                for (size_t i = 0; i < files_.size(); i++) {
+                    close(files_[i].fd);
+                    files_[i].fd = fds[i];
+                }
                 direct_ = false;
-                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(fd_, true, one); j = one[0]; }
+                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
+            } else {
+                for (int fd : fds) if (fd >= 0) close(fd);
             }
         }
     }
@@ -531,6 +566,8 @@ void pager::run_reads(std::vector<io_job> & jobs) {
 }
 
 void pager::throw_read_error(const io_job & j) const {
+    std::string path_ = files_[0].path;
+    for (const auto & f : files_) if (f.fd == j.fd) path_ = f.path;
     std::string what = j.err
         ? "read of " + std::to_string(j.len) + " bytes at offset " + std::to_string(j.offset) + " of " + path_ + " failed: " + errstr(j.err)
         : "short read at offset " + std::to_string(j.offset) + " of " + path_ + ": got " + std::to_string(j.got) + " of " +
@@ -571,6 +608,7 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
             j.len    = std::min(seg, w.second * page_ - off);
             j.need   = std::min(off + j.len, tensor_end) - off;
             j.dst    = dst + (off / page_ - m.first_page) * page_;
+            j.fd     = files_[m.file].fd;
             jobs.push_back(j);
         }
     }

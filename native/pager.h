@@ -8,7 +8,8 @@
 // faults instead of computing on stale bytes. A unit is marked resident only after all of
 // its matrices were read completely; a failed read leaves it unmapped and its slot free.
 // Pinned units (those of the layer being computed) are never victims. The pager knows
-// nothing of llama.cpp: it pages byte ranges of one file.
+// nothing of llama.cpp: it pages byte ranges of one file, or of the shards of a split model
+// (one descriptor per file; each tensor is read from its own).
 #pragma once
 
 #include <cstdint>
@@ -20,11 +21,14 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "io_pool.h"
 
 struct pager_tensor_spec {
-    int64_t offset;        // absolute file offset of the tensor data, bytes
+    int64_t offset;        // absolute offset of the tensor data in its file, bytes
     int64_t expert_bytes;  // nb[2]: bytes of one expert's slice
+    int32_t file = 0;      // index into pager_config::paths (0 unless the model is split)
 };
 
 struct pager_layer_spec {
@@ -33,7 +37,8 @@ struct pager_layer_spec {
 };
 
 struct pager_config {
-    std::string                   path;
+    std::string                   path;            // the model file (first shard of a split model)
+    std::vector<std::string>      paths;           // every file, shards in order; empty = {path}
     std::vector<pager_layer_spec> layers;          // MoE layers in block order
     int32_t                       n_expert = 0;
     int32_t                       n_expert_used = 0;  // top-k; the arena reserves k largest slots
@@ -132,6 +137,7 @@ public:
 private:
     struct tensor_map {
         int64_t offset, expert_bytes;
+        int32_t file;           // index into files_
         int64_t first_page;     // file page index of the tensor's first byte
         char *  region;         // page-aligned base of the reserved range
         int64_t region_bytes;
@@ -164,14 +170,27 @@ private:
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
     // Runs reads on the pool (redoing O_DIRECT refusals buffered), adds the wait to io_wait_us.
     void run_reads(std::vector<io_job> & jobs);
-    // Throws pager_io_error (ESTALE) when the file's size or mtime differ from those at open.
+    // Throws pager_io_error (ESTALE) when a file's size or mtime differ from those at open.
     void check_file() const;
     [[noreturn]] void throw_read_error(const io_job & j) const;
+    // Opens every file (O_DIRECT when asked and every file takes it); throws pager_io_error.
+    void open_files(const std::vector<std::string> & paths, bool direct);
+    void close_files();
 
-    std::string                  path_;
-    int                          fd_ = -1;
-    int64_t                      file_size_ = 0;      // at open: a read batch refuses a changed file
-    int64_t                      file_mtime_ns_ = 0;
+    struct file_state {  // owns fd: closed when the pager (or a throwing constructor) lets go
+        std::string path;
+        int         fd = -1;
+        int64_t     size = 0, mtime_ns = 0;  // at open: a read batch refuses a changed file
+        file_state() = default;
+        file_state(file_state && o) noexcept : path(std::move(o.path)), fd(o.fd), size(o.size), mtime_ns(o.mtime_ns) { o.fd = -1; }
+        file_state & operator=(file_state && o) noexcept {
+            if (this != &o) { if (fd >= 0) ::close(fd); path = std::move(o.path); fd = o.fd; size = o.size; mtime_ns = o.mtime_ns; o.fd = -1; }
+            return *this;
+        }
+        file_state(const file_state &) = delete;
+        ~file_state() { if (fd >= 0) ::close(fd); }
+    };
+    std::vector<file_state>      files_;           // the model's files (shards), in order
     bool                         direct_ = false;
     int                          memfd_ = -1;
     char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads

@@ -110,3 +110,47 @@ def fused_model(path, seed=0) -> Written:
     """Fused gate_up + down experts."""
     layers = [LayerSpec(i, "Q8_0", 128, 32, fused=True) for i in range(2)]
     return write_moe(path, layers, n_expert=4, n_expert_used=2, seed=seed)
+
+
+def split_gguf(src, out_prefix, n_shards: int, shard_of=None) -> list[Path]:
+    """Write ``src`` as ``n_shards`` split GGUFs named like llama.cpp's gguf-split does
+    (``{out_prefix}-0000i-of-0000n.gguf``): every shard has ``split.no`` (u16), ``split.count``
+    (u16) and ``split.tensors.count`` (i32); the first shard also carries all of ``src``'s
+    metadata. ``shard_of(i, name)`` picks the shard of the i-th tensor (default: GGUF block
+    number modulo n_shards, non-block tensors in shard 0), so the routed experts of different
+    layers sit in different files. Returns the shard paths in order."""
+    import re
+
+    r = gguf.GGUFReader(src)
+    if shard_of is None:
+        def shard_of(i, name):
+            m = re.match(r"blk\.(\d+)\.", name)
+            return int(m.group(1)) % n_shards if m else 0
+    groups: list[list] = [[] for _ in range(n_shards)]
+    for i, t in enumerate(r.tensors):
+        groups[shard_of(i, t.name)].append(t)
+    arch = str(r.fields["general.architecture"].contents())
+    paths = []
+    for s in range(n_shards):
+        p = Path(f"{out_prefix}-{s + 1:05d}-of-{n_shards:05d}.gguf")
+        w = gguf.GGUFWriter(str(p), arch)
+        if s == 0:
+            for k, f in r.fields.items():
+                if k.startswith("GGUF.") or k == "general.architecture":
+                    continue
+                vt = gguf.GGUFValueType(f.types[0])
+                sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+                w.add_key_value(k, f.contents(), vt, sub_type=sub)
+        w.add_uint16("split.no", s)
+        w.add_uint16("split.count", n_shards)
+        w.add_int32("split.tensors.count", len(r.tensors))
+        for t in groups[s]:
+            w.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.data.nbytes), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in groups[s]:
+            w.write_tensor_data(np.asarray(t.data))
+        w.close()
+        paths.append(p)
+    return paths
