@@ -278,6 +278,8 @@ def _open_reader(path: Path):
 
     with open(path, "rb") as fh:
         magic = fh.read(4)
+    if not magic:
+        raise NotGGUFError(f"{path} is empty (0 bytes), not a GGUF model: the download or copy failed; fetch it again.")
     if magic != GGUF_MAGIC:
         raise NotGGUFError(
             f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF'). "

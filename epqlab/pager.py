@@ -17,6 +17,7 @@ from .layout import ModelLayout
 from .units import fmt_bytes, parse_bytes
 
 POLICIES = ("lru", "ls", "ls_pos")
+MAX_IO_THREADS = 1024  # reader threads: far more than any device rewards; the bound keeps a typo from spawning millions
 
 
 def default_io_threads() -> int:
@@ -56,7 +57,7 @@ class Pager:
 
     Raises:
         ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
-        ValueError: unknown policy.
+        ValueError: unknown policy, io_threads outside 1..MAX_IO_THREADS (1024).
         PagerIOError: the file cannot be opened.
     """
 
@@ -66,6 +67,9 @@ class Pager:
 
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if io_threads is not None and (isinstance(io_threads, bool) or not isinstance(io_threads, int)
+                                       or not 1 <= io_threads <= MAX_IO_THREADS):
+            raise ValueError(f"io_threads must be an integer in 1..{MAX_IO_THREADS}, got {io_threads!r}")
         self.layout = layout
         k = int(n_expert_used or layout.n_expert_used or 1)
         if not 1 <= k <= layout.n_expert:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import os
 import threading
 import time
@@ -17,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArenaTooSmall, EpqlabError, ModelChangedError
+from .errors import ArenaTooSmall, EpqlabError, LlamaCppError, ModelChangedError
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
-from .pager import POLICIES, Pager, default_io_threads
+from .pager import MAX_IO_THREADS, POLICIES, Pager, default_io_threads
 from .units import fmt_bytes, parse_bytes
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
 DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
 LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode produces (bytes)
 
@@ -70,6 +73,25 @@ def _prefetch_header(lay: ModelLayout) -> None:
             os.close(fd)
 
 
+def _token_array(tokens) -> np.ndarray:
+    """Token ids as int64 ``[n]``. Raises ValueError for non-integer ids (no silent rounding) and
+    TypeError for something that is not a sequence of ids."""
+    try:
+        a = np.asarray(tokens).ravel()
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"token ids must be a sequence of ints, got {type(tokens).__name__} ({e})") from None
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype == object and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in a):
+        a = np.array([int(x) for x in a], dtype=object)
+        if any(x < -(2**63) or x >= 2**63 for x in a):
+            raise ValueError("token ids must be in the vocabulary; got an id beyond 64 bits")
+        return a.astype(np.int64)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got {a.dtype} values (e.g. {a[0]!r})")
+    return a.astype(np.int64)
+
+
 class Session:
     """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
 
@@ -112,9 +134,12 @@ class Session:
     Raises:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
             model file.
-        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes.
+        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
+            that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads).
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
+        LlamaCppError: llama.cpp could not load the model or create the context (its own error
+            lines in the message), or the lazy load could not start (see ``dense_weights``).
     """
 
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
@@ -131,11 +156,15 @@ class Session:
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
         if lay.is_moe and not 1 <= k <= lay.n_expert:
             raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
-                        ("io_threads", 1 if io_threads is None else io_threads),
-                        ("n_threads", 1 if n_threads is None else n_threads)):
+        for name, v, hi in (("n_ctx", n_ctx, None), ("n_batch", n_batch, None), ("n_ubatch", n_ubatch, None),
+                            ("io_threads", 1 if io_threads is None else io_threads, MAX_IO_THREADS),
+                            ("n_threads", 1 if n_threads is None else n_threads, MAX_THREADS)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
+            if hi is not None and int(v) > hi:
+                raise ValueError(f"{name} must be <= {hi}, got {v}")
         if not lay.is_moe and expert_used is not None:
             raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
         dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
@@ -182,9 +211,9 @@ class Session:
                                        lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges, files,
                                        list(lay.dense_files) if files else [])
         except RuntimeError as e:
-            if "whole-file read" in str(e) or "mlock" in str(e):
-                raise EpqlabError(str(e)) from None
-            raise
+            # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
+            # load's (no relocations, mlock limit): one EpqlabError class naming the cause.
+            raise LlamaCppError(str(e)) from None
         self.load_s = time.perf_counter() - t0
         io1 = read_bytes()
         self.load_report = dict(self._engine.load_report())
@@ -270,11 +299,12 @@ class Session:
         return max(1, min(self.n_batch, LOGITS_BLOCK_BYTES // (4 * self.n_vocab)))
 
     def _check_tokens(self, tokens, pos0: int) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int32).ravel()
+        tokens = _token_array(tokens)
         if len(tokens) == 0:
             raise ValueError("no tokens to decode: pass at least one token id")
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {tokens.min()}..{tokens.max()}")
+        tokens = tokens.astype(np.int32)
         if pos0 + len(tokens) > self.n_ctx:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
         return tokens
@@ -391,11 +421,24 @@ class Session:
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
         one of ``stop`` (the stop string is not yielded)."""
         self._check_open()
+        if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
+            raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
         if n_predict < 0:
             raise ValueError(f"n_predict must be >= 0, got {n_predict}")
-        toks = self.tokenize(prompt, add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            raise ValueError(f"temperature must be a number, got {temperature!r}") from None
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite (<= 0 for greedy), got {temperature}")
+        if isinstance(prompt, str):
+            toks = self.tokenize(prompt, add_special)
+        elif isinstance(prompt, (bytes, bytearray)) or prompt is None or not hasattr(prompt, "__len__"):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        else:
+            toks = [int(t) for t in _token_array(prompt)]
         if not toks:
-            raise ValueError("empty prompt")
+            raise ValueError("empty prompt: pass some text or at least one token id")
         self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
         rng = np.random.default_rng(seed)
         with self._lock:
