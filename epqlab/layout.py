@@ -291,6 +291,11 @@ def _open_reader(path: Path):
         msg = str(e)
         if "version" in msg and "handle" in msg:
             raise NotGGUFError(f"{path}: unsupported GGUF version ({msg}). Re-convert with a current llama.cpp.") from e
+        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg:
+            # a key, string or tensor name that is not UTF-8, or a value/tensor type id no GGUF defines
+            raise NotGGUFError(
+                f"{path}: the GGUF header is corrupt ({msg[:200]}). Download or copy the file again, or re-convert it."
+            ) from e
         raise TruncatedModelError(
             f"{path} ({os.path.getsize(path)} bytes) ends before its header or tensor data does ({msg}). "
             "The file is truncated or corrupt: download or copy it again."
@@ -379,6 +384,18 @@ def _check_placement(path: Path, reader, alignment: int, file_size: int) -> None
                 f"{path}: tensor {t.name} (bytes {off}..{off + n}) overlaps {prev.name} (ends at "
                 f"{int(prev.data_offset) + int(prev.n_bytes)}): the file is corrupt; re-convert it.")
         prev = t
+    # gguf.cpp (gguf_init_from_reader) wants the tensors packed in header order, each at the
+    # aligned end of the one before: a tensor whose dims or offset changed breaks that.
+    start = int(getattr(reader, "data_offset", base))
+    expect = 0
+    for t in reader.tensors:
+        rel = int(t.data_offset) - start
+        if rel != expect:
+            raise NotGGUFError(
+                f"{path}: tensor {t.name} has data offset {rel}, but the tensors before it in the header end at {expect} "
+                "(GGUF packs tensor data in header order; llama.cpp refuses anything else): the file is corrupt; "
+                "re-convert it.")
+        expect += -(-int(t.n_bytes) // alignment) * alignment
     for t in ts:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > file_size:
@@ -436,6 +453,34 @@ def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
     return out
 
 
+LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
+
+
+def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: int, n_expert: int) -> None:
+    """Refuse what llama.cpp's load_hparams asserts on (GGML_ASSERT aborts the whole process
+    there, so a corrupt file must not get that far): block_count in 1..LLAMA_MAX_LAYERS, top-k
+    in 1..expert_count for a MoE and 0 without experts, expert groups that divide the experts.
+    Raises NotGGUFError naming the key."""
+    def bad(key, value, need):
+        raise NotGGUFError(f"{path}: {arch}.{key} is {value}, but llama.cpp needs {need} (it would abort the "
+                           "process loading it): the file is corrupt or mis-converted; re-convert it.")
+
+    n_layer = hp("block_count")
+    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        bad("block_count", n_layer if n_layer else "missing or 0", f"1..{LLAMA_MAX_LAYERS}")
+    if hp("nextn_predict_layers") > n_layer:
+        bad("nextn_predict_layers", hp("nextn_predict_layers"), f"<= block_count ({n_layer})")
+    n_exp = n_expert or n_expert_kv
+    if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
+        bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
+    if n_exp == 0 and n_expert_used:
+        bad("expert_used_count", n_expert_used, "0 for a model without experts")
+    groups, used = hp("expert_group_count"), hp("expert_group_used_count")
+    if groups and (groups >= max(1, n_exp) or (groups > 1 and (n_exp % groups or not 0 < used < groups))):
+        bad("expert_group_count", f"{groups} (groups used {used}, experts {n_exp})",
+            "fewer groups than experts, dividing them, and 0 < groups used < groups")
+
+
 def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -449,9 +494,13 @@ def _inspect(path: Path) -> ModelLayout:
         # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
         # largest value any layer uses.
         v = _field_value(reader, f"{arch}.{key}")
-        if isinstance(v, (list, tuple)):
-            return max((int(x) for x in v), default=default)
-        return int(v) if v is not None else default
+        try:
+            if isinstance(v, (list, tuple)):
+                return max((int(x) for x in v), default=default)
+            return int(v) if v is not None else default
+        except (TypeError, ValueError, OverflowError):
+            raise NotGGUFError(f"{path}: {arch}.{key} is {str(v)[:80]!r}, not an integer: the file is corrupt or "
+                               "mis-converted; re-convert it.") from None
 
     n_layer = hp("block_count")
     file_sizes = [p.stat().st_size for p, _ in shards]
@@ -504,7 +553,6 @@ def _inspect(path: Path) -> ModelLayout:
     file_mtimes = [p.stat().st_mtime_ns for p, _ in shards]
     data_offsets = [min((int(t.data_offset) for t in r.tensors), default=file_sizes[i]) for i, (_, r) in enumerate(shards)]
     files = [p for p, _ in shards]
-    del reader, shards
     if not by_layer and per_expert:
         raise NotMoEError(
             f"{path} ({arch}) stores its routed experts one tensor per expert ({per_expert[0]}, ...): the legacy "
@@ -520,6 +568,8 @@ def _inspect(path: Path) -> ModelLayout:
         for t in l.tensors:
             if t.shape[2] != n_expert:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
+    _check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
+    del reader, shards
     dense.sort(key=lambda d: (d[0], d[2]))
     return ModelLayout(
         path=path,

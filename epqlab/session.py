@@ -155,7 +155,7 @@ class Session:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
         if lay.is_moe and not 1 <= k <= lay.n_expert:
-            raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
+            raise ValueError(f"expert_used={k} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
         for name, v, hi in (("n_ctx", n_ctx, None), ("n_batch", n_batch, None), ("n_ubatch", n_ubatch, None),
                             ("io_threads", 1 if io_threads is None else io_threads, MAX_IO_THREADS),
                             ("n_threads", 1 if n_threads is None else n_threads, MAX_THREADS)):

@@ -26,11 +26,40 @@ static void log_cb(ggml_log_level level, const char * text, void *) {
     }
 }
 
+// s with every byte that is not part of valid UTF-8 written as \xNN: llama.cpp quotes names
+// and keys from the file, and a corrupt file's bytes must not make the message itself unreadable
+// (pybind11 decodes exception messages as UTF-8).
+static std::string valid_utf8(const std::string & s) {
+    std::string out;
+    const auto * b = (const unsigned char *) s.data();
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = b[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (b[i + k] & 0xC0) == 0x80;
+        if (ok && len == 2) ok = c >= 0xC2;                                   // no overlong forms
+        if (ok && len == 3) ok = !(c == 0xE0 && b[i + 1] < 0xA0) && !(c == 0xED && b[i + 1] >= 0xA0);
+        if (ok && len == 4) ok = c <= 0xF4 && !(c == 0xF0 && b[i + 1] < 0x90) && !(c == 0xF4 && b[i + 1] >= 0x90);
+        if (ok) {
+            out.append(s, i, len);
+            i += len;
+        } else {
+            char hex[5];
+            snprintf(hex, sizeof(hex), "\\x%02X", c);
+            out += hex;
+            i++;
+        }
+    }
+    return out;
+}
+
 // llama.cpp's error lines logged since the last call, newlines folded, for exception messages.
 static std::string take_errors() {
     std::lock_guard<std::mutex> lk(g_log_mu);
     std::string s;
     s.swap(g_errors);
+    s = valid_utf8(s);
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     for (auto & c : s) if (c == '\n') c = ';';
     return s.empty() ? s : " [llama.cpp: " + s + "]";

@@ -154,3 +154,43 @@ def split_gguf(src, out_prefix, n_shards: int, shard_of=None) -> list[Path]:
         w.close()
         paths.append(p)
     return paths
+
+
+def shrink_vocab(src, dst, n_vocab: int = 512) -> Path:
+    """Copy the runnable GGUF ``src`` keeping only its first ``n_vocab`` tokens: the tokenizer's
+    token and type arrays cut, merges kept where both halves and the result survive, the
+    token_embd/output rows cut. A header of a few KiB that llama.cpp still loads and runs (for
+    tests that rewrite or parse headers many times)."""
+    r = gguf.GGUFReader(src)
+    toks = r.fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
+    keep = set(toks)
+    arch = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+        v = f.contents()
+        if k == "tokenizer.ggml.tokens":
+            v = toks
+        elif k == "tokenizer.ggml.token_type" or k == "tokenizer.ggml.scores":
+            v = v[:n_vocab]
+        elif k == "tokenizer.ggml.merges":
+            v = [m for m in v if all(p in keep for p in m.split(" ")) and m.replace(" ", "") in keep] or v[:1]
+        elif k.startswith("tokenizer.ggml.") and k.endswith("_token_id") and int(v) >= n_vocab:
+            continue
+        w.add_key_value(k, v, vt, sub_type=sub)
+    for t in r.tensors:
+        d = np.asarray(t.data)
+        if t.name in ("token_embd.weight", "output.weight"):
+            d = d[:n_vocab]
+        w.add_tensor_info(t.name, d.shape, d.dtype, int(d.nbytes), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        d = np.asarray(t.data)
+        w.write_tensor_data(np.ascontiguousarray(d[:n_vocab]) if t.name in ("token_embd.weight", "output.weight") else d)
+    w.close()
+    return Path(dst)
