@@ -189,9 +189,9 @@ class Session:
         self._pager: Pager | None = None
         self._peak = PeakTracker()
         self._runs: list[dict] = []
-        self._routes: list[np.ndarray] = []
-        self._phases: list[np.ndarray] = []
-        self._ubatches: list[np.ndarray] = []
+        # (experts [n, L, k], phase [n], ubatch [n]) per decode call; one tuple, appended in one
+        # step, so an interrupt (KeyboardInterrupt) can never leave the three out of step
+        self._route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._prompt_hash = ""
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
@@ -275,6 +275,11 @@ class Session:
         self._check_open()
         self._epoch += 1
         self._engine.clear()
+        if self.route_log_path is not None:
+            # routes of a decode whose caller was interrupted before taking them (KeyboardInterrupt
+            # as llama_decode returned): they belong to no recorded operation
+            self._engine.take_route()
+            self._engine.take_route_ubatch()
         return self._epoch
 
     def _check_file(self):
@@ -367,9 +372,8 @@ class Session:
         ubs = self._engine.take_route_ubatch()
         k = self._engine.route_k()
         if flat.size:
-            self._routes.append(flat.reshape(-1, len(self.layout.layers), k))
-            self._phases.append(np.full(self._routes[-1].shape[0], phase, np.uint8))
-            self._ubatches.append(ubs.astype(np.int32))
+            e = flat.reshape(-1, len(self.layout.layers), k)
+            self._route_parts.append((e, np.full(e.shape[0], phase, np.uint8), ubs.astype(np.int32)))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``
@@ -622,9 +626,10 @@ class Session:
             raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
         lay = self.layout
         k = self.n_expert_used
-        experts = np.concatenate(self._routes) if self._routes else np.zeros((0, len(lay.layers), k), np.int32)
-        phase = np.concatenate(self._phases) if self._phases else np.zeros(0, np.uint8)
-        ubatch = np.concatenate(self._ubatches) if self._ubatches else np.zeros(0, np.int32)
+        parts = list(self._route_parts)
+        experts = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, len(lay.layers), k), np.int32)
+        phase = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
+        ubatch = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
         meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self._prompt_hash}
         return {"experts": experts.astype(np.int32), "layers": np.array(lay.moe_layers, np.int32), "phase": phase,
                 "ubatch": ubatch,
