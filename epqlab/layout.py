@@ -453,13 +453,15 @@ def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
     return out
 
 
-LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
+LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h (0.3.36's vendored copy)
+LLAMA_MAX_EXPERTS = 1024
 
 
 def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: int, n_expert: int) -> None:
     """Refuse what llama.cpp's load_hparams asserts on (GGML_ASSERT aborts the whole process
-    there, so a corrupt file must not get that far): block_count in 1..LLAMA_MAX_LAYERS, top-k
-    in 1..expert_count for a MoE and 0 without experts, expert groups that divide the experts.
+    there, so a corrupt file must not get that far): block_count in 1..LLAMA_MAX_LAYERS,
+    expert_count <= LLAMA_MAX_EXPERTS, top-k in 1..expert_count for a MoE and 0 without
+    experts, expert groups that divide the experts.
     Raises NotGGUFError naming the key."""
     def bad(key, value, need):
         raise NotGGUFError(f"{path}: {arch}.{key} is {value}, but llama.cpp needs {need} (it would abort the "
@@ -471,6 +473,8 @@ def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: i
     if hp("nextn_predict_layers") > n_layer:
         bad("nextn_predict_layers", hp("nextn_predict_layers"), f"<= block_count ({n_layer})")
     n_exp = n_expert or n_expert_kv
+    if n_exp > LLAMA_MAX_EXPERTS:
+        bad("expert_count", n_exp, f"at most {LLAMA_MAX_EXPERTS}")
     if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
         bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
     if n_exp == 0 and n_expert_used:

@@ -112,6 +112,30 @@ def f(tmp_path_factory):
     shutil.copy(ps[0], out["split_renamed"])
     out["split_renamed_count"] = d / "four-00001-of-00004.gguf"  # name says 4 shards, split.count says 3
     shutil.copy(good[0], out["split_renamed_count"])
+    # headers that llama.cpp would abort on (GGML_ASSERT) or refuse, each a copy of the small MoE
+    def edited(tag: str, edit) -> Path:
+        p = d / f"h{len(out)}.gguf"
+        shutil.copy(small, p)
+        r = gguf.GGUFReader(p, "r+")
+        edit(r)
+        r.data.flush()
+        del r
+        out[tag] = p
+        return p
+
+    def set_kv(key, v):
+        return lambda r: r.fields[key].parts[-1].__setitem__(0, v)
+
+    edited("layers0", set_kv("llama.block_count", 0))
+    edited("layers4096", set_kv("llama.block_count", 4096))
+    edited("topk0", set_kv("llama.expert_used_count", 0))
+    edited("topk9", set_kv("llama.expert_used_count", 9))
+    # the last tensor moved one alignment unit on: aligned, no overlap, but not packed
+    edited("gap", lambda r: r.tensors[-1].field.parts[-1].__setitem__(0, int(r.tensors[-1].field.parts[-1][0]) + 32))
+    with open(out["gap"], "ab") as fh:
+        fh.write(bytes(32))  # so the moved tensor still ends inside the file
+    edited("badkey", lambda r: r.fields["llama.expert_count"].parts[1].__setitem__(0, 0xFF))  # not UTF-8
+    edited("badtype", lambda r: r.fields["llama.expert_count"].parts[2].__setitem__(0, 77))  # no such value type
     # a tensor in two shards: shard 2 of a split that also put token_embd there replaces shard 2
     out["split_dup"] = split_gguf(small, d / "dup", 2)[0]
     split_gguf(small, d / "dupx", 2, shard_of=lambda i, name: 1 if name == "token_embd.weight" or name.startswith("blk.1.") else 0)
@@ -180,6 +204,14 @@ ROWS = [
     ("dense model inspect", I("dense"), NotMoEError, "dense model"),
     ("dense model route log", S("dense", pager=False, route_log="r.npz"), NotMoEError, "dense model"),
     ("dense model expert_used", S("dense", pager=False, expert_used=2), ValueError, "dense"),
+    ("block_count 0", I("layers0"), NotGGUFError, "block_count is missing or 0"),
+    ("block_count 4096", I("layers4096"), NotGGUFError, "block_count is 4096, but llama.cpp needs 1..512"),
+    ("top-k 0", I("topk0"), NotGGUFError, "expert_used_count is missing or 0"),
+    ("top-k above experts", I("topk9"), NotGGUFError, "expert_used_count is 9, but llama.cpp needs 1..8"),
+    ("Session top-k 0", S("topk0"), NotGGUFError, "expert_used_count is missing or 0"),
+    ("tensor data not packed", I("gap"), NotGGUFError, "but the tensors before it in the header end at"),
+    ("key not UTF-8", I("badkey"), NotGGUFError, "header is corrupt"),
+    ("unknown value type", I("badtype"), NotGGUFError, "header is corrupt"),
     # -- split sets -----------------------------------------------------------------------------
     ("split missing shard", I("split_missing"), SplitModelError, "is missing"),
     ("split shard numbers", I("split_wrong_no"), SplitModelError, "split.no=1"),
