@@ -21,7 +21,6 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
         names_[std::get<0>(n)] = {std::get<1>(n), std::get<2>(n)};
         max_ti = std::max(max_ti, std::get<2>(n) + 1);
     }
-    orig_.assign(n_layers_, std::vector<void *>(max_ti, nullptr));
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
     stage_ids_.assign(n_layers_, {});
@@ -80,7 +79,6 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             auto n = names_.find(ggml_get_name(w));
             if (n == names_.end()) return false;  // not a routed-expert weight we page
             it = seen_.emplace(w, n->second).first;
-            orig_[n->second.first][n->second.second] = w->data;
             tensor_bytes_[n->second.first][n->second.second] = (int64_t) ggml_nbytes(w);
             if (pg_) {
                 // llama's loader read the whole file; its copy of these experts is not needed:
@@ -204,21 +202,16 @@ void expert_hook::on_topk(ggml_tensor * t) {
     if (last_li_ >= 0) pg_->release_layer(last_li_);
     last_li_ = li;
 
-    std::vector<int32_t> uni(ids);
-    std::sort(uni.begin(), uni.end());
-    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    if ((int) uni.size() > pg_->capacity(li)) {
-        // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
-        mode_[li] = STAGE;
-        stage_ids_[li] = std::move(uni);
-        stats_.staged_layers++;
-        stats_.staged_tokens += n_tokens;
-        return;
-    }
-    // Request in router order for a single token (recency as the router ranks them), else sorted.
     try {
-        if (n_tokens == 1) pg_->load_layer(li, ids.data(), k, nullptr);
-        else pg_->load_layer(li, uni.data(), (int) uni.size(), nullptr);
+        std::vector<int32_t> staged;
+        if (!pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
+            // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
+            mode_[li] = STAGE;
+            stage_ids_[li] = std::move(staged);
+            stats_.staged_layers++;
+            stats_.staged_tokens += n_tokens;
+            return;
+        }
     } catch (...) {
         mode_[li] = ZERO;
         throw;
