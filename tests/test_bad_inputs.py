@@ -231,6 +231,7 @@ ROWS = [
     ("reserve negative", S("tiny", reserve="-5MiB"), ValueError, "not a byte count"),
     ("policy unknown", S("tiny", policy="fifo"), ValueError, "unknown eviction policy"),
     ("policy None", S("tiny", policy=None), ValueError, "unknown eviction policy"),
+    ("policy belady live", S("tiny", policy="belady"), ValueError, "needs the future routes"),
     ("dense_weights unknown", S("tiny", dense_weights="ram"), ValueError, "unknown dense_weights"),
     ("io_threads 0", S("tiny", io_threads=0), ValueError, "io_threads must be >= 1"),
     ("io_threads huge", S("tiny", io_threads=10**6), ValueError, "io_threads must be <="),
