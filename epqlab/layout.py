@@ -573,7 +573,6 @@ def _inspect(path: Path) -> ModelLayout:
             if t.shape[2] != n_expert:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
     _check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
-    del reader, shards
     dense.sort(key=lambda d: (d[0], d[2]))
     return ModelLayout(
         path=path,

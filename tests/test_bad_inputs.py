@@ -3,9 +3,10 @@ whose message names the problem (asserted by a fragment), and never crashes, han
 silently. CLI rows run ``python -m epqlab`` and assert the exit code, no traceback, and one
 ``epqlab: error:`` line (argparse's own usage errors: exit 2 and one ``error:`` line).
 
-The files are built once per module: a tiny MoE (epqlab.models.synthesize), its 3-shard split
-(tests/ggufs.py split_gguf) and broken variants of both, a dense GGUF, truncations at header
-offsets read from gguf-py's parse of the good file.
+The files are built once per module: a copy of the tiny MoE (conftest ``tiny_gguf``),
+truncations of it at header offsets read from gguf-py's parse, a small layout-only MoE
+(tests/ggufs.py write_moe) with edited headers and 3-shard splits broken one way each
+(split_gguf), a dense GGUF, and non-GGUF files.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import pytest
 import epqlab
 from epqlab import (ArenaTooSmall, EpqlabError, ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError,
                     TruncatedModelError)
-from epqlab.models import synthesize
 from ggufs import LayerSpec, split_gguf, write_moe
 
 
@@ -48,7 +48,7 @@ def _set_split_key(path: Path, key: str, value: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def f(tmp_path_factory):
+def f(tmp_path_factory, tiny_gguf):
     """Paths of every file the rows use, by name."""
     import gguf
 
@@ -56,7 +56,7 @@ def f(tmp_path_factory):
     out: dict[str, Path] = {}
     # neutral names: a message fragment must come from the message, never from the path
     tiny = out["tiny"] = d / "m.gguf"
-    synthesize(tiny, "tiny", progress=False)
+    shutil.copy(tiny_gguf, tiny)
     data = tiny.read_bytes()
     r = gguf.GGUFReader(tiny)
     kv_mid = list(r.fields.values())[len(r.fields) // 2].offset + 3

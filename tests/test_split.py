@@ -11,17 +11,15 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.models import synthesize
 from ggufs import split_gguf
 
 PROMPT = [1, 5, 9, 13, 17, 21, 25, 29, 3, 7, 11]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_gguf):
     d = tmp_path_factory.mktemp("split")
-    whole = d / "tiny.gguf"
-    synthesize(whole, "tiny", progress=False)
+    whole = tiny_gguf
     # block b's tensors go to shard b % n: the experts of neighbouring layers sit in different files
     return {1: [whole], 2: split_gguf(whole, d / "tiny2", 2), 3: split_gguf(whole, d / "tiny3", 3)}
 
