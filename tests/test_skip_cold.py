@@ -102,11 +102,30 @@ def test_skip_cold_tau0_identical_and_tau_skips(default_model_path):
     assert off[3]["cold_skipped"] == zero[3]["cold_skipped"] == 0
     assert on[3]["cold_skipped"] > 0
     assert on[3]["bytes_read"] < off[3]["bytes_read"]
-    # Skipped experts are never requested: requests fall by at most the skipped count
-    # (later steps may also differ because residency differs).
-    assert on[3]["requests"] < off[3]["requests"]
+    # Every single-token step requests k experts per layer; a skipped one is not requested. The
+    # prefill is the same, so requests + skips with the knob on equal the requests with it off.
+    assert on[3]["requests"] + on[3]["cold_skipped"] == off[3]["requests"]
     assert np.array_equal(off[0], on[0])       # prefill (many tokens per ubatch) is untouched
     assert not np.array_equal(off[1], on[1])   # the decode steps are not
+
+
+def test_skip_cold_huge_tau_reads_nothing_in_decode(default_model_path):
+    """With tau above every router weight, no decode step reads: the pager reads exactly what the
+    prefill alone reads (a fresh session decoding 1 token vs 12), and every decode miss is a skip."""
+    from epqlab import Session
+
+    lay = epqlab.inspect(default_model_path)
+    arena = epqlab.Pager.all_experts_bytes(lay) // 4
+    got = []
+    for n in (1, 12):
+        with Session(default_model_path, arena_bytes=arena, skip_cold=1e9, n_ctx=256) as s:
+            s.greedy_trace(s.tokenize("Once upon a time"), n)
+            got.append(s.stats)
+    assert got[1]["bytes_read"] == got[0]["bytes_read"] and got[1]["misses"] == got[0]["misses"]
+    assert got[0]["cold_skipped"] == 0 and got[1]["cold_skipped"] > 0
+    # 11 decode steps x 30 layers x k: each selected expert is either a hit or a skip
+    k, L = lay.n_expert_used, len(lay.layers)
+    assert (got[1]["requests"] - got[0]["requests"]) + got[1]["cold_skipped"] == 11 * L * k
 
 
 def test_skip_cold_bad_values(default_model_path):
