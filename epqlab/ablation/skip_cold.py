@@ -67,6 +67,8 @@ def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=
         if not math.isfinite(t) or t < 0:
             raise ValueError(f"skip-cold thresholds must be finite router weights >= 0, got {t}")
     txt = resolve_texts(texts, text_chars)
+    if not txt:
+        raise ValueError("skip_cold measures perplexity: give at least one text (e.g. texts=['prose'])")
     pt = memory_points(lay, arenas=None if budget is not None else [arena],
                        budgets=[budget] if budget is not None else None, k=k)[0]
     pr = resolve_prompts(prompts) if repeats else []

@@ -23,10 +23,11 @@ from .grid import measure_prompts, memory_points, summarize
 def resolve_texts(texts, max_chars: int | None = None) -> dict[str, str]:
     """Evaluation texts as ``{name: text}``: None = every held-out text (:func:`epqlab.data.heldout_texts`),
     a list (or comma-separated string) of held-out names, or a mapping of your own; each cut to its
-    first ``max_chars`` characters (None = whole).
+    first ``max_chars`` characters (None = whole). An empty list gives no texts (no perplexity: for a
+    synthesized model with random weights, whose perplexity means nothing).
 
     Raises:
-        ValueError: an unknown held-out name, or no text.
+        ValueError: an unknown held-out name.
     """
     held = heldout_texts()
     if texts is None:
@@ -41,8 +42,6 @@ def resolve_texts(texts, max_chars: int | None = None) -> dict[str, str]:
             if t not in held:
                 raise ValueError(f"unknown held-out text {t!r}; choose from {', '.join(held)} or pass {{name: text}}")
             out[t] = held[t]
-    if not out:
-        raise ValueError("no evaluation texts given")
     return {k: v[:int(max_chars)] if max_chars else v for k, v in out.items()}
 
 
@@ -126,7 +125,7 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
         arenas: arena sizes, fractions of all expert slots or bytes, and ``budgets``: RAM budgets
             (bytes or "4GiB"), as :func:`epqlab.ablation.grid.memory_points` turns them into points.
         texts: evaluation texts (see :func:`resolve_texts`; ``text_chars`` cuts each); perplexity
-            with windows of ``ppl_n_ctx`` tokens.
+            with windows of ``ppl_n_ctx`` tokens; ``[]`` = no perplexity.
         prompts: generation prompts (see :func:`resolve_prompts`); ``n_predict`` greedy tokens each.
         repeats: speed runs per (k, point) (>= 1), summarized by :func:`epqlab.ablation.grid.summarize`.
         n_ctx: the sessions' context (tokens).

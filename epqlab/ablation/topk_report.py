@@ -72,11 +72,12 @@ def plot(df, skip=None):
         a.set(xlabel="top-k", title=title, ylabel="decode tok/s (median)" if col == DECODE else "SSD MB/token (decode)")
         a.legend(fontsize=8)
     a = ax[1, 1]
-    gm = df[ppl].apply(lambda r: math.exp(sum(math.log(x) for x in r) / len(r)), axis=1) if ppl else None
-    for pt, g in df.assign(_gm=gm).groupby("point", sort=False):
-        a.plot(g[SSD], g["_gm"], "o-", label=f"top-k at {pt}")
-        for _, r in g.iterrows():
-            a.annotate(f"k={r['k']}", (r[SSD], r["_gm"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if ppl:  # no texts (a synthesized model): no quality axis for the top-k rows
+        gm = df[ppl].apply(lambda r: math.exp(sum(math.log(x) for x in r) / len(r)), axis=1)
+        for pt, g in df.assign(_gm=gm).groupby("point", sort=False):
+            a.plot(g[SSD], g["_gm"], "o-", label=f"top-k at {pt}")
+            for _, r in g.iterrows():
+                a.annotate(f"k={r['k']}", (r[SSD], r["_gm"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if skip is not None and len(skip):
         x = SSD if SSD in skip else "ppl_ssd_mb_per_token"
         a.plot(skip[x], skip["ppl_mean"], "s--", color="black",

@@ -12,7 +12,7 @@ def register(sub) -> None:
     p.add_argument("--ks", default=None, help="top-k values, e.g. 2,4,7 (default: 1..n_expert)")
     p.add_argument("--arenas", default="0.25,0.5", help="arenas: fractions of all expert slots or bytes (default 0.25,0.5)")
     p.add_argument("--budgets", default=None, help="RAM budgets as further memory points, e.g. 2GiB,4GiB")
-    p.add_argument("--texts", default="prose,code,legal", help="held-out texts for perplexity (default prose,code,legal)")
+    p.add_argument("--texts", default="prose,code,legal", help="held-out texts for perplexity (default prose,code,legal; '' = no perplexity)")
     p.add_argument("--text-chars", type=int, default=None, help="use only the first N characters of each text")
     p.add_argument("--ppl-n-ctx", type=int, default=512, help="perplexity window, tokens (default 512)")
     p.add_argument("--prompts", default=None, help="prompt ids from epqlab.data.prompts() (default: all)")
