@@ -16,7 +16,8 @@ from .errors import ArenaTooSmall
 from .layout import ModelLayout
 from .units import fmt_bytes, parse_bytes
 
-POLICIES = ("lru", "ls", "ls_pos")
+POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")  # online: what a live Session can run
+OFFLINE_POLICIES = ("belady",)  # needs the future: replay of a route log only
 
 
 def default_io_threads() -> int:
@@ -39,16 +40,39 @@ class Pager:
         arena_bytes: arena size, bytes (int or ``"512MiB"``). The arena is split into slot classes
             (one per distinct per-expert unit size, pages rounded): first ``n_expert_used`` slots of
             the largest class, the rest shared in proportion to each class's total bytes.
-        policy: eviction policy: ``"lru"`` (least recently used), ``"ls"`` (Least-Stale, SpecMD
-            arXiv 2602.03921: stale = not requested in the current forward pass; stale before
-            current, smaller layer first, then least recent) or ``"ls_pos"`` (stale-left ->
-            current-left -> stale-right -> current-right, larger layer first on each side; left =
-            layers before the one being loaded).
+        policy: eviction policy; the victim is the evictable (resident, unpinned) expert with the
+            smallest key among slots large enough, ties broken by least recent request, then
+            (layer, expert) order. Experts of the layer being computed are pinned (never victims).
+
+            - ``"lru"``: least recently requested.
+            - ``"ls"``: Least-Stale, SpecMD (arXiv 2602.03921): an expert is *stale* if it was not
+              requested in the current forward pass (token or ubatch), *current* otherwise; evict
+              stale before current, and within each, the smallest layer first (the earliest layer
+              of the pass). The stored copies of the paper give only its abstract, so the
+              queue order follows seed 000's reading of it (docs/DESIGN.md, "Eviction policies");
+              SpecMD pairs it with prefetching, which fills the current queue — off here.
+            - ``"ls_pos"``: seed 000's Least-Stale + position: stale-left -> current-left ->
+              stale-right -> current-right, where left = layers before the one being loaded; the
+              larger layer first on each side (the farthest from its next use in layer order).
+            - ``"lfu"``: fewest requests so far (counts kept across evictions, "perfect" LFU).
+            - ``"static"``: seed 002's hot-pin: the experts given to :meth:`set_hot` (the hottest on
+              a calibration text) are evicted only when no other victim exists; the rest is LRU.
+              They are read on first use, not preloaded.
+            - ``"fnu"``: farthest predicted next use — Belady's rule (evict the expert needed
+              farthest in the future) on a prediction: each expert's layer comes round once per
+              forward pass and its router picks it with probability p, an exponential moving
+              average of "picked in this pass" (weight ``fnu_alpha`` on the newest pass), so its
+              next use is predicted at ``pass * L + layer + L / p`` layer steps. Ours (this
+              project); alpha chosen on the calibration texts, not the evaluation prompts.
+            - ``"belady"``: Belady's MIN (farthest next use), only in :meth:`replay`, which knows
+              the future from the log: the bound for the online policies under the same
+              constraints (slot classes, pinned layer, per-ubatch unions, staged layers).
         io_threads: reader threads; default 3 x compute threads (the seed's best).
         direct_io: read with O_DIRECT (page cache untouched); falls back to buffered ``pread`` +
             ``POSIX_FADV_DONTNEED`` where the file system refuses it (tmpfs). :attr:`direct_io`
             tells which mode runs.
         n_expert_used: top-k the arena must hold for one layer; default the model's.
+        fnu_alpha: policy ``"fnu"``'s EMA weight, in (0, 1].
 
     Raises:
         ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
@@ -57,11 +81,12 @@ class Pager:
     """
 
     def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
-                 io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None):
+                 io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None,
+                 fnu_alpha: float = 0.3):
         from ._native import core
 
-        if policy not in POLICIES:
-            raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if policy not in POLICIES + OFFLINE_POLICIES:
+            raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES + OFFLINE_POLICIES)}")
         self.layout = layout
         k = int(n_expert_used or layout.n_expert_used or 1)
         if not 1 <= k <= layout.n_expert:
@@ -75,7 +100,10 @@ class Pager:
                 f"the smallest arena that works is {need} bytes ({fmt_bytes(need)})"
             )
         self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
-                             int(io_threads or default_io_threads()), bool(direct_io))
+                             int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha))
+        self.fnu_alpha = float(fnu_alpha)
+        self.requested_arena_bytes = arena
+        self.hot: np.ndarray = np.zeros((0, 2), np.int32)
         self._index = {l.layer: i for i, l in enumerate(layout.layers)}
 
     # -- sizing --------------------------------------------------------------------------------
@@ -154,22 +182,52 @@ class Pager:
         t = self.layout.layer(layer).tensors[tensor]
         return self._p.read_expert(self._li(layer), tensor, int(expert), t.expert_bytes)
 
-    def replay(self, route_log, layers: Sequence[int] | None = None) -> dict:
-        """Drive the pager through a route log (real reads, no compute) and return :meth:`stats`.
+    def set_hot(self, experts) -> None:
+        """Policy ``"static"``: mark experts as hot (evicted only when nothing else can be).
 
         Args:
-            route_log: a path to a route-log NPZ (docs/DESIGN.md §6), an object with ``experts`` and
-                ``layers`` attributes, or an int32 array ``[T, L, k]`` (then ``layers`` = GGUF
-                block ids of its L columns, default the model's MoE layers).
-
-        Each token is one forward pass; for each MoE layer in order the previous layer is released
-        and the token's k experts are loaded and pinned. Stats accumulate (call :meth:`reset_stats`).
+            experts: int array ``[n, 2]`` of (GGUF block, expert id) pairs, e.g. from
+                :func:`epqlab.ablation.hot_experts`.
+        Raises:
+            ValueError: the policy is not ``"static"``, or a block/expert is out of range.
         """
+        if self.policy != "static":
+            raise ValueError(f"hot experts apply to policy 'static', not {self.policy!r}")
+        hot = np.asarray(experts, dtype=np.int64).reshape(-1, 2)
+        if hot.size and (hot[:, 1].min() < 0 or hot[:, 1].max() >= self.layout.n_expert):
+            raise ValueError(f"hot expert ids must lie in [0, {self.layout.n_expert})")
+        self._p.set_hot([self._li(int(b)) * self.layout.n_expert + int(e) for b, e in hot])
+        self.hot = hot.astype(np.int32)
+
+    def replay(self, route_log, layers: Sequence[int] | None = None, ubatch=None) -> dict:
+        """Drive the pager through a route log exactly as the live llama.cpp hook does (real reads,
+        no compute) and return :meth:`stats`.
+
+        Args:
+            route_log: a path to a route-log NPZ (docs/DESIGN.md, "Route log"), a dict or object
+                with ``experts``, ``layers`` and (optionally) ``ubatch``, or an int32 array
+                ``[T, L, k]`` (then ``layers`` = GGUF block ids of its L columns, default the
+                model's MoE layers).
+            ubatch: int ``[T]``: the llama.cpp ubatch of each token (consecutive equal ids form one
+                forward pass); default the log's, else one token per pass.
+
+        Per forward pass, per MoE layer in order: the previous layer is released; the routed
+        tokens' experts are requested (one token: in router order; several: their sorted union),
+        or, when the union exceeds the layer's slots, nothing (live, that layer is staged); rows
+        of -1 (a token not routed through a layer) are skipped. This is the live hook's own code
+        path (``pager::request_layer``), so replaying a live run's log reproduces its hits,
+        misses and evictions exactly. Stats accumulate (call :meth:`reset_stats`).
+        """
+        log_ub = None
         if isinstance(route_log, (str, os.PathLike)):
             with np.load(route_log, allow_pickle=False) as z:
                 experts, layers = z["experts"], z["layers"]
+                log_ub = z["ubatch"] if "ubatch" in z.files else None
+        elif isinstance(route_log, dict):
+            experts, layers, log_ub = route_log["experts"], route_log["layers"], route_log.get("ubatch")
         elif hasattr(route_log, "experts"):
             experts, layers = route_log.experts, route_log.layers
+            log_ub = getattr(route_log, "ubatch", None)
         else:
             experts = route_log
         experts = np.ascontiguousarray(experts, dtype=np.int32)
@@ -178,10 +236,20 @@ class Pager:
         layers = list(self.layout.moe_layers if layers is None else [int(x) for x in layers])
         if len(layers) != experts.shape[1]:
             raise ValueError(f"route log has {experts.shape[1]} layers but {len(layers)} layer ids were given")
-        if experts.size and (experts.min() < 0 or experts.max() >= self.layout.n_expert):
+        if experts.size and (experts.min() < -1 or experts.max() >= self.layout.n_expert):
             raise ValueError(f"route log has expert ids outside [0, {self.layout.n_expert})")
-        self._p.replay(experts, [self._li(l) for l in layers])
+        ub = ubatch if ubatch is not None else log_ub
+        ub = np.arange(experts.shape[0], dtype=np.int32) if ub is None else np.ascontiguousarray(ub, dtype=np.int32)
+        if ub.shape != (experts.shape[0],):
+            raise ValueError(f"ubatch must have one entry per token ({experts.shape[0]}), got shape {ub.shape}")
+        self._p.replay(experts, ub, [self._li(l) for l in layers])
         return self.stats
+
+    def pass_history(self) -> tuple[np.ndarray, np.ndarray]:
+        """Requests and hits of each forward pass since the last reset, int32 ``[passes]`` each,
+        in order (the same for a live run and its replay)."""
+        r, h = self._p.pass_history()
+        return np.asarray(r), np.asarray(h)
 
     # -- stats ---------------------------------------------------------------------------------
     @property

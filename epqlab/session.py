@@ -83,7 +83,12 @@ class Session:
             memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
             locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
             file mapping; the stock loader reads the whole file; default with ``pager=False``).
-        policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` (see :class:`epqlab.Pager`).
+        policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` | ``lfu`` | ``static`` (each rule and its
+            source: :class:`epqlab.Pager`).
+        hot_experts: with ``policy="static"``: int ``[n, 2]`` (GGUF block, expert) pairs kept unless
+            nothing else can be evicted (:func:`epqlab.ablation.hot_experts` picks them from a
+            calibration route log; ``session.pager.set_hot`` sets them later). Without them
+            ``static`` is LRU.
         expert_used: override top-k in the graph (GGUF kv override) and the pager together.
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
@@ -122,15 +127,21 @@ class Session:
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None,
+                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
                  skip_cold: float | None = None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
         self.layout: ModelLayout = inspect(model, require_moe=bool(pager) or route_log is not None)
         lay = self.layout
+        if policy == "belady":
+            raise ValueError("policy 'belady' needs the future routes: it runs only in Pager.replay of a recorded "
+                             "route log (see epqlab.ablation.eviction); a live Session takes one of " + ", ".join(POLICIES))
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if hot_experts is not None and not (policy == "static" and pager):
+            raise ValueError("hot_experts goes with policy='static' and the pager on, e.g. "
+                             "Session(model, policy='static', hot_experts=epqlab.ablation.hot_experts(log, n))")
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
         if lay.is_moe and not 1 <= k <= lay.n_expert:
             raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
@@ -226,6 +237,8 @@ class Session:
                     )
             self._pager = Pager(lay, arena, policy=policy, io_threads=io_threads or default_io_threads(),
                                 direct_io=direct_io, n_expert_used=k)
+            if hot_experts is not None:
+                self._pager.set_hot(hot_experts)
             self._engine.attach_pager(self._pager.native)
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)

@@ -67,7 +67,8 @@ void register_pager(py::module_ & m) {
 
     py::class_<pager>(m, "Pager")
         .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
-                         int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io) {
+                         int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io,
+                         double fnu_alpha) {
                  pager_config c;
                  c.path = path;
                  c.layers = to_specs(layers);
@@ -77,10 +78,11 @@ void register_pager(py::module_ & m) {
                  c.policy = policy;
                  c.io_threads = io_threads;
                  c.direct_io = direct_io;
+                 c.fnu_alpha = fnu_alpha;
                  return new pager(c);
              }),
              py::arg("path"), py::arg("layers"), py::arg("n_expert"), py::arg("n_expert_used"), py::arg("arena_bytes"),
-             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"))
+             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"), py::arg("fnu_alpha") = 0.3)
         .def_static("unit_slot_bytes", [](const layer_list & layers, int32_t n_expert) {
             return pager::unit_slot_bytes(to_specs(layers), n_expert);
         })
@@ -102,22 +104,21 @@ void register_pager(py::module_ & m) {
         .def("release_all", &pager::release_all)
         .def("begin_pass", &pager::begin_pass)
         .def("replay", [](pager & p, py::array_t<int32_t, py::array::c_style | py::array::forcecast> experts,
+                          py::array_t<int32_t, py::array::c_style | py::array::forcecast> ubatch,
                           std::vector<int> layer_index) {
             if (experts.ndim() != 3) throw std::invalid_argument("experts must be int32 [T, L, k]");
             const int64_t T = experts.shape(0), L = experts.shape(1), k = experts.shape(2);
-            if ((int64_t) layer_index.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
+            if (ubatch.ndim() != 1 || ubatch.shape(0) != T) throw std::invalid_argument("ubatch must be int32 [T]");
             const int32_t * e = experts.data();
+            const int32_t * u = ubatch.data();
             py::gil_scoped_release nogil;
-            for (int64_t t = 0; t < T; t++) {
-                p.begin_pass();
-                int prev = -1;
-                for (int64_t l = 0; l < L; l++) {
-                    if (prev >= 0) p.release_layer(prev);
-                    p.load_layer(layer_index[l], e + (t * L + l) * k, (int) k, nullptr);
-                    prev = layer_index[l];
-                }
-                if (prev >= 0) p.release_layer(prev);
-            }
+            p.replay(e, T, (int) L, (int) k, u, layer_index);
+        })
+        .def("set_hot", &pager::set_hot)
+        .def("pass_history", [](const pager & p) {
+            const auto & s = p.stats();
+            return py::make_tuple(py::array_t<int32_t>(s.pass_requests.size(), s.pass_requests.data()),
+                                  py::array_t<int32_t>(s.pass_hits.size(), s.pass_hits.data()));
         })
         .def("read_expert", [](pager & p, int li, int ti, int e, int64_t expert_bytes) {
             // Copies expert e's slice of tensor ti out of the region (tests compare it with the file).

@@ -30,7 +30,6 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
         names_[std::get<0>(n)] = {std::get<1>(n), std::get<2>(n)};
         max_ti = std::max(max_ti, std::get<2>(n) + 1);
     }
-    orig_.assign(n_layers_, std::vector<void *>(max_ti, nullptr));
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
     stage_ids_.assign(n_layers_, {});
@@ -93,7 +92,6 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             auto n = names_.find(ggml_get_name(w));
             if (n == names_.end()) return false;  // not a routed-expert weight we page
             it = seen_.emplace(w, n->second).first;
-            orig_[n->second.first][n->second.second] = w->data;
             tensor_bytes_[n->second.first][n->second.second] = (int64_t) ggml_nbytes(w);
             if (pg_) {
                 // llama's loader read the whole file; its copy of these experts is not needed:
@@ -175,7 +173,9 @@ void expert_hook::resolve_pending(int li) {
         else keep.push_back(ids[i]);
     }
     mode_[li] = ZERO;  // until the load succeeded
-    pg_->load_layer(li, keep.data(), (int) keep.size(), nullptr);
+    // The hook's own request path (router order for one token); all kept experts fit (k <= slots).
+    if (!pg_->request_layer(li, keep.data(), (int) keep.size(), 1, nullptr))
+        throw std::logic_error("skip-cold: one token's experts do not fit the layer's slots");
     pg_->zero_overlay(li, skip.data(), (int) skip.size());
     stats_.cold_skipped += (int64_t) skip.size();
     mode_[li] = REGION;
@@ -263,28 +263,24 @@ void expert_hook::on_topk(ggml_tensor * t) {
     if (last_li_ >= 0) pg_->release_layer(last_li_);
     last_li_ = li;
 
-    std::vector<int32_t> uni(ids);
-    std::sort(uni.begin(), uni.end());
-    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    if ((int) uni.size() > pg_->capacity(li)) {
-        // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
-        mode_[li] = STAGE;
-        stage_ids_[li] = std::move(uni);
-        stats_.staged_layers++;
-        stats_.staged_tokens += n_tokens;
-        return;
-    }
     if (n_tokens == 1 && skip_tau_ >= 0) {
-        // Skip-cold: load at the layer's first MUL_MAT_ID ask, once the weights were observed.
+        // Skip-cold: load at the layer's first MUL_MAT_ID ask, once the weights were observed
+        // (a single token's k experts always fit: the arena holds one layer's top-k).
         mode_[li] = PENDING;
         pend_ids_[li] = ids;
         pend_w_[li].clear();
         return;
     }
-    // Request in router order for a single token (recency as the router ranks them), else sorted.
     try {
-        if (n_tokens == 1) pg_->load_layer(li, ids.data(), k, nullptr);
-        else pg_->load_layer(li, uni.data(), (int) uni.size(), nullptr);
+        std::vector<int32_t> staged;
+        if (!pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
+            // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
+            mode_[li] = STAGE;
+            stage_ids_[li] = std::move(staged);
+            stats_.staged_layers++;
+            stats_.staged_tokens += n_tokens;
+            return;
+        }
     } catch (...) {
         mode_[li] = ZERO;
         throw;

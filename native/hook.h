@@ -104,7 +104,6 @@ private:
     std::vector<int32_t>                     blocks_;       // GGUF block id per MoE layer index
     std::unordered_map<std::string, std::pair<int, int>> names_;
     std::unordered_map<const ggml_tensor *, std::pair<int, int>> seen_;
-    std::vector<std::vector<void *>>         orig_;         // llama's data pointer per [li][ti]
     std::vector<std::vector<int64_t>>        tensor_bytes_; // whole-tensor bytes per [li][ti]
     std::vector<uint8_t>                     mode_;         // per layer, for the current ubatch
     int                                      last_li_ = -1;

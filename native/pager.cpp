@@ -53,10 +53,12 @@ std::vector<int64_t> pager::unit_slot_bytes(const std::vector<pager_layer_spec> 
 
 pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert) {
     page_ = page_size();
-    if (cfg.policy == "lru") policy_ = 0;
-    else if (cfg.policy == "ls") policy_ = 1;
-    else if (cfg.policy == "ls_pos") policy_ = 2;
-    else throw std::invalid_argument("unknown eviction policy '" + cfg.policy + "': use lru, ls or ls_pos");
+    static const char * names[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu"};
+    policy_ = -1;
+    for (int i = 0; i < 7; i++) if (cfg.policy == names[i]) policy_ = i;
+    if (policy_ < 0) throw std::invalid_argument("unknown eviction policy '" + cfg.policy + "': use lru, ls, ls_pos, lfu, static, fnu or belady");
+    if (!(cfg.fnu_alpha > 0 && cfg.fnu_alpha <= 1)) throw std::invalid_argument("fnu_alpha must lie in (0, 1]");
+    fnu_alpha_ = cfg.fnu_alpha;
     policy_name_ = cfg.policy;
     if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
 
@@ -188,6 +190,8 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
         fill_ = (char *) f;
     }
     units_.assign((size_t) layers_.size() * n_expert_, unit{});
+    if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
+    if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
     pinned_.assign(layers_.size(), {});
     overlay_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
@@ -259,27 +263,60 @@ void pager::page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_
 
 // ---- eviction order ----------------------------------------------------------------------
 
+// Each policy is a sort key over the evictable units; the smallest key is the victim (among
+// slots large enough). Ties end on last_use (least recent first), then the unit id.
+//   lru     (0, last_use)                      least recently requested
+//   ls      (layer, last_use), stale set first   Least-Stale (SpecMD, arXiv 2602.03921)
+//   ls_pos  (-layer, last_use), four groups      seed 000's LS + position (order in take_slot)
+//   lfu     (requests so far, last_use)         least frequently requested, counts kept across evictions
+//   static  lru, hot units in a last-resort set seed 002's hot-pin
+//   fnu     (-predicted next use, last_use)      Belady's rule on a prediction (fnu_update)
+//   belady  (-next use, last_use)               farthest next use: Belady's MIN (replay only)
 pager::key_t pager::key_of(int u) const {
     const int li = u / n_expert_;
-    const int64_t primary = policy_ == 1 ? li : policy_ == 2 ? -li : 0;
-    return key_t(primary, units_[u].last_use, u);
+    const unit & x = units_[u];
+    int64_t primary = 0;
+    switch (policy_) {
+        case LS:     primary = li; break;
+        case LS_POS: primary = -li; break;
+        case LFU:    primary = (int64_t) x.count; break;
+        case BELADY:
+        case FNU:    primary = -x.next_use; break;
+        default:     break;
+    }
+    return key_t(primary, x.last_use, u);
 }
 
 void pager::insert_evictable(int u) {
-    if (policy_ != 0 && units_[u].last_pass == pass_) current_.insert(key_of(u));
+    const unit & x = units_[u];
+    if (policy_ == STATIC && x.hot) hot_.insert(key_of(u));
+    else if ((policy_ == LS || policy_ == LS_POS) && x.last_pass == pass_) current_.insert(key_of(u));
     else stale_.insert(key_of(u));
 }
 
 void pager::erase_evictable(int u) {
     const key_t k = key_of(u);
-    if (stale_.erase(k) == 0) current_.erase(k);
+    if (stale_.erase(k) == 0 && current_.erase(k) == 0) hot_.erase(k);
 }
 
 void pager::begin_pass() {
     pass_++;
     stats_.passes++;
+    stats_.pass_requests.push_back(0);
+    stats_.pass_hits.push_back(0);
     stale_.insert(current_.begin(), current_.end());
     current_.clear();
+}
+
+void pager::set_hot(const std::vector<int32_t> & us) {
+    for (int32_t u : us) {
+        if (u < 0 || u >= (int32_t) units_.size()) throw std::out_of_range("hot unit " + std::to_string(u) + " out of range");
+        if (units_[u].hot) continue;
+        const bool in_set = units_[u].slot >= 0 && !units_[u].pinned;
+        if (in_set) erase_evictable(u);
+        units_[u].hot = true;
+        if (in_set) insert_evictable(u);
+    }
 }
 
 void pager::evict(int u, int loading_li) {
@@ -329,6 +366,7 @@ int pager::take_slot(int li, int64_t need) {
         s = try_range(stale_.begin(), stale_.end());
         if (s < 0) s = try_range(current_.begin(), current_.end());
     }
+    if (s < 0) s = try_range(hot_.begin(), hot_.end());
     if (s < 0) {
         int64_t pinned = 0;
         for (const auto & p : pinned_) pinned += (int64_t) p.size();
@@ -501,16 +539,21 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         if (dup) continue;
         stats_.requests++;
         stats_.layer_requests[li]++;
+        if (!stats_.pass_requests.empty()) stats_.pass_requests.back()++;
         if (x.slot >= 0) {
             stats_.hits++;
             stats_.layer_hits[li]++;
+            if (!stats_.pass_hits.empty()) stats_.pass_hits.back()++;
             if (!x.pinned) erase_evictable(u);
         } else {
             stats_.misses++;
             misses.push_back(u);
         }
+        // The unit is in no evictable set now (pinned or just erased): its key may change.
         x.last_use  = ++tick_;
         x.last_pass = pass_;
+        x.count++;
+        if (policy_ == BELADY) x.next_use = pending_next_[u];
         if (!x.pinned) {
             x.pinned = true;
             pinned_[li].push_back(u);
@@ -583,6 +626,91 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         release_layer(li);
         throw_read_error(*failed);
     }
+}
+
+// fnu predicts when each expert of layer li is next requested, in layer steps (pass * L + layer):
+// the layer comes round again in the next pass, and the expert is picked there with probability
+// p = its pick rate (an EMA over the passes, weight alpha on the newest), so the expected wait
+// is L / p steps from now (geometric). Belady's rule then evicts the farthest prediction.
+void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
+    const int L = (int) layers_.size();
+    for (int e = 0; e < n_expert_; e++) {
+        const int u = unit_id(li, e);
+        unit & x = units_[u];
+        const bool in_set = x.slot >= 0 && !x.pinned;
+        if (in_set) erase_evictable(u);
+        const double hit = std::binary_search(picked.begin(), picked.end(), e) ? 1.0 : 0.0;
+        pick_rate_[u] = (1 - fnu_alpha_) * pick_rate_[u] + fnu_alpha_ * hit;
+        const double wait = (double) L / std::max(pick_rate_[u], 1e-3);
+        x.next_use = (int64_t) pass_ * L + li + (int64_t) wait;
+        if (in_set) insert_evictable(u);
+    }
+}
+
+bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids) {
+    std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
+    std::sort(uni.begin(), uni.end());
+    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+    if (policy_ == FNU) fnu_update(li, uni);
+    if ((int) uni.size() > capacity(li)) {
+        if (staged_ids) *staged_ids = std::move(uni);
+        return false;
+    }
+    if (n_tokens == 1) load_layer(li, ids, k, nullptr);
+    else load_layer(li, uni.data(), (int) uni.size(), nullptr);
+    return true;
+}
+
+void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx) {
+    if ((int) lidx.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
+    for (int li : lidx)
+        if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
+    // Steps as the live hook sees them: per ubatch, per layer, the routed tokens' ids.
+    struct step { int li; int n_tokens; bool first; std::vector<int32_t> ids, units; };
+    std::vector<step> steps;
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t t1 = t0 + 1;
+        while (t1 < T && ub[t1] == ub[t0]) t1++;
+        bool first = true;
+        for (int l = 0; l < L; l++) {
+            step s{lidx[l], 0, first, {}, {}};
+            for (int64_t t = t0; t < t1; t++) {
+                const int32_t * row = ex + (t * L + l) * k;
+                if (row[0] < 0) continue;  // not routed through this layer (non-output token, last layer)
+                s.ids.insert(s.ids.end(), row, row + k);
+                s.n_tokens++;
+            }
+            if (s.n_tokens == 0) continue;
+            std::vector<int32_t> uni(s.ids);
+            std::sort(uni.begin(), uni.end());
+            uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+            if ((int) uni.size() <= capacity(s.li))  // a staged layer makes no requests
+                for (int32_t e : uni) s.units.push_back(unit_id(s.li, e));
+            first = false;
+            steps.push_back(std::move(s));
+        }
+        t0 = t1;
+    }
+    // Belady: each request's next use is the index of the next step requesting the same unit.
+    std::vector<std::vector<int64_t>> next(policy_ == BELADY ? steps.size() : 0);
+    if (policy_ == BELADY) {
+        std::vector<int64_t> seen(units_.size(), INT64_MAX / 2);
+        for (int64_t i = (int64_t) steps.size() - 1; i >= 0; i--) {
+            for (int u : steps[i].units) next[i].push_back(seen[u]);
+            for (int u : steps[i].units) seen[u] = i;
+        }
+    }
+    int prev = -1;
+    for (size_t i = 0; i < steps.size(); i++) {
+        const step & s = steps[i];
+        if (prev >= 0) release_layer(prev);
+        if (s.first) begin_pass();
+        if (policy_ == BELADY)
+            for (size_t j = 0; j < s.units.size(); j++) pending_next_[s.units[j]] = next[i][j];
+        request_layer(s.li, s.ids.data(), k, s.n_tokens, nullptr);
+        prev = s.li;
+    }
+    if (prev >= 0) release_layer(prev);
 }
 
 void pager::check_file() const {

@@ -8,7 +8,9 @@
 // faults instead of computing on stale bytes. A unit is marked resident only after all of
 // its matrices were read completely; a failed read leaves it unmapped and its slot free.
 // Pinned units (those of the layer being computed) are never victims. The pager knows
-// nothing of llama.cpp: it pages byte ranges of one file.
+// nothing of llama.cpp: it pages byte ranges of one file. The eviction policy decides only
+// which unpinned unit loses its slot, never what is read or computed: every policy yields the
+// same bytes in the region, so logits do not depend on it.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,8 @@ struct pager_config {
     int32_t                       n_expert = 0;
     int32_t                       n_expert_used = 0;  // top-k; the arena reserves k largest slots
     int64_t                       arena_bytes = 0;
-    std::string                   policy = "lru";  // lru | ls | ls_pos
+    std::string                   policy = "lru";  // lru | ls | ls_pos | lfu | static | fnu | belady (replay only)
+    double                        fnu_alpha = 0.3;  // fnu: weight of the newest pass in each expert's pick rate
     int32_t                       io_threads = 1;
     bool                          direct_io = true;
 };
@@ -71,6 +74,7 @@ struct pager_stats {
     int64_t staged_reads = 0;    // expert slices stage_tensor read from the file
     int64_t staged_copies = 0;   // expert slices stage_tensor copied from resident slots
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
+    std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
 };
 
 class pager {
@@ -86,6 +90,19 @@ public:
     // Makes the given experts of MoE layer index li resident and pinned. ids may repeat;
     // each distinct id is one request. hit_out[i] = 1 if ids[i] was already resident.
     void load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out);
+    // What one ubatch asks of MoE layer index li, the same for the live hook and for replay:
+    // ids [n_tokens, k] as the router ranked them. A single token's experts are requested in
+    // router order; several tokens' distinct experts sorted. When they outnumber the layer's
+    // slots nothing is requested and false is returned with the sorted union in *staged_ids
+    // (the caller stages that layer). The caller releases the previous layer first.
+    bool request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids);
+    // Drives the pager through a route log exactly as the live hook does: experts [T, L, k]
+    // (-1 = that token was not routed through that layer), ubatch [T] (equal consecutive ids form
+    // one forward pass), layer_index [L]. For policy "belady" the next use of each request is
+    // computed from the log itself (Belady's MIN under the same constraints).
+    void replay(const int32_t * experts, int64_t T, int L, int k, const int32_t * ubatch, const std::vector<int> & layer_index);
+    // Policy "static": units (li * n_expert + e) evicted only when no other victim exists.
+    void set_hot(const std::vector<int32_t> & units);
     // Staging, for a ubatch whose experts in layer li exceed the slots: copies the slices of the
     // distinct experts ids[0..n) of tensor ti into dst, laid out like the file's pages (dst page
     // p holds file page first_page + p; dst page-aligned, stage_bytes(li, ti) long): resident
@@ -148,6 +165,9 @@ private:
         int32_t  slot = -1;
         uint64_t last_use = 0;
         uint64_t last_pass = 0;
+        uint64_t count = 0;       // requests so far (lfu)
+        int64_t  next_use = 0;    // step of the next request (belady, replay only)
+        bool     hot = false;     // static policy: evicted last
         bool     pinned = false;
         bool     mapped = false;  // its slot backs its pages in the region (it is resident)
     };
@@ -190,7 +210,12 @@ private:
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;
     int32_t                      n_expert_ = 0;
-    int                          policy_ = 0;  // 0 lru, 1 ls, 2 ls_pos
+    enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6 };
+    // fnu: after layer li's router ran, updates each of its experts' pick rate and predicted next use.
+    void fnu_update(int li, const std::vector<int32_t> & picked);
+    double                       fnu_alpha_ = 0.3;
+    std::vector<double>          pick_rate_;        // fnu: EMA of "picked in this pass", per unit
+    int                          policy_ = LRU;
     std::string                  policy_name_;
     std::vector<int32_t>         layers_;         // block ids
     std::vector<std::vector<tensor_map>> maps_;   // [li][ti]
@@ -201,6 +226,8 @@ private:
     std::vector<slot>            slots_;
     std::vector<std::vector<int32_t>> free_;      // free slot ids per class
     std::set<key_t>              stale_, current_;  // evictable (resident, unpinned) units
+    std::set<key_t>              hot_;              // static policy: evictable hot units, last resort
+    std::vector<int64_t>         pending_next_;     // belady: next use to give a unit at its request
     std::vector<std::vector<int32_t>> pinned_;    // per layer index
     std::vector<std::vector<std::pair<int, int64_t>>> overlay_;  // per layer: (tensor, file page) zeroed
     uint64_t                     tick_ = 0;

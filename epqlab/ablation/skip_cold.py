@@ -90,14 +90,13 @@ def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=
                "ppl_requests_per_token": st["requests"] / n, "ppl_hit_rate": st["hit_rate"],
                "ppl_tokens": int(st["tokens_routed"])}
         if pr:
-            with Session(model, expert_used=k, skip_cold=tau, n_ctx=n_ctx, **kw) as s:
-                rs, skipped, passes = [], 0, 0
-                for _ in range(int(repeats)):
-                    c0 = s.stats["cold_skipped"]
+            rs, skipped, passes = [], 0, 0
+            for _ in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the other sweeps
+                with Session(model, expert_used=k, skip_cold=tau, n_ctx=n_ctx, **kw) as s:
                     m = measure_prompts(s, pr, n_predict)
                     rs.append(m)
-                    skipped += s.stats["cold_skipped"] - c0
-                    passes += sum(r["decode_passes"] for r in s._runs[-len(pr):])
+                    skipped += s.stats["cold_skipped"]  # only single-token passes skip
+                    passes += m["decode_passes"]
             row.update(summarize(rs))
             row["skipped_per_token"] = skipped / max(1, passes)
         row["seconds"] = time.perf_counter() - t0

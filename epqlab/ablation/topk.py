@@ -127,7 +127,8 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
         texts: evaluation texts (see :func:`resolve_texts`; ``text_chars`` cuts each); perplexity
             with windows of ``ppl_n_ctx`` tokens; ``[]`` = no perplexity.
         prompts: generation prompts (see :func:`resolve_prompts`); ``n_predict`` greedy tokens each.
-        repeats: speed runs per (k, point) (>= 1), summarized by :func:`epqlab.ablation.grid.summarize`.
+        repeats: speed runs per (k, point) (>= 1), each in a fresh session (cold arena), summarized by
+            :func:`epqlab.ablation.grid.summarize` (speeds: median, min, max; counts: the first run's).
         n_ctx: the sessions' context (tokens).
         progress: one line per run on stderr.
         **session_kw: further :class:`epqlab.Session` arguments (policy, n_threads, ...).
@@ -164,19 +165,20 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
     for k in ks:
         ppl = None
         for pt in memory_points(lay, arenas=arenas, budgets=budgets, k=k):
-            with Session(model, expert_used=k, n_ctx=n_ctx, **{**session_kw, **pt.session_kwargs()}) as s:
-                rs = []
-                for r in range(int(repeats)):
+            rs = []
+            for r in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the eviction sweep
+                with Session(model, expert_used=k, n_ctx=n_ctx, **{**session_kw, **pt.session_kwargs()}) as s:
                     t0 = time.perf_counter()
                     m = measure_prompts(s, pr, n_predict)
                     rs.append(m)
-                    runs.append({"k": k, "point": pt.label, "repeat": r, **m})
+                    runs.append({"k": k, "point": pt.label, "repeat": r,
+                                 **{x: v for x, v in m.items() if x != "pass_kind"}})
                     if progress:
-                        print(f"[topk] k={k} {pt.label} run {r + 1}/{repeats}: {m.get('decode_tok_s', 0):.2f} tok/s "
+                        print(f"[topk] k={k} {pt.label} run {r + 1}/{repeats}: {m['decode_tok_s']:.2f} tok/s "
                               f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
-                if ppl is None:  # once per k: paging is exact, so every point gives the same numbers
-                    ppl = {name: perplexity(s, t, n_ctx=min(ppl_n_ctx, s.n_ctx)).ppl for name, t in txt.items()}
-                    greedy[k] = {p.id: greedy_tokens(s, p, n_predict) for p in pr}
+                    if ppl is None:  # once per k: paging is exact, so every point gives the same numbers
+                        ppl = {name: perplexity(s, t, n_ctx=min(ppl_n_ctx, s.n_ctx)).ppl for name, t in txt.items()}
+                        greedy[k] = {p.id: greedy_tokens(s, p, n_predict) for p in pr}
             rows.append({"k": k, "own_k": own, "point": pt.label, **{f"ppl_{n}": v for n, v in ppl.items()},
                          **summarize(rs)})
     if own not in greedy:  # the model's own k was not swept: its reference, with plain llama.cpp (exact)
