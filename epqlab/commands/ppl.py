@@ -44,23 +44,8 @@ def load_text(text: str) -> tuple[str, str]:
                      f"{', '.join(HELDOUT)}")
 
 
-def arena_bytes(layout, arena, k: int | None = None) -> int:
-    """Bytes of an ``--arena`` value: a number <= 1 is a fraction of all expert slots
-    (:meth:`epqlab.Pager.all_experts_bytes`), raised to the smallest arena that works at top-``k``; else
-    a byte count."""
-    from ..pager import Pager
-    from ..units import parse_bytes
-
-    try:
-        f = float(arena)
-    except (TypeError, ValueError):
-        return parse_bytes(arena)
-    if 0 < f <= 1:
-        return max(Pager.min_arena_bytes(layout, k), int(f * Pager.all_experts_bytes(layout)))
-    return parse_bytes(arena)
-
-
 def run(args) -> int:
+    from ..ablation.grid import memory_points
     from ..layout import inspect
     from ..perplexity import perplexity
     from ..session import Session
@@ -73,8 +58,8 @@ def run(args) -> int:
     kw = dict(expert_used=args.expert_used, n_ctx=max(256, args.n_ctx), n_threads=args.threads, pager=paged)
     if paged:
         kw.update(policy=args.policy, ram_budget=args.ram_budget, skip_cold=args.skip_cold)
-        if args.arena is not None:
-            kw["arena_bytes"] = arena_bytes(inspect(args.model), args.arena, args.expert_used)
+        if args.arena is not None:  # the ablation grid's definition of an arena (fraction of all slots, or bytes)
+            kw.update(memory_points(inspect(args.model), arenas=[args.arena], k=args.expert_used)[0].session_kwargs())
     if args.skip_cold is not None:
         kw.update(n_batch=1, n_ubatch=1)
     with Session(args.model, **kw) as s:
