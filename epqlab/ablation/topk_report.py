@@ -50,8 +50,10 @@ def format_table(df) -> str:
 
 def plot(df, skip=None):
     """One figure, four panels: perplexity vs k per text; decode tok/s vs k per point; SSD MB/token vs
-    k per point; perplexity (mean over texts, geometric) vs SSD MB/token at each point -- the
-    trade-off curve -- with the skip-cold points (``skip``) on it. Returns the matplotlib Figure."""
+    k per point; perplexity (geometric mean over texts) relative to its baseline vs SSD MB/token at
+    each point -- the trade-off curve -- with the skip-cold points (``skip``) on it. The baselines are
+    the model's own k (top-k rows) and the knob off (skip-cold rows, evaluated one token per decode,
+    possibly on shorter texts), so both curves share one axis. Returns the matplotlib Figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
@@ -74,19 +76,22 @@ def plot(df, skip=None):
     a = ax[1, 1]
     if ppl:  # no texts (a synthesized model): no quality axis for the top-k rows
         gm = df[ppl].apply(lambda r: math.exp(sum(math.log(x) for x in r) / len(r)), axis=1)
-        for pt, g in df.assign(_gm=gm).groupby("point", sort=False):
+        ref = gm[df["k"] == own]
+        base = float(ref.iloc[0]) if len(ref) else float(gm.min())
+        for pt, g in df.assign(_gm=gm / base).groupby("point", sort=False):
             a.plot(g[SSD], g["_gm"], "o-", label=f"top-k at {pt}")
             for _, r in g.iterrows():
                 a.annotate(f"k={r['k']}", (r[SSD], r["_gm"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if skip is not None and len(skip):
         x = SSD if SSD in skip else "ppl_ssd_mb_per_token"
-        a.plot(skip[x], skip["ppl_mean"], "s--", color="black",
-               label=f"skip-cold at {skip.attrs.get('point', '')} (k={skip.attrs.get('k')}; PPL one token per decode)")
+        off = float(skip.loc[skip["tau"].isna(), "ppl_mean"].iloc[0])
+        a.plot(skip[x], skip["ppl_mean"] / off, "s--", color="black",
+               label=f"skip-cold at {skip.attrs.get('point', '')} (k={skip.attrs.get('k')}; vs knob off)")
         for _, r in skip.iterrows():
-            a.annotate("off" if _num(r["tau"]) is None else f"τ={r['tau']:g}", (r[x], r["ppl_mean"]),
+            a.annotate("off" if _num(r["tau"]) is None else f"τ={r['tau']:g}", (r[x], r["ppl_mean"] / off),
                        fontsize=7, xytext=(3, -9), textcoords="offset points")
-    a.set(xlabel="SSD MB/token", ylabel="perplexity (geometric mean of texts)", yscale="log",
-          title="Trade-off: quality vs I/O")
+    a.set(xlabel="SSD MB/token (decode)", ylabel="perplexity / baseline (geometric mean of texts)",
+          title=f"Trade-off: quality vs I/O (baseline: top-{own}, knob off)")
     a.legend(fontsize=8)
     fig.tight_layout()
     return fig
