@@ -173,3 +173,21 @@ def test_notebook_03(default_model_path, tmp_path):
         assert x["belady_gap"] == pytest.approx(x["hit_rate"] / x["belady_hit_rate"])
     assert r["python"] == sys.executable
     assert len(r["figures"]) == 4 and all(__import__("os").path.getsize(p) > 1000 for p in r["figures"])
+
+
+def test_cli_ablate_eviction(default_model_path, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "ev.json"
+    r = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "eviction", str(default_model_path), "--arenas", "0.4",
+                        "--policies", "lru,fnu", "--prompts", "prose-story", "-n", "5", "--repeats", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "best online policy" in r.stdout and "Replay" in r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["policy"] for x in rows] == ["lru", "fnu"] and all(x["replay_equal"] for x in rows)
+    bad = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "eviction", str(default_model_path),
+                          "--policies", "belady"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "epqlab: error:" in bad.stderr and "Traceback" not in bad.stderr

@@ -31,13 +31,17 @@ def run(args) -> int:
     from ..ablation import topk_report
     from ..ablation.skip_cold import skip_cold
     from ..ablation.topk import topk
-    from .ablate import model_path, split_list
+    from .ablate import _floats_or_sizes as split_list
 
-    model = model_path(args.model)
+    model = args.model
+    if model == "default":
+        from ..models import default_model
+
+        model = str(default_model())
     kw = {"policy": args.policy}
     if args.threads:
         kw["n_threads"] = args.threads
-    df = topk(model, args.ks, arenas=split_list(args.arenas), budgets=split_list(args.budgets),
+    df = topk(model, args.ks, arenas=split_list(args.arenas), budgets=split_list(args.budgets) or None,
               texts=args.texts, text_chars=args.text_chars, prompts=args.prompts, n_predict=args.n_predict,
               repeats=args.repeats, ppl_n_ctx=args.ppl_n_ctx, progress=True, **kw)
     skip = None

@@ -5,13 +5,15 @@ import sys
 
 
 def add_session_args(p) -> None:
+    from ..pager import POLICIES
+
     p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--ram-budget", default=None,
                    help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB (default: all experts fit)")
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
-    p.add_argument("--policy", default="lru", choices=["lru", "ls", "ls_pos"])
+    p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
     p.add_argument("--expert-used", type=int, default=None, help="override top-k")
     p.add_argument("--io-threads", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -69,7 +71,9 @@ def stats_table(st: dict, session) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def run_session(model, args, arena_bytes=None) -> int:
+def run_session(model, args, arena_bytes=None, result: dict | None = None) -> int:
+    """Stream one generation with the CLI's session arguments and print its stats; ``result``, when
+    given, receives ``text``, ``tokens`` and ``stats``."""
     from ..session import Session
 
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
@@ -88,6 +92,8 @@ def run_session(model, args, arena_bytes=None) -> int:
             sys.stdout.flush()
         print("\n")
         print(stats_table(res["stats"], s))
+        if result is not None:
+            result.update(res)
     return 0
 
 

@@ -17,7 +17,9 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
     p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per level (default %(default)s; medians reported)")
-    p.add_argument("--policy", default="lru", choices=["lru", "ls", "ls_pos"])
+    from ..pager import POLICIES
+
+    p.add_argument("--policy", default="lru", choices=list(POLICIES))
     p.add_argument("--mmap-baseline", action="store_true",
                    help="also run plain llama.cpp (mmap, pager off) under each limit, and the ratio")
     p.add_argument("--no-pager", dest="pager", action="store_false", help="run only plain llama.cpp (mmap)")
