@@ -161,8 +161,18 @@ class Pager:
         ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
         return self._p.load_layer(self._li(layer), ids).astype(bool)
 
+    def zero_overlay(self, layer: int, expert_ids: Sequence[int] | np.ndarray) -> None:
+        """Lossy skip-cold support: until :meth:`release_layer` of ``layer``, the slices of the given
+        non-resident experts read as zeros through the region; a boundary page shared with a
+        resident expert keeps that expert's bytes (a private copy with only the skipped bytes
+        zeroed). Residency and stats do not change. Raises IndexError for an id outside
+        ``[0, n_expert)``, ValueError for a resident expert."""
+        ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
+        self._p.zero_overlay(self._li(layer), ids)
+
     def release_layer(self, layer: int) -> None:
-        """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted)."""
+        """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted) and remove
+        its zero overlay."""
         self._p.release_layer(self._li(layer))
 
     def release_all(self) -> None:

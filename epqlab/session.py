@@ -47,7 +47,7 @@ class Generation:
 _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
              "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
              "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-             "staged_reads", "staged_copies", "tokens_routed")
+             "staged_reads", "staged_copies", "tokens_routed", "cold_skipped")
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
@@ -133,6 +133,16 @@ class Session:
             logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
         direct_io: O_DIRECT reads (falls back to buffered where refused).
+        skip_cold: ``None`` (default, off: logits bit-identical to plain llama.cpp) or a threshold
+            tau >= 0 for the *lossy* skip-cold knob: in single-token decode steps, a selected expert
+            that is not resident and whose router weight (the one llama.cpp multiplies its output
+            by: the last of ``ffn_moe_weights[_softmax|_norm|_scaled]-<il>``) is below tau is not
+            read and computes on zeros (zero pages; boundary pages shared with a resident
+            neighbour keep the neighbour's bytes). Its output is then weight x down(act(0)) = 0,
+            except that expert biases (gpt-oss) still contribute. ``stats["cold_skipped"]``
+            counts skipped experts. Prefill ubatches (more than one token) are never affected, so
+            measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
+            history (there is no prefetch), so results are reproducible. tau = 0 skips nothing.
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
 
@@ -150,7 +160,8 @@ class Session:
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None):
+                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
+                 skip_cold: float | None = None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -178,6 +189,13 @@ class Session:
                 raise ValueError(f"{name} must be <= {hi}, got {v}")
         if not lay.is_moe and expert_used is not None:
             raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
+        if skip_cold is not None:
+            if not pager:
+                raise ValueError("skip_cold needs the pager (it skips reads of non-resident experts); drop pager=False")
+            tau = float(skip_cold)
+            if not np.isfinite(tau) or tau < 0:
+                raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
+        self.skip_cold = None if skip_cold is None else float(skip_cold)
         dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
         if dense not in DENSE_MODES:
             raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
@@ -261,6 +279,8 @@ class Session:
             if hot_experts is not None:
                 self._pager.set_hot(hot_experts)
             self._engine.attach_pager(self._pager.native)
+            if self.skip_cold is not None:
+                self._engine.set_skip_cold(self.skip_cold)
             self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
@@ -554,7 +574,7 @@ class Session:
             "policy": self.policy if self._pager else None, "n_expert_used": self.n_expert_used,
             "io_threads": self._pager.io_threads if self._pager else 0,
             "direct_io": self._pager.direct_io if self._pager else False,
-            "n_threads": int(self._engine.n_threads),
+            "n_threads": int(self._engine.n_threads), "skip_cold": self.skip_cold,
             "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_s": t_prefill, "decode_s": t_decode,
             "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,

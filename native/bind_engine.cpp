@@ -90,8 +90,13 @@ void register_engine(py::module_ & m) {
             d["staged_tokens"] = s.staged_tokens;
             d["tokens_routed"] = s.tokens;
             d["dropped_bytes"] = s.dropped_bytes;
+            d["cold_skipped"] = s.cold_skipped;
             return d;
         })
+        .def("set_skip_cold", [](engine & e, double tau) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_skip_cold(tau);
+        }, py::arg("tau"))
         .def("reset_hook_stats", [](engine & e) { if (e.hook()) e.hook()->reset_stats(); })
         .def("take_route", [](engine & e) {
             // Returns the recorded routes as int32 [n_tokens, n_moe_layers, k] and clears them.

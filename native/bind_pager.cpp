@@ -100,6 +100,9 @@ void register_pager(py::module_ & m) {
             }
             return hits;
         })
+        .def("zero_overlay", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            p.zero_overlay(li, ids.data(), (int) ids.size());
+        })
         .def("release_layer", &pager::release_layer)
         .def("release_all", &pager::release_all)
         .def("begin_pass", &pager::begin_pass)

@@ -216,6 +216,7 @@ pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
     pinned_.assign(layers_.size(), {});
+    overlay_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
     stats_.layer_hits.assign(layers_.size(), 0);
     pool_ = std::make_unique<io_pool>(cfg.io_threads);
@@ -275,6 +276,12 @@ void pager::expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1
     const int64_t start = t.offset + (int64_t) e * t.expert_bytes;
     p0 = start / page_;
     p1 = ceil_div(start + t.expert_bytes, page_);
+}
+
+void pager::page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const {
+    const int64_t lo_b = p * page_ - t.offset, hi_b = (p + 1) * page_ - 1 - t.offset;
+    e_lo = std::max<int64_t>(0, lo_b < 0 ? 0 : lo_b / t.expert_bytes);
+    e_hi = std::min<int64_t>(n_expert_ - 1, hi_b / t.expert_bytes);
 }
 
 // ---- eviction order ----------------------------------------------------------------------
@@ -449,11 +456,88 @@ void pager::unmap_unit(int u) {
 // ---- load / release ----------------------------------------------------------------------
 
 void pager::release_layer(int li) {
+    if (!overlay_.at(li).empty()) clear_zero_overlay(li);
     for (int u : pinned_.at(li)) {
         units_[u].pinned = false;
         if (units_[u].slot >= 0) insert_evictable(u);
     }
     pinned_[li].clear();
+}
+
+// ---- zero overlay (lossy skip-cold) ----------------------------------------------------------
+
+void pager::zero_overlay(int li, const int32_t * ids, int n) {
+    if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
+    std::vector<int32_t> skip(ids, ids + n);
+    std::sort(skip.begin(), skip.end());
+    skip.erase(std::unique(skip.begin(), skip.end()), skip.end());
+    for (int32_t e : skip) {
+        if (e < 0 || e >= n_expert_) throw std::out_of_range("expert id " + std::to_string(e) + " out of range [0, " + std::to_string(n_expert_) + ")");
+        if (units_[unit_id(li, e)].mapped) throw std::invalid_argument("zero_overlay of expert " + std::to_string(e) + ", which is resident: only non-resident experts can be skipped");
+    }
+    if (skip.empty()) return;
+    auto skipped = [&](int64_t e) { return std::binary_search(skip.begin(), skip.end(), (int32_t) e); };
+    const int64_t t0 = io_now_us();
+    std::vector<char> tmp((size_t) page_);
+    for (int ti = 0; ti < (int) maps_[li].size(); ti++) {
+        const tensor_map & m = maps_[li][ti];
+        std::vector<int64_t> pages;
+        for (int32_t e : skip) {
+            int64_t p0, p1;
+            expert_pages(m, e, p0, p1);
+            for (int64_t p = p0; p < p1; p++) pages.push_back(p);
+        }
+        std::sort(pages.begin(), pages.end());
+        pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+        for (int64_t p : pages) {
+            char * addr = m.region + (p - m.first_page) * page_;
+            int64_t e_lo, e_hi;
+            page_experts(m, p, e_lo, e_hi);
+            bool shared = false;  // a resident expert's slice touches this page: keep its bytes
+            for (int64_t e2 = e_lo; e2 <= e_hi && !shared; e2++) shared = !skipped(e2) && units_[li * n_expert_ + e2].mapped;
+            if (shared) memcpy(tmp.data(), addr, (size_t) page_);  // the file page, mapped from that expert's slot
+            void * r = mmap(addr, (size_t) page_, shared ? PROT_READ | PROT_WRITE : PROT_READ,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            if (r == MAP_FAILED) {
+                int err = errno;
+                throw std::runtime_error("mmap of a zero page for a skipped expert failed: " + errstr(err));
+            }
+            overlay_[li].emplace_back(ti, p);
+            if (!shared) continue;  // the anonymous page reads as zeros
+            memcpy(addr, tmp.data(), (size_t) page_);
+            for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
+                if (!skipped(e2)) continue;
+                const int64_t a = std::max(m.offset + e2 * m.expert_bytes, p * page_);
+                const int64_t b = std::min(m.offset + (e2 + 1) * m.expert_bytes, (p + 1) * page_);
+                if (b > a) memset(addr + (a - p * page_), 0, (size_t) (b - a));
+            }
+        }
+    }
+    stats_.map_us += io_now_us() - t0;
+}
+
+void pager::restore_page(int li, int ti, int64_t p) {
+    const tensor_map & m = maps_[li][ti];
+    char * addr = m.region + (p - m.first_page) * page_;
+    int64_t e_lo, e_hi;
+    page_experts(m, p, e_lo, e_hi);
+    for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
+        const unit & y = units_[li * n_expert_ + e2];
+        if (!y.mapped) continue;
+        int64_t q0, q1;
+        expert_pages(m, (int) e2, q0, q1);
+        mmap(addr, (size_t) page_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
+             (off_t) (slots_[y.slot].offset + m.sub_off + (p - q0) * page_));
+        return;
+    }
+    mmap(addr, (size_t) page_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+void pager::clear_zero_overlay(int li) {
+    const int64_t t0 = io_now_us();
+    for (const auto & o : overlay_[li]) restore_page(li, o.first, o.second);
+    overlay_[li].clear();
+    stats_.map_us += io_now_us() - t0;
 }
 
 void pager::release_all() {

@@ -121,7 +121,13 @@ public:
         for (const auto & ms : maps_) for (const auto & m : ms) mx = std::max(mx, m.region_bytes);
         return mx;
     }
-    // Unpins every pinned expert of MoE layer index li.
+    // Lossy skip-cold support: until layer li is released, the slices of the experts ids[0..n)
+    // of every tensor of layer li read as zeros. The experts must not be resident. Pages only
+    // they touch get the zero page; a boundary page shared with a resident expert gets a private
+    // copy of the file page with the skipped experts' bytes zeroed, so no neighbour's bytes
+    // change. Residency, slots and stats do not change.
+    void zero_overlay(int li, const int32_t * ids, int n);
+    // Unpins every pinned expert of MoE layer index li and removes its zero overlay.
     void release_layer(int li);
     void release_all();
     // Starts a new forward pass (token or ubatch): "current" experts become "stale".
@@ -188,6 +194,12 @@ private:
     void map_unit(int u);
     void unmap_unit(int u);
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
+    // First and last expert whose slice of tensor t touches file page p.
+    void page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const;
+    // Maps file page p of tensor ti of layer li as the invariant says: from the slot of a resident
+    // expert that touches it, else PROT_NONE.
+    void restore_page(int li, int ti, int64_t p);
+    void clear_zero_overlay(int li);
     // Runs reads on the pool (redoing O_DIRECT refusals buffered), adds the wait to io_wait_us.
     void run_reads(std::vector<io_job> & jobs);
     // Throws pager_io_error (ESTALE) when a file's size or mtime differ from those at open.
@@ -236,6 +248,7 @@ private:
     std::set<key_t>              hot_;              // static policy: evictable hot units, last resort
     std::vector<int64_t>         pending_next_;     // belady: next use to give a unit at its request
     std::vector<std::vector<int32_t>> pinned_;    // per layer index
+    std::vector<std::vector<std::pair<int, int64_t>>> overlay_;  // per layer: (tensor, file page) zeroed
     uint64_t                     tick_ = 0;
     uint64_t                     pass_ = 1;
     int                          loading_li_ = 0;
