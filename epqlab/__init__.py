@@ -11,6 +11,7 @@ import llama_cpp  # noqa: F401  -- import before the extension (one copy of libl
 from .errors import (
     ArenaTooSmall,
     EpqlabError,
+    LlamaCppError,
     ModelChangedError,
     ModelNotFoundError,
     NotGGUFError,
@@ -31,7 +32,7 @@ __version__ = _version("epqlab")  # pyproject.toml's, the one place it is writte
 del _version
 
 __all__ = [
-    "ArenaTooSmall", "EpqlabError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
+    "ArenaTooSmall", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
     "inspect", "probe_io", "Pager", "Session", "Generation", "fmt_bytes", "parse_bytes", "__version__",
 ]

@@ -27,7 +27,8 @@ class NotMoEError(EpqlabError, ValueError):
 
 
 class SplitModelError(EpqlabError, ValueError):
-    """Split GGUF shards (``-0000N-of-0000M.gguf``) are not supported yet."""
+    """A broken split GGUF: a shard missing, misnamed, from another split run, or a tensor count
+    that disagrees with ``split.tensors.count``. (Complete split sets are supported.)"""
 
 
 class ArenaTooSmall(EpqlabError, ValueError):
@@ -41,3 +42,8 @@ class PagerIOError(EpqlabError, OSError):
 class ModelChangedError(EpqlabError, OSError):
     """The model file changed on disk (size, mtime or inode) while a Session had it open; decoding
     would mix old and new bytes. Reopen the Session."""
+
+
+class LlamaCppError(EpqlabError, RuntimeError):
+    """llama.cpp refused to load the model or create its context (e.g. the KV cache of ``n_ctx``
+    does not fit in memory); the message carries llama.cpp's own error lines."""

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from .constants import GGUF_MAGIC, KEY_BLOCK_COUNT, KEY_EXPERT_COUNT, KEY_EXPERT_USED_COUNT, arch_key
+from .constants import GGUF_MAGIC
 from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
 from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
-SPLIT_NAME_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+SPLIT_NAME_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # llama_split_path's
 PER_EXPERT_RE = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
 
 
@@ -33,9 +33,10 @@ class ExpertTensor:
         kind: ``"gate"``, ``"up"``, ``"down"`` or ``"gate_up"`` (fused).
         ggml_type: ggml type name, e.g. ``"Q8_0"``, ``"F16"``, ``"BF16"``.
         shape: ggml order ``(ne0, ne1, n_expert)``; ne0 is the row length.
-        offset: absolute file offset of the tensor data, bytes.
+        offset: absolute offset of the tensor data in its file (``ModelLayout.files[file]``), bytes.
         expert_bytes: bytes per expert = nb[2].
         n_bytes: bytes of the whole tensor = ``expert_bytes * n_expert``.
+        file: index of the file holding it in ``ModelLayout.files`` (0 unless the model is split).
     """
 
     name: str
@@ -45,6 +46,7 @@ class ExpertTensor:
     offset: int
     expert_bytes: int
     n_bytes: int
+    file: int = 0
 
     def expert_offset(self, expert: int) -> int:
         """Absolute file offset (bytes) of expert ``expert``'s slice of this tensor."""
@@ -90,8 +92,8 @@ class ModelLayout:
     """Routed-expert layout of a MoE GGUF. Built by :func:`inspect`.
 
     Attributes:
-        path: the GGUF file.
-        file_size: bytes.
+        path: the GGUF file; of a split model, its first shard (what llama.cpp loads).
+        file_size: bytes, all shards together.
         architecture: ``general.architecture`` (e.g. ``llama``, ``qwen3moe``).
         name: ``general.name`` or the file stem.
         n_layer: ``<arch>.block_count``.
@@ -101,9 +103,16 @@ class ModelLayout:
         routed_expert_bytes: bytes of all routed-expert tensors.
         non_expert_bytes: bytes of every other tensor (attention, norms, router, shared experts, embeddings).
         alignment: ``general.alignment`` (tensor data alignment, bytes; 32 by default).
-        dense_tensors: ``(name, offset, n_bytes)`` of every non-expert tensor, file order (absolute
-            offsets, bytes): what stays resident outside the arena.
-        data_offset: absolute file offset of the first tensor's data (end of the header), bytes.
+        dense_tensors: ``(name, offset, n_bytes)`` of every non-expert tensor, in (file, offset)
+            order (absolute offsets in file ``dense_files[i]``, bytes): what stays resident outside
+            the arena.
+        data_offset: absolute offset of the first tensor's data (end of the header) in ``path``, bytes.
+        files: every file of the model: ``[path]``, or the shards of a split GGUF in ``split.no``
+            order (``NAME-00001-of-0000N.gguf`` ...). Tensor offsets are relative to their own file.
+        file_sizes: bytes of each of ``files``.
+        data_offsets: end of each file's header (first tensor data), bytes.
+        dense_files: index in ``files`` of each entry of ``dense_tensors``.
+        file_mtimes_ns: mtime of each of ``files`` when read (the cache key), ns.
     """
 
     path: Path
@@ -121,7 +130,30 @@ class ModelLayout:
     metadata: dict = field(default_factory=dict, repr=False)
     dense_tensors: list = field(default_factory=list, repr=False)
     data_offset: int = 0
+    files: list = field(default_factory=list)
+    file_sizes: list = field(default_factory=list, repr=False)
+    data_offsets: list = field(default_factory=list, repr=False)
+    dense_files: list = field(default_factory=list, repr=False)
+    file_mtimes_ns: list = field(default_factory=list, repr=False)
 
+    def __post_init__(self):
+        if not self.files:
+            self.files = [self.path]
+            self.file_sizes = [self.file_size]
+            self.data_offsets = [self.data_offset]
+        if not self.dense_files:
+            self.dense_files = [0] * len(self.dense_tensors)
+
+    @property
+    def n_files(self) -> int:
+        """1 for a single-file GGUF, else the number of shards."""
+        return len(self.files)
+
+    def dense_ranges(self, file: int | None = None) -> list[tuple[int, int]]:
+        """``(offset, n_bytes)`` of the non-expert tensors, bytes: of file ``file`` (an index in
+        :attr:`files`), or of every file when None (then offsets of different files mix: use it
+        for totals only)."""
+        return [(off, n) for (_, off, n), f in zip(self.dense_tensors, self.dense_files) if file is None or f == file]
     @property
     def is_moe(self) -> bool:
         """True when the file has routed-expert tensors."""
@@ -168,7 +200,7 @@ class ModelLayout:
             f"arch         {self.architecture}  ({self.name})",
             f"layers       {self.n_layer} blocks, {len(self.layers)} MoE",
             f"experts      {self.n_expert} per layer, top-k {self.n_expert_used}",
-            f"file         {fmt_bytes(self.file_size)}",
+            f"file         {fmt_bytes(self.file_size)}" + (f" in {self.n_files} shards" if self.n_files > 1 else ""),
             f"routed       {fmt_bytes(self.routed_expert_bytes)} ({self.routed_expert_bytes / max(1, self.file_size):.1%} of file)",
             f"non-expert   {fmt_bytes(self.non_expert_bytes)}",
             "",
@@ -246,6 +278,8 @@ def _open_reader(path: Path):
 
     with open(path, "rb") as fh:
         magic = fh.read(4)
+    if not magic:
+        raise NotGGUFError(f"{path} is empty (0 bytes), not a GGUF model: the download or copy failed; fetch it again.")
     if magic != GGUF_MAGIC:
         raise NotGGUFError(
             f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
@@ -257,6 +291,11 @@ def _open_reader(path: Path):
         msg = str(e)
         if "version" in msg and "handle" in msg:
             raise NotGGUFError(f"{path}: unsupported GGUF version ({msg}). Re-convert with a current llama.cpp.") from e
+        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg:
+            # a key, string or tensor name that is not UTF-8, or a value/tensor type id no GGUF defines
+            raise NotGGUFError(
+                f"{path}: the GGUF header is corrupt ({msg[:200]}). Download or copy the file again, or re-convert it."
+            ) from e
         raise TruncatedModelError(
             f"{path} ({os.path.getsize(path)} bytes) ends before its header or tensor data does ({msg}). "
             "The file is truncated or corrupt: download or copy it again."
@@ -270,25 +309,30 @@ _CACHE: dict[tuple, ModelLayout] = {}
 
 
 def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
-    """Read the routed-expert layout of a MoE GGUF file.
+    """Read the routed-expert layout of a MoE GGUF file (single file or split shards).
 
     gguf-py parses every metadata array (a 49K-token vocabulary takes seconds), so layouts are
-    cached per process by (real path, size, mtime); treat the returned object as read-only.
+    cached per process by (real path, size, mtime) of every file; treat the returned object as
+    read-only.
 
     Args:
-        path: a single-file GGUF.
+        path: a GGUF file, or any shard of a split GGUF (``NAME-0000i-of-0000N.gguf`` with
+            ``split.count`` = N, as written by llama.cpp's gguf-split or gguf-py's GGUFWriter): all
+            N shards are read and the layout's ``path`` is the first one, which is what llama.cpp loads.
         require_moe: raise :class:`NotMoEError` for a dense model (default). With False a dense
             model yields a layout with no expert layers (for plain runs and perplexity).
 
     Returns:
-        :class:`ModelLayout` with per-layer expert tensors (type, shape, file offset, bytes per
-        expert = nb[2]), totals and slot classes.
+        :class:`ModelLayout` with per-layer expert tensors (type, shape, file and offset in it,
+        bytes per expert = nb[2]), totals and slot classes.
 
     Raises:
         ModelNotFoundError: the path does not exist or is not a file.
-        NotGGUFError: bad magic or unsupported GGUF version.
+        NotGGUFError: bad magic, unsupported GGUF version, misplaced or duplicated tensors.
         TruncatedModelError: header or tensor data past end of file.
-        SplitModelError: split shards (``*-00001-of-00003.gguf`` or ``split.count`` > 1).
+        SplitModelError: a broken split set: a shard missing, a shard name that does not follow
+            llama.cpp's ``-0000i-of-0000N.gguf`` pattern, ``split.no``/``split.count`` that disagree
+            with the names, or a tensor count other than ``split.tensors.count``.
         NotMoEError: no ``blk.N.ffn_*_exps.weight`` tensors (a dense model).
     """
     path = Path(path)
@@ -296,22 +340,29 @@ def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
         raise ModelNotFoundError(f"model file not found: {path}. Check the path, or run `epqlab model default` for the embedded model.")
     if not path.is_file():
         raise ModelNotFoundError(f"{path} is not a regular file; pass the .gguf file itself.")
-    if SPLIT_NAME_RE.search(path.name):
-        raise SplitModelError(
-            f"{path.name} is one shard of a split GGUF; split models are not supported yet. "
-            "Merge the shards first: llama-gguf-split --merge FIRST-SHARD.gguf merged.gguf"
-        )
     st = path.stat()
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    if key not in _CACHE:
-        _CACHE[key] = _inspect(path)
-    layout = _CACHE[key]
+    layout = _CACHE.get(key)
+    if layout is None or not _unchanged(layout):
+        layout = _CACHE[key] = _inspect(path)
     if require_moe and not layout.is_moe:
         raise NotMoEError(
             f"{path} ({layout.architecture}) has no routed-expert tensors (blk.N.ffn_*_exps.weight): it is a dense model. "
             "epqlab pages routed experts; run dense models with pager=False or plain llama.cpp."
         )
     return layout
+
+
+def _unchanged(layout: ModelLayout) -> bool:
+    """True when every file of a cached layout still has the size and mtime it was read with."""
+    for f, size, mtime in zip(layout.files, layout.file_sizes, layout.file_mtimes_ns):
+        try:
+            st = os.stat(f)
+        except OSError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != (size, mtime):
+            return False
+    return True
 
 
 def _check_placement(path: Path, reader, alignment: int, file_size: int) -> None:
@@ -333,69 +384,179 @@ def _check_placement(path: Path, reader, alignment: int, file_size: int) -> None
                 f"{path}: tensor {t.name} (bytes {off}..{off + n}) overlaps {prev.name} (ends at "
                 f"{int(prev.data_offset) + int(prev.n_bytes)}): the file is corrupt; re-convert it.")
         prev = t
-
-
-def _inspect(path: Path) -> ModelLayout:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    reader = _open_reader(path)
-    file_size = path.stat().st_size
-    split_count = _field_value(reader, "split.count")
-    if split_count is not None and int(split_count) > 1:
-        raise SplitModelError(
-            f"{path} is shard of a {split_count}-way split GGUF; split models are not supported yet. "
-            "Merge the shards first: llama-gguf-split --merge FIRST-SHARD.gguf merged.gguf"
-        )
-    arch = str(_field_value(reader, "general.architecture") or "unknown")
-    name = str(_field_value(reader, "general.name") or path.stem)
-    alignment = int(_field_value(reader, "general.alignment") or 32)
-
-    def hp(template, default=0):
-        # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
-        # largest value any layer uses.
-        v = _field_value(reader, arch_key(template, arch))
-        if isinstance(v, (list, tuple)):
-            return max((int(x) for x in v), default=default)
-        return int(v) if v is not None else default
-
-    n_layer = hp(KEY_BLOCK_COUNT)
-    _check_placement(path, reader, alignment, file_size)
-    by_layer: dict[int, list[ExpertTensor]] = {}
-    routed = 0
-    total = 0
-    dense: list[tuple[str, int, int]] = []
+    # gguf.cpp (gguf_init_from_reader) wants the tensors packed in header order, each at the
+    # aligned end of the one before: a tensor whose dims or offset changed breaks that.
+    start = int(getattr(reader, "data_offset", base))
+    expect = 0
     for t in reader.tensors:
+        rel = int(t.data_offset) - start
+        if rel != expect:
+            raise NotGGUFError(
+                f"{path}: tensor {t.name} has data offset {rel}, but the tensors before it in the header end at {expect} "
+                "(GGUF packs tensor data in header order; llama.cpp refuses anything else): the file is corrupt; "
+                "re-convert it.")
+        expect += -(-int(t.n_bytes) // alignment) * alignment
+    for t in ts:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > file_size:
             raise TruncatedModelError(
                 f"{path}: tensor {t.name} data ends at byte {end} but the file has {file_size} bytes. "
                 "The file is truncated: download or copy it again."
             )
-        total += int(t.n_bytes)
-        m = EXPERT_TENSOR_RE.match(t.name)
-        if not m:
-            dense.append((t.name, int(t.data_offset), int(t.n_bytes)))
+
+
+def _int_key(path: Path, reader, key: str):
+    v = _field_value(reader, key)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise SplitModelError(f"{path}: {key} is {v!r}, not an integer: the shard is corrupt; re-split the model.") from None
+
+
+def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
+    """``[(path, reader)]`` of every file of the model, in ``split.no`` order: ``[(path, reader)]``
+    for a single file, else each shard found by llama.cpp's naming rule
+    (``llama_split_path``: ``PREFIX-%05d-of-%05d.gguf``), its ``split.no``/``split.count`` checked."""
+    count = _int_key(path, reader, "split.count")
+    if count is None or count <= 1:
+        return [(path, reader)]
+    no = _int_key(path, reader, "split.no")
+    m = SPLIT_NAME_RE.match(path.name)
+    if m is None or int(m["count"]) != count:
+        raise SplitModelError(
+            f"{path.name} says it is one of {count} split shards (split.count) but its name does not end in "
+            f"-0000i-of-{count:05d}.gguf, so its other shards cannot be found (llama.cpp finds them by name). "
+            f"Rename the shards NAME-00001-of-{count:05d}.gguf ... NAME-{count:05d}-of-{count:05d}.gguf.")
+    if no is None or int(m["no"]) != no + 1:
+        raise SplitModelError(
+            f"{path.name}: its name says shard {int(m['no'])} but split.no says {'nothing' if no is None else no + 1}: "
+            "the shards were renamed or are corrupt; re-split the model (llama-gguf-split --split).")
+    out = []
+    for i in range(count):
+        p = path.with_name(f"{m['prefix']}-{i + 1:05d}-of-{count:05d}.gguf")
+        if i == no:
+            out.append((path, reader))
             continue
-        dims = [int(d) for d in t.shape]
-        if len(dims) != 3:
-            raise NotGGUFError(f"{path}: expert tensor {t.name} has shape {dims}, expected 3 dims [ne0, ne1, n_expert].")
-        qtype = GGMLQuantizationType(int(t.tensor_type))
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        row_bytes = dims[0] // block * type_size
-        nb2 = row_bytes * dims[1]
-        assert nb2 * dims[2] == int(t.n_bytes), (t.name, nb2, dims, t.n_bytes)
-        routed += int(t.n_bytes)
-        il = int(m.group(1))
-        by_layer.setdefault(il, []).append(
-            ExpertTensor(t.name, m.group(2), qtype.name, (dims[0], dims[1], dims[2]), int(t.data_offset), nb2, int(t.n_bytes))
-        )
-    n_tensors = len(reader.tensors)
-    n_expert_kv = hp(KEY_EXPERT_COUNT)
-    n_expert_used = hp(KEY_EXPERT_USED_COUNT)
+        if not p.is_file():
+            raise SplitModelError(
+                f"shard {i + 1} of {count} of {m['prefix']} is missing: {p} does not exist. A split model needs all "
+                f"its shards side by side in one directory; download or copy the missing one.")
+        r = _open_reader(p)
+        c2, n2 = _int_key(p, r, "split.count"), _int_key(p, r, "split.no")
+        if c2 != count or n2 != i:
+            raise SplitModelError(
+                f"{p.name} has split.no={n2} and split.count={c2}, expected {i} and {count} (from its name and "
+                f"{path.name}): the shards come from different split runs; re-split the model.")
+        out.append((p, r))
+    return out
+
+
+LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h (0.3.36's vendored copy)
+LLAMA_MAX_EXPERTS = 1024
+
+
+def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: int, n_expert: int) -> None:
+    """Refuse what llama.cpp's load_hparams asserts on (GGML_ASSERT aborts the whole process
+    there, so a corrupt file must not get that far): block_count in 1..LLAMA_MAX_LAYERS,
+    expert_count <= LLAMA_MAX_EXPERTS, top-k in 1..expert_count for a MoE and 0 without
+    experts, expert groups that divide the experts.
+    Raises NotGGUFError naming the key."""
+    def bad(key, value, need):
+        raise NotGGUFError(f"{path}: {arch}.{key} is {value}, but llama.cpp needs {need} (it would abort the "
+                           "process loading it): the file is corrupt or mis-converted; re-convert it.")
+
+    n_layer = hp("block_count")
+    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        bad("block_count", n_layer if n_layer else "missing or 0", f"1..{LLAMA_MAX_LAYERS}")
+    if hp("nextn_predict_layers") > n_layer:
+        bad("nextn_predict_layers", hp("nextn_predict_layers"), f"<= block_count ({n_layer})")
+    n_exp = n_expert or n_expert_kv
+    if n_exp > LLAMA_MAX_EXPERTS:
+        bad("expert_count", n_exp, f"at most {LLAMA_MAX_EXPERTS}")
+    if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
+        bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
+    if n_exp == 0 and n_expert_used:
+        bad("expert_used_count", n_expert_used, "0 for a model without experts")
+    groups, used = hp("expert_group_count"), hp("expert_group_used_count")
+    if groups and (groups >= max(1, n_exp) or (groups > 1 and (n_exp % groups or not 0 < used < groups))):
+        bad("expert_group_count", f"{groups} (groups used {used}, experts {n_exp})",
+            "fewer groups than experts, dividing them, and 0 < groups used < groups")
+
+
+def _inspect(path: Path) -> ModelLayout:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    shards = _shard_readers(path, _open_reader(path))
+    path, reader = shards[0]  # metadata lives in the first shard
+    arch = str(_field_value(reader, "general.architecture") or "unknown")
+    name = str(_field_value(reader, "general.name") or (SPLIT_NAME_RE.match(path.name)["prefix"] if len(shards) > 1 else path.stem))
+    alignment = int(_field_value(reader, "general.alignment") or 32)
+
+    def hp(key, default=0):
+        # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
+        # largest value any layer uses.
+        v = _field_value(reader, f"{arch}.{key}")
+        try:
+            if isinstance(v, (list, tuple)):
+                return max((int(x) for x in v), default=default)
+            return int(v) if v is not None else default
+        except (TypeError, ValueError, OverflowError):
+            raise NotGGUFError(f"{path}: {arch}.{key} is {str(v)[:80]!r}, not an integer: the file is corrupt or "
+                               "mis-converted; re-convert it.") from None
+
+    n_layer = hp("block_count")
+    file_sizes = [p.stat().st_size for p, _ in shards]
+    by_layer: dict[int, list[ExpertTensor]] = {}
+    routed = 0
+    total = 0
+    n_tensors = 0
+    seen: dict[str, Path] = {}
+    dense: list[tuple[int, str, int, int]] = []
+    per_expert: list[str] = []
+    for fi, (p, r) in enumerate(shards):
+        _check_placement(p, r, int(_field_value(r, "general.alignment") or alignment), file_sizes[fi])
+        for t in r.tensors:
+            if t.name in seen:
+                raise NotGGUFError(f"{p}: tensor {t.name} is also in {seen[t.name]}: a tensor may appear once "
+                                   "(llama.cpp refuses duplicated tensors); re-convert or re-split the model.")
+            seen[t.name] = p
+            n_tensors += 1
+            total += int(t.n_bytes)
+            if PER_EXPERT_RE.match(t.name):
+                per_expert.append(t.name)
+            m = EXPERT_TENSOR_RE.match(t.name)
+            if not m:
+                dense.append((fi, t.name, int(t.data_offset), int(t.n_bytes)))
+                continue
+            dims = [int(d) for d in t.shape]
+            if len(dims) != 3:
+                raise NotGGUFError(f"{p}: expert tensor {t.name} has shape {dims}, expected 3 dims [ne0, ne1, n_expert].")
+            qtype = GGMLQuantizationType(int(t.tensor_type))
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            row_bytes = dims[0] // block * type_size
+            nb2 = row_bytes * dims[1]
+            if nb2 * dims[2] != int(t.n_bytes):
+                raise NotGGUFError(f"{p}: expert tensor {t.name} holds {int(t.n_bytes)} bytes, but its shape {dims} "
+                                   f"and type {qtype.name} need {nb2 * dims[2]}: the file is corrupt; re-convert it.")
+            routed += int(t.n_bytes)
+            il = int(m.group(1))
+            by_layer.setdefault(il, []).append(
+                ExpertTensor(t.name, m.group(2), qtype.name, (dims[0], dims[1], dims[2]), int(t.data_offset), nb2,
+                             int(t.n_bytes), fi))
+    if len(shards) > 1:
+        want = _int_key(path, reader, "split.tensors.count")
+        if want is not None and want != n_tensors:
+            raise SplitModelError(
+                f"{path.name}: split.tensors.count says {want} tensors but its {len(shards)} shards hold {n_tensors}: "
+                "a shard is from another split run or corrupt; re-split the model.")
+    n_expert_kv = hp("expert_count")
+    n_expert_used = hp("expert_used_count")
     metadata = {k: _field_value(reader, k) for k in reader.fields if not k.startswith("tokenizer.ggml.") and not k.startswith("GGUF.")}
-    data_offset = min((int(t.data_offset) for t in reader.tensors), default=file_size)
-    per_expert = [t.name for t in reader.tensors if PER_EXPERT_RE.match(t.name)]
-    del reader
+    file_mtimes = [p.stat().st_mtime_ns for p, _ in shards]
+    data_offsets = [min((int(t.data_offset) for t in r.tensors), default=file_sizes[i]) for i, (_, r) in enumerate(shards)]
+    files = [p for p, _ in shards]
     if not by_layer and per_expert:
         raise NotMoEError(
             f"{path} ({arch}) stores its routed experts one tensor per expert ({per_expert[0]}, ...): the legacy "
@@ -411,9 +572,11 @@ def _inspect(path: Path) -> ModelLayout:
         for t in l.tensors:
             if t.shape[2] != n_expert:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
+    _check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
+    dense.sort(key=lambda d: (d[0], d[2]))
     return ModelLayout(
         path=path,
-        file_size=file_size,
+        file_size=sum(file_sizes),
         architecture=arch,
         name=name,
         n_layer=n_layer,
@@ -425,8 +588,13 @@ def _inspect(path: Path) -> ModelLayout:
         alignment=alignment,
         n_tensors=n_tensors,
         metadata=metadata,
-        dense_tensors=sorted(dense, key=lambda d: d[1]),
-        data_offset=data_offset,
+        dense_tensors=[(n, off, nb) for _, n, off, nb in dense],
+        data_offset=data_offsets[0],
+        files=files,
+        file_sizes=file_sizes,
+        data_offsets=data_offsets,
+        dense_files=[fi for fi, _, _, _ in dense],
+        file_mtimes_ns=file_mtimes,
     )
 
 

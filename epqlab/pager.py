@@ -18,6 +18,7 @@ from .errors import ArenaTooSmall
 from .layout import ModelLayout
 from .units import fmt_bytes, parse_bytes
 
+MAX_IO_THREADS = 1024  # reader threads: far more than any device rewards; the bound keeps a typo from spawning millions
 
 
 def default_io_threads() -> int:
@@ -29,11 +30,15 @@ def default_io_threads() -> int:
 
 
 def _layer_specs(layout: ModelLayout):
-    return [(l.layer, [(t.offset, t.expert_bytes) for t in l.tensors]) for l in layout.layers]
+    return [(l.layer, [(t.offset, t.expert_bytes, t.file) for t in l.tensors]) for l in layout.layers]
 
 
 class Pager:
     """A fixed RAM arena of expert slots over one MoE GGUF, with O_DIRECT reads and eviction.
+
+    A split GGUF (shards) is paged from all its files: one descriptor per shard, each expert
+    tensor read from the shard that holds it (``ExpertTensor.file``), every shard checked for
+    changes (size, mtime) before each read batch.
 
     Args:
         layout: from :func:`epqlab.inspect`.
@@ -76,7 +81,7 @@ class Pager:
 
     Raises:
         ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
-        ValueError: unknown policy.
+        ValueError: unknown policy, io_threads outside 1..MAX_IO_THREADS (1024).
         PagerIOError: the file cannot be opened.
     """
 
@@ -87,6 +92,9 @@ class Pager:
 
         if policy not in POLICIES + OFFLINE_POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES + OFFLINE_POLICIES)}")
+        if io_threads is not None and (isinstance(io_threads, bool) or not isinstance(io_threads, int)
+                                       or not 1 <= io_threads <= MAX_IO_THREADS):
+            raise ValueError(f"io_threads must be an integer in 1..{MAX_IO_THREADS}, got {io_threads!r}")
         self.layout = layout
         k = int(n_expert_used or layout.n_expert_used or 1)
         if not 1 <= k <= layout.n_expert:
@@ -100,7 +108,8 @@ class Pager:
                 f"the smallest arena that works is {need} bytes ({fmt_bytes(need)})"
             )
         self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
-                             int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha))
+                             int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha),
+                             [str(f) for f in layout.files])
         self.fnu_alpha = float(fnu_alpha)
         self.requested_arena_bytes = arena
         self.hot: np.ndarray = np.zeros((0, 2), np.int32)
@@ -152,8 +161,18 @@ class Pager:
         ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
         return self._p.load_layer(self._li(layer), ids).astype(bool)
 
+    def zero_overlay(self, layer: int, expert_ids: Sequence[int] | np.ndarray) -> None:
+        """Lossy skip-cold support: until :meth:`release_layer` of ``layer``, the slices of the given
+        non-resident experts read as zeros through the region; a boundary page shared with a
+        resident expert keeps that expert's bytes (a private copy with only the skipped bytes
+        zeroed). Residency and stats do not change. Raises IndexError for an id outside
+        ``[0, n_expert)``, ValueError for a resident expert."""
+        ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
+        self._p.zero_overlay(self._li(layer), ids)
+
     def release_layer(self, layer: int) -> None:
-        """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted)."""
+        """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted) and remove
+        its zero overlay."""
         self._p.release_layer(self._li(layer))
 
     def release_all(self) -> None:

@@ -126,4 +126,5 @@ def windowed_perplexity(tokens, window_logits, *, n_ctx: int, stride: int) -> Pe
             break
     return PerplexityResult(float(np.exp(nll / count)), nll / count, count, windows, n_ctx, stride)
 
+
 __all__ = ["PerplexityResult", "perplexity", "windowed_perplexity", "block_nll"]

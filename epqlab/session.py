@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import os
 import threading
 import time
@@ -17,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArenaTooSmall, EpqlabError, ModelChangedError
+from .errors import ArenaTooSmall, EpqlabError, LlamaCppError, ModelChangedError
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
-from .pager import POLICIES, Pager, default_io_threads
+from .pager import MAX_IO_THREADS, POLICIES, Pager, default_io_threads
 from .units import fmt_bytes, parse_bytes
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
 DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
 LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode produces (bytes)
 
@@ -44,31 +47,57 @@ class Generation:
 _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
              "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
              "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-             "staged_reads", "staged_copies", "tokens_routed")
+             "staged_reads", "staged_copies", "tokens_routed", "cold_skipped")
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
-def _file_identity(path) -> tuple:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _file_identity(paths) -> tuple:
+    """(dev, inode, size, mtime) of each file of the model (every shard of a split one)."""
+    out = []
+    for p in paths:
+        st = os.stat(p)
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _prefetch_header(lay: ModelLayout) -> None:
-    """Read exactly the GGUF header into the page cache (readahead(2) of [0, data_offset)), so
-    llama.cpp's buffered header reads hit it instead of triggering the kernel's sequential
-    readahead (read_ahead_kb, often MiBs) into tensor data the lazy load does not want."""
-    fd = os.open(lay.path, os.O_RDONLY)
+    """Read exactly the GGUF header of each file into the page cache (readahead(2) of
+    [0, data_offset)), so llama.cpp's buffered header reads hit it instead of triggering the
+    kernel's sequential readahead (read_ahead_kb, often MiBs) into tensor data the lazy load
+    does not want."""
+    for path, data_offset in zip(lay.files, lay.data_offsets):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, data_offset, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+
+def _token_array(tokens) -> np.ndarray:
+    """Token ids as int64 ``[n]``. Raises ValueError for non-integer ids (no silent rounding) and
+    TypeError for something that is not a sequence of ids."""
     try:
-        os.posix_fadvise(fd, 0, lay.data_offset, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
+        a = np.asarray(tokens).ravel()
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"token ids must be a sequence of ints, got {type(tokens).__name__} ({e})") from None
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype == object and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in a):
+        a = np.array([int(x) for x in a], dtype=object)
+        if any(x < -(2**63) or x >= 2**63 for x in a):
+            raise ValueError("token ids must be in the vocabulary; got an id beyond 64 bits")
+        return a.astype(np.int64)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got {a.dtype} values (e.g. {a[0]!r})")
+    return a.astype(np.int64)
 
 
 class Session:
     """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
 
     Args:
-        model: path to a single-file MoE GGUF.
+        model: path to a MoE GGUF, or to the first (or any) shard of a split one (``NAME-00001-of-0000N.gguf``:
+            every shard is paged from its own file, see :func:`epqlab.inspect`).
         ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
             The budget bounds the whole resident set of the process, RssAnon + RssShmem +
             RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
@@ -104,20 +133,35 @@ class Session:
             logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
         direct_io: O_DIRECT reads (falls back to buffered where refused).
+        skip_cold: ``None`` (default, off: logits bit-identical to plain llama.cpp) or a threshold
+            tau >= 0 for the *lossy* skip-cold knob: in single-token decode steps, a selected expert
+            that is not resident and whose router weight (the one llama.cpp multiplies its output
+            by: the last of ``ffn_moe_weights[_softmax|_norm|_scaled]-<il>``) is below tau is not
+            read and computes on zeros (zero pages; boundary pages shared with a resident
+            neighbour keep the neighbour's bytes). Its output is then weight x down(act(0)) = 0,
+            except that expert biases (gpt-oss) still contribute. ``stats["cold_skipped"]``
+            counts skipped experts. Prefill ubatches (more than one token) are never affected, so
+            measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
+            history (there is no prefetch), so results are reproducible. tau = 0 skips nothing.
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
 
     Raises:
-        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError, NotMoEError: bad model file.
-        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes.
+        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
+            model file.
+        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
+            that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads).
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
+        LlamaCppError: llama.cpp could not load the model or create the context (its own error
+            lines in the message), or the lazy load could not start (see ``dense_weights``).
     """
 
     def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
-                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None):
+                 direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
+                 skip_cold: float | None = None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -133,14 +177,25 @@ class Session:
                              "Session(model, policy='static', hot_experts=epqlab.ablation.hot_experts(log, n))")
         k = int(expert_used) if expert_used is not None else lay.n_expert_used
         if lay.is_moe and not 1 <= k <= lay.n_expert:
-            raise ValueError(f"expert_used={expert_used} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
-                        ("io_threads", 1 if io_threads is None else io_threads),
-                        ("n_threads", 1 if n_threads is None else n_threads)):
+            raise ValueError(f"expert_used={k} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
+        for name, v, hi in (("n_ctx", n_ctx, None), ("n_batch", n_batch, None), ("n_ubatch", n_ubatch, None),
+                            ("io_threads", 1 if io_threads is None else io_threads, MAX_IO_THREADS),
+                            ("n_threads", 1 if n_threads is None else n_threads, MAX_THREADS)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
+            if hi is not None and int(v) > hi:
+                raise ValueError(f"{name} must be <= {hi}, got {v}")
         if not lay.is_moe and expert_used is not None:
             raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
+        if skip_cold is not None:
+            if not pager:
+                raise ValueError("skip_cold needs the pager (it skips reads of non-resident experts); drop pager=False")
+            tau = float(skip_cold)
+            if not np.isfinite(tau) or tau < 0:
+                raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
+        self.skip_cold = None if skip_cold is None else float(skip_cold)
         dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
         if dense not in DENSE_MODES:
             raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
@@ -159,18 +214,19 @@ class Session:
         # generator resumed after another call raises instead of decoding on a foreign cache.
         self._lock = threading.RLock()
         self._epoch = 0
-        self._file_id = _file_identity(lay.path)
+        self._file_id = _file_identity(lay.files)
         self._pager: Pager | None = None
         self._peak = PeakTracker()
         self._runs: list[dict] = []
-        self._routes: list[np.ndarray] = []
-        self._phases: list[np.ndarray] = []
-        self._ubatches: list[np.ndarray] = []
+        # (experts [n, L, k], phase [n], ubatch [n]) per decode call; one tuple, appended in one
+        # step, so an interrupt (KeyboardInterrupt) can never leave the three out of step
+        self._route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._prompt_hash = ""
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
         record = self.route_log_path is not None
         dense_ranges = [(off, n) for _, off, n in lay.dense_tensors]
+        files = [str(f) for f in lay.files] if lay.n_files > 1 else []
         before = sample()
         io0 = read_bytes()
         m0 = core.malloc_bytes()
@@ -181,11 +237,12 @@ class Session:
             self._engine = core.Engine(str(lay.path), None, lay.architecture,
                                        k if expert_used is not None else 0, int(n_ctx), int(n_batch), int(n_ubatch),
                                        int(n_threads or cpu_threads()), (self.paged or record) and lay.is_moe,
-                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges)
+                                       lay.moe_layers, names, record, DENSE_MODES[dense], dense_ranges, files,
+                                       list(lay.dense_files) if files else [])
         except RuntimeError as e:
-            if "whole-file read" in str(e) or "mlock" in str(e):
-                raise EpqlabError(str(e)) from None
-            raise
+            # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
+            # load's (no relocations, mlock limit): one EpqlabError class naming the cause.
+            raise LlamaCppError(str(e)) from None
         self.load_s = time.perf_counter() - t0
         io1 = read_bytes()
         self.load_report = dict(self._engine.load_report())
@@ -222,6 +279,8 @@ class Session:
             if hot_experts is not None:
                 self._pager.set_hot(hot_experts)
             self._engine.attach_pager(self._pager.native)
+            if self.skip_cold is not None:
+                self._engine.set_skip_cold(self.skip_cold)
             self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
@@ -249,15 +308,20 @@ class Session:
         self._check_open()
         self._epoch += 1
         self._engine.clear()
+        if self.route_log_path is not None:
+            # routes of a decode whose caller was interrupted before taking them (KeyboardInterrupt
+            # as llama_decode returned): they belong to no recorded operation
+            self._engine.take_route()
+            self._engine.take_route_ubatch()
         return self._epoch
 
     def _check_file(self):
         """Refuse to decode if the model file changed on disk since the session opened it: llama's
         mapping and the pager's reads would mix old and new bytes."""
         try:
-            now = _file_identity(self.layout.path)
+            now = _file_identity(self.layout.files)
         except OSError as e:
-            raise ModelChangedError(f"the model file {self.layout.path} is gone ({e}); reopen the Session") from None
+            raise ModelChangedError(f"a file of the model {self.layout.path} is gone ({e}); reopen the Session") from None
         if now != self._file_id:
             raise ModelChangedError(
                 f"the model file {self.layout.path} changed on disk since this Session opened it (size, mtime or "
@@ -273,11 +337,12 @@ class Session:
         return max(1, min(self.n_batch, LOGITS_BLOCK_BYTES // (4 * self.n_vocab)))
 
     def _check_tokens(self, tokens, pos0: int) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int32).ravel()
+        tokens = _token_array(tokens)
         if len(tokens) == 0:
             raise ValueError("no tokens to decode: pass at least one token id")
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {tokens.min()}..{tokens.max()}")
+        tokens = tokens.astype(np.int32)
         if pos0 + len(tokens) > self.n_ctx:
             raise ValueError(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}; pass a larger n_ctx")
         return tokens
@@ -340,9 +405,8 @@ class Session:
         ubs = self._engine.take_route_ubatch()
         k = self._engine.route_k()
         if flat.size:
-            self._routes.append(flat.reshape(-1, len(self.layout.layers), k))
-            self._phases.append(np.full(self._routes[-1].shape[0], phase, np.uint8))
-            self._ubatches.append(ubs.astype(np.int32))
+            e = flat.reshape(-1, len(self.layout.layers), k)
+            self._route_parts.append((e, np.full(e.shape[0], phase, np.uint8), ubs.astype(np.int32)))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``
@@ -394,11 +458,24 @@ class Session:
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
         one of ``stop`` (the stop string is not yielded)."""
         self._check_open()
+        if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
+            raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
         if n_predict < 0:
             raise ValueError(f"n_predict must be >= 0, got {n_predict}")
-        toks = self.tokenize(prompt, add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            raise ValueError(f"temperature must be a number, got {temperature!r}") from None
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite (<= 0 for greedy), got {temperature}")
+        if isinstance(prompt, str):
+            toks = self.tokenize(prompt, add_special)
+        elif isinstance(prompt, (bytes, bytearray)) or prompt is None or not hasattr(prompt, "__len__"):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        else:
+            toks = [int(t) for t in _token_array(prompt)]
         if not toks:
-            raise ValueError("empty prompt")
+            raise ValueError("empty prompt: pass some text or at least one token id")
         self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
         rng = np.random.default_rng(seed)
         with self._lock:
@@ -497,7 +574,7 @@ class Session:
             "policy": self.policy if self._pager else None, "n_expert_used": self.n_expert_used,
             "io_threads": self._pager.io_threads if self._pager else 0,
             "direct_io": self._pager.direct_io if self._pager else False,
-            "n_threads": int(self._engine.n_threads),
+            "n_threads": int(self._engine.n_threads), "skip_cold": self.skip_cold,
             "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_s": t_prefill, "decode_s": t_decode,
             "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
@@ -582,9 +659,10 @@ class Session:
             raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
         lay = self.layout
         k = self.n_expert_used
-        experts = np.concatenate(self._routes) if self._routes else np.zeros((0, len(lay.layers), k), np.int32)
-        phase = np.concatenate(self._phases) if self._phases else np.zeros(0, np.uint8)
-        ubatch = np.concatenate(self._ubatches) if self._ubatches else np.zeros(0, np.int32)
+        parts = list(self._route_parts)
+        experts = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, len(lay.layers), k), np.int32)
+        phase = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
+        ubatch = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
         meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self._prompt_hash}
         return {"experts": experts.astype(np.int32), "layers": np.array(lay.moe_layers, np.int32), "phase": phase,
                 "ubatch": ubatch,

@@ -57,10 +57,24 @@ def parse_levels(levels) -> list[int]:
     return out
 
 
+def _model_files(model: str) -> list:
+    """The model's files: every shard of a split GGUF, else ``[model]`` (also when it cannot be read:
+    the child then reports why)."""
+    from .errors import EpqlabError
+    from .layout import inspect
+
+    try:
+        return [str(f) for f in inspect(model, require_moe=False).files]
+    except (EpqlabError, OSError, ValueError):
+        return [model]
+
+
 def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt, n_predict, policy, session_kw,
              limit_mode, timeout_s, python, workdir: Path, tag: str) -> dict:
-    drop_page_cache(model)
-    resident = page_cache_bytes(model)
+    files = _model_files(model)
+    for f in files:  # every shard of a split model
+        drop_page_cache(f)
+    resident = sum(page_cache_bytes(f) for f in files)
     spec = {"model": model, "ram_budget": budget, "pager": pager, "policy": policy, "prompt": prompt,
             "n_predict": int(n_predict), "session_kw": session_kw}
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"

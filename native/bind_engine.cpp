@@ -20,7 +20,8 @@ void register_engine(py::module_ & m) {
         .def(py::init([](const std::string & path, pager * pg, const std::string & arch, int expert_used, int n_ctx,
                          int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
                          std::vector<std::tuple<std::string, int, int>> names, bool record, int dense_mode,
-                         std::vector<std::pair<int64_t, int64_t>> dense_ranges) {
+                         std::vector<std::pair<int64_t, int64_t>> dense_ranges, std::vector<std::string> paths,
+                         std::vector<int32_t> dense_files) {
                  engine_config c;
                  c.path = path;
                  c.arch = arch;
@@ -32,13 +33,16 @@ void register_engine(py::module_ & m) {
                  c.install_hook = install_hook;
                  c.dense_mode = dense_mode;
                  c.dense_ranges = std::move(dense_ranges);
+                 c.paths = std::move(paths);
+                 c.dense_files = std::move(dense_files);
                  py::gil_scoped_release nogil;
                  return new engine(c, pg, blocks, names, record);
              }),
              py::keep_alive<1, 3>(), py::arg("path"), py::arg("pager").none(true), py::arg("arch"), py::arg("expert_used"),
              py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
              py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = 0,
-             py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{})
+             py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
+             py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{})
         .def("load_report", [](const engine & e) {
             const auto & r = e.load_report();
             py::dict d;
@@ -86,8 +90,13 @@ void register_engine(py::module_ & m) {
             d["staged_tokens"] = s.staged_tokens;
             d["tokens_routed"] = s.tokens;
             d["dropped_bytes"] = s.dropped_bytes;
+            d["cold_skipped"] = s.cold_skipped;
             return d;
         })
+        .def("set_skip_cold", [](engine & e, double tau) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_skip_cold(tau);
+        }, py::arg("tau"))
         .def("reset_hook_stats", [](engine & e) { if (e.hook()) e.hook()->reset_stats(); })
         .def("take_route", [](engine & e) {
             // Returns the recorded routes as int32 [n_tokens, n_moe_layers, k] and clears them.

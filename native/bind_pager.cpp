@@ -12,13 +12,14 @@
 
 namespace py = pybind11;
 
-using layer_list = std::vector<std::pair<int32_t, std::vector<std::pair<int64_t, int64_t>>>>;
+// [(block, [(offset, expert_bytes, file index)])]
+using layer_list = std::vector<std::pair<int32_t, std::vector<std::tuple<int64_t, int64_t, int32_t>>>>;
 
 static std::vector<pager_layer_spec> to_specs(const layer_list & layers) {
     std::vector<pager_layer_spec> out;
     for (const auto & l : layers) {
         pager_layer_spec s{l.first, {}};
-        for (const auto & t : l.second) s.tensors.push_back({t.first, t.second});
+        for (const auto & t : l.second) s.tensors.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
         out.push_back(s);
     }
     return out;
@@ -72,9 +73,10 @@ void register_pager(py::module_ & m) {
     py::class_<pager>(m, "Pager")
         .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
                          int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io,
-                         double fnu_alpha) {
+                         double fnu_alpha, const std::vector<std::string> & paths) {
                  pager_config c;
                  c.path = path;
+                 c.paths = paths;
                  c.layers = to_specs(layers);
                  c.n_expert = n_expert;
                  c.n_expert_used = n_expert_used;
@@ -86,7 +88,8 @@ void register_pager(py::module_ & m) {
                  return new pager(c);
              }),
              py::arg("path"), py::arg("layers"), py::arg("n_expert"), py::arg("n_expert_used"), py::arg("arena_bytes"),
-             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"), py::arg("fnu_alpha") = 0.3)
+             py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"), py::arg("fnu_alpha") = 0.3,
+             py::arg("paths") = std::vector<std::string>{})
         .def_static("unit_slot_bytes", [](const layer_list & layers, int32_t n_expert) {
             return pager::unit_slot_bytes(to_specs(layers), n_expert);
         })
@@ -100,6 +103,9 @@ void register_pager(py::module_ & m) {
                 p.load_layer(li, src, n, dst);
             }
             return hits;
+        })
+        .def("zero_overlay", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            p.zero_overlay(li, ids.data(), (int) ids.size());
         })
         .def("release_layer", &pager::release_layer)
         .def("release_all", &pager::release_all)

@@ -26,11 +26,40 @@ static void log_cb(ggml_log_level level, const char * text, void *) {
     }
 }
 
+// s with every byte that is not part of valid UTF-8 written as \xNN: llama.cpp quotes names
+// and keys from the file, and a corrupt file's bytes must not make the message itself unreadable
+// (pybind11 decodes exception messages as UTF-8).
+static std::string valid_utf8(const std::string & s) {
+    std::string out;
+    const auto * b = (const unsigned char *) s.data();
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = b[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (b[i + k] & 0xC0) == 0x80;
+        if (ok && len == 2) ok = c >= 0xC2;                                   // no overlong forms
+        if (ok && len == 3) ok = !(c == 0xE0 && b[i + 1] < 0xA0) && !(c == 0xED && b[i + 1] >= 0xA0);
+        if (ok && len == 4) ok = c <= 0xF4 && !(c == 0xF0 && b[i + 1] < 0x90) && !(c == 0xF4 && b[i + 1] >= 0x90);
+        if (ok) {
+            out.append(s, i, len);
+            i += len;
+        } else {
+            char hex[5];
+            snprintf(hex, sizeof(hex), "\\x%02X", c);
+            out += hex;
+            i++;
+        }
+    }
+    return out;
+}
+
 // llama.cpp's error lines logged since the last call, newlines folded, for exception messages.
 static std::string take_errors() {
     std::lock_guard<std::mutex> lk(g_log_mu);
     std::string s;
     s.swap(g_errors);
+    s = valid_utf8(s);
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     for (auto & c : s) if (c == '\n') c = ';';
     return s.empty() ? s : " [llama.cpp: " + s + "]";
@@ -68,17 +97,23 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         mp.kv_overrides = kvo.data();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    file_mapping fmap{};
-    bool have_map = false;
+    // One file, or the shards of a split model: llama.cpp maps each file on its own.
+    const std::vector<std::string> paths = cfg.paths.empty() ? std::vector<std::string>{cfg.path} : cfg.paths;
+    std::vector<file_mapping> fmaps(paths.size());
+    std::vector<bool> have_map(paths.size(), false);
     if (cfg.dense_mode != 0) {
-        struct stat st{};
-        if (stat(cfg.path.c_str(), &st) != 0) throw std::runtime_error("cannot stat " + cfg.path);
+        std::vector<struct stat> sts(paths.size());
+        for (size_t i = 0; i < paths.size(); i++)
+            if (stat(paths[i].c_str(), &sts[i]) != 0) throw std::runtime_error("cannot stat " + paths[i]);
         lazy_load_scope scope;  // throws, naming the reason, if libllama's relocations are not found
         model_ = llama_model_load_from_file(cfg.path.c_str(), mp);
         for (const auto & m : scope.mappings()) {
-            if (m.dev == (uint64_t) st.st_dev && m.ino == (uint64_t) st.st_ino && (!have_map || m.length > fmap.length)) {
-                fmap = m;
-                have_map = true;
+            for (size_t i = 0; i < paths.size(); i++) {
+                if (m.dev == (uint64_t) sts[i].st_dev && m.ino == (uint64_t) sts[i].st_ino &&
+                    (!have_map[i] || m.length > fmaps[i].length)) {
+                    fmaps[i] = m;
+                    have_map[i] = true;
+                }
             }
         }
         load_.lazy = true;
@@ -91,18 +126,28 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + take_errors());
     if (cfg.dense_mode != 0) {
         try {
-            if (!have_map) throw std::runtime_error("llama.cpp did not map " + cfg.path + " while loading it; use dense_weights=\"mmap\"");
-            const dense_report r = dense_to_anon(cfg.path, fmap, cfg.dense_ranges, cfg.dense_mode == 2);
-            load_.dense_bytes = r.bytes;
-            load_.dense_bytes_read = r.bytes_read;
-            load_.dense_direct = r.direct;
-            load_.dense_locked = r.locked;
-            load_.dense_s = r.seconds;
-            // Whatever the header reads left in the page cache is not ours to keep.
-            int fd = open(cfg.path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd >= 0) {
-                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-                close(fd);
+            if (!cfg.dense_files.empty() && cfg.dense_files.size() != cfg.dense_ranges.size())
+                throw std::invalid_argument("dense_files must give one file index per dense range");
+            load_.dense_direct = true;
+            for (size_t i = 0; i < paths.size(); i++) {
+                std::vector<std::pair<int64_t, int64_t>> ranges;
+                for (size_t j = 0; j < cfg.dense_ranges.size(); j++)
+                    if ((cfg.dense_files.empty() ? 0 : cfg.dense_files[j]) == (int32_t) i) ranges.push_back(cfg.dense_ranges[j]);
+                if (!ranges.empty()) {
+                    if (!have_map[i]) throw std::runtime_error("llama.cpp did not map " + paths[i] + " while loading it; use dense_weights=\"mmap\"");
+                    const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == 2);
+                    load_.dense_bytes += r.bytes;
+                    load_.dense_bytes_read += r.bytes_read;
+                    load_.dense_direct = load_.dense_direct && r.direct;
+                    load_.dense_locked = r.locked;
+                    load_.dense_s += r.seconds;
+                }
+                // Whatever the header reads left in the page cache is not ours to keep.
+                int fd = open(paths[i].c_str(), O_RDONLY | O_CLOEXEC);
+                if (fd >= 0) {
+                    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+                    close(fd);
+                }
             }
         } catch (...) {
             llama_model_free(model_);

@@ -33,6 +33,10 @@ struct engine_config {
     // dense_weights.h), 2 = anonymous copies, mlock'ed.
     int32_t     dense_mode = 0;
     std::vector<std::pair<int64_t, int64_t>> dense_ranges;  // (file offset, bytes) of non-expert tensors
+    // A split model: every shard in order (paths[0] == path; llama.cpp finds the others by name),
+    // and the index in paths of the file holding each dense range. Empty: one file.
+    std::vector<std::string> paths;
+    std::vector<int32_t>     dense_files;
 };
 
 struct engine_load_report {

@@ -12,6 +12,15 @@
 #include "ggml.h"
 
 static const char TOPK_PREFIX[] = "ffn_moe_topk-";
+static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
+
+// ffn_moe_weights-<il> and the later weights nodes (not ffn_moe_weights_sum*: a sum, not weights).
+static bool is_weights_name(const char * name) {
+    if (strncmp(name, WEIGHTS_PREFIX, sizeof(WEIGHTS_PREFIX) - 1) != 0) return false;
+    const char * rest = name + sizeof(WEIGHTS_PREFIX) - 1;
+    return rest[0] == '-' || strncmp(rest, "_softmax-", 9) == 0 || strncmp(rest, "_norm-", 6) == 0 ||
+           strncmp(rest, "_scaled-", 8) == 0;
+}
 
 expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t> & blocks,
                          const std::vector<std::tuple<std::string, int, int>> & names, bool record)
@@ -24,6 +33,8 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
     stage_ids_.assign(n_layers_, {});
+    pend_ids_.assign(n_layers_, {});
+    pend_w_.assign(n_layers_, {});
 }
 
 expert_hook::~expert_hook() {
@@ -59,7 +70,9 @@ bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
     auto * h = (expert_hook *) user_data;
     try {
         if (ask) return h->on_ask(t);
-        if (t->op != GGML_OP_MUL_MAT_ID) h->on_topk(t);  // a staged matmul's observe needs nothing
+        if (t->op == GGML_OP_MUL_MAT_ID) return true;  // a staged matmul's observe needs nothing
+        if (is_weights_name(ggml_get_name(t))) h->on_weights(t);
+        else h->on_topk(t);
     } catch (...) {
         if (!h->error_) h->error_ = std::current_exception();
         h->abort_ = true;
@@ -95,6 +108,15 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         }
         const int li = it->second.first, ti = it->second.second;
         if (!pg_) return false;
+        if (mode_[li] == PENDING) {
+            try {
+                resolve_pending(li);
+            } catch (...) {
+                if (!error_) error_ = std::current_exception();
+                abort_ = true;
+                mode_[li] = ZERO;
+            }
+        }
         if (mode_[li] == STAGE && !abort_) {
             try {
                 const auto & ids = stage_ids_[li];
@@ -115,7 +137,49 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         return false;
     }
     const char * name = ggml_get_name(t);
-    return strncmp(name, TOPK_PREFIX, sizeof(TOPK_PREFIX) - 1) == 0;
+    if (strncmp(name, TOPK_PREFIX, sizeof(TOPK_PREFIX) - 1) == 0) return true;
+    return skip_tau_ >= 0 && pg_ && is_weights_name(name);
+}
+
+int expert_hook::layer_of_block(int il) const {
+    for (int i = 0; i < n_layers_; i++)
+        if (blocks_[i] == il) return i;
+    return -1;
+}
+
+void expert_hook::on_weights(ggml_tensor * t) {
+    const char * name = ggml_get_name(t);
+    const char * dash = strrchr(name, '-');
+    if (!dash) return;
+    const int li = layer_of_block(atoi(dash + 1));
+    if (li < 0 || mode_[li] != PENDING) return;
+    if (t->type != GGML_TYPE_F32) throw std::runtime_error(std::string(name) + " is not float32");
+    const int k = (int) pend_ids_[li].size();
+    // [1, k, n_tokens] (get_rows, scale) or [k, n_tokens] (softmax, norm); one token here.
+    const bool col = t->ne[0] == 1 && t->ne[1] == k;
+    if (!col && t->ne[0] != k) return;  // not the shape we know: leave the weights unknown (no skip)
+    const size_t step = col ? t->nb[1] : t->nb[0];
+    pend_w_[li].resize((size_t) k);
+    for (int i = 0; i < k; i++) pend_w_[li][i] = *(const float *) ((const char *) t->data + i * step);
+}
+
+void expert_hook::resolve_pending(int li) {
+    const auto & ids = pend_ids_[li];
+    const auto & w = pend_w_[li];
+    std::vector<int32_t> keep, skip;
+    for (size_t i = 0; i < ids.size(); i++) {
+        // Weights unknown (a graph we do not know): read everything, skip nothing.
+        if (w.size() == ids.size() && w[i] < skip_tau_ && !pg_->is_resident(li, ids[i])) skip.push_back(ids[i]);
+        else keep.push_back(ids[i]);
+    }
+    mode_[li] = ZERO;  // until the load succeeded
+    // The hook's own request path (router order for one token); all kept experts fit (k <= slots).
+    if (!pg_->request_layer(li, keep.data(), (int) keep.size(), 1, nullptr))
+        throw std::logic_error("skip-cold: one token's experts do not fit the layer's slots");
+    pg_->zero_overlay(li, skip.data(), (int) skip.size());
+    stats_.cold_skipped += (int64_t) skip.size();
+    mode_[li] = REGION;
+    stats_.layer_loads++;
 }
 
 void expert_hook::begin_decode() {
@@ -153,10 +217,7 @@ void expert_hook::flush_ubatch() {
 }
 
 void expert_hook::on_topk(ggml_tensor * t) {
-    const int il = atoi(ggml_get_name(t) + sizeof(TOPK_PREFIX) - 1);
-    int li = -1;
-    for (int i = 0; i < n_layers_; i++)
-        if (blocks_[i] == il) { li = i; break; }
+    const int li = layer_of_block(atoi(ggml_get_name(t) + sizeof(TOPK_PREFIX) - 1));
     if (li < 0) return;
     if (t->type != GGML_TYPE_I32) throw std::runtime_error("ffn_moe_topk is not int32");
     const int k = (int) t->ne[0];
@@ -202,6 +263,14 @@ void expert_hook::on_topk(ggml_tensor * t) {
     if (last_li_ >= 0) pg_->release_layer(last_li_);
     last_li_ = li;
 
+    if (n_tokens == 1 && skip_tau_ >= 0) {
+        // Skip-cold: load at the layer's first MUL_MAT_ID ask, once the weights were observed
+        // (a single token's k experts always fit: the arena holds one layer's top-k).
+        mode_[li] = PENDING;
+        pend_ids_[li] = ids;
+        pend_w_[li].clear();
+        return;
+    }
     try {
         std::vector<int32_t> staged;
         if (!pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {

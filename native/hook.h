@@ -16,6 +16,19 @@
 // callback stops the graph). The callback never returns false in the observe pass: that would
 // silently truncate the graph (docs/DESIGN.md "Pitfalls"). Errors are stored and reported after
 // llama_decode.
+//
+// Lossy skip-cold (off by default; set_skip_cold(tau), tau >= 0): in a single-token ubatch, a
+// selected expert that is not resident and whose router weight is below tau is not read; its
+// slices compute on zeros (pager::zero_overlay), the graph is unchanged. The weight is the one
+// llama.cpp multiplies the expert's output by: the last of ffn_moe_weights-<il>,
+// ffn_moe_weights_softmax-<il>, ffn_moe_weights_norm-<il>, ffn_moe_weights_scaled-<il> the model
+// computes. llama.cpp expands that node into the graph before the expert matmuls ("call early"
+// in build_moe_ffn), so with the knob on the layer's load moves from ffn_moe_topk-<il> to the
+// layer's first MUL_MAT_ID ask, when the weights are known. A skipped expert's output is
+// weight x down(act(gate(0)) * up(0)): zero without expert biases; with them (gpt-oss) the
+// biases still contribute. Which experts are resident depends on the arena's history only (no
+// prefetch exists); with prefetch, it would depend on I/O timing and the knob would not be
+// reproducible unless prefetch were off.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +48,7 @@ struct hook_stats {
     int64_t staged_tokens = 0;   // tokens in those ubatches, summed over layers
     int64_t tokens = 0;          // tokens routed (counted at the first MoE layer)
     int64_t dropped_bytes = 0;   // llama-mapped expert bytes dropped from memory at capture
+    int64_t cold_skipped = 0;    // experts not read by skip-cold (computed on zeros)
 };
 
 class expert_hook {
@@ -49,6 +63,9 @@ public:
 
     // Attaches the pager after the context exists (the arena is sized from measured usage).
     void set_pager(pager * pg) { pg_ = pg; }
+    // Lossy skip-cold threshold (see above); negative = off (the default).
+    void set_skip_cold(double tau) { skip_tau_ = tau; }
+    double skip_cold() const { return skip_tau_; }
 
     // Called by the engine around llama_decode.
     void begin_decode();
@@ -70,10 +87,14 @@ public:
     void clear_route() { route_.clear(); route_ub_.clear(); }
 
 private:
-    enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2 };
+    enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2, PENDING = 3 };
 
     bool on_ask(ggml_tensor * t);
     void on_topk(ggml_tensor * t);
+    void on_weights(ggml_tensor * t);
+    // Skip-cold: loads a PENDING layer's kept experts and zero-maps the skipped ones.
+    void resolve_pending(int li);
+    int  layer_of_block(int il) const;
     char * stage_buffer();
     void flush_ubatch();
     void * zero_mapping(int64_t bytes);
@@ -95,6 +116,9 @@ private:
     int64_t                                  stage_bytes_ = 0;
     bool                                     stage_used_ = false;
     std::vector<std::vector<int32_t>>        stage_ids_;         // per layer: the union to stage
+    double                                   skip_tau_ = -1.0;   // skip-cold threshold; < 0: off
+    std::vector<std::vector<int32_t>>        pend_ids_;          // per PENDING layer: router-order ids
+    std::vector<std::vector<float>>          pend_w_;            // per PENDING layer: their weights
     bool                                     record_;
     std::vector<int32_t>                     route_;
     std::vector<int32_t>                     route_ub_;

@@ -49,8 +49,9 @@ void io_pool::exec(io_job & j) {
         j.err = forced;
     } else {
         char * dst = (char *) j.dst;
+        const int fd = j.fd >= 0 ? j.fd : fd_;
         while (j.got < j.len) {
-            ssize_t r = pread(fd_, dst + j.got, (size_t) (j.len - j.got), (off_t) (j.offset + j.got));
+            ssize_t r = pread(fd, dst + j.got, (size_t) (j.len - j.got), (off_t) (j.offset + j.got));
             if (r < 0) {
                 if (errno == EINTR) continue;
                 j.err = errno;
@@ -60,7 +61,7 @@ void io_pool::exec(io_job & j) {
             j.got += r;
         }
         if (dontneed_ && j.got > 0) {
-            posix_fadvise(fd_, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
+            posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
         }
     }
     j.t_us = io_now_us() - t0;

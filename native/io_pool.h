@@ -1,5 +1,5 @@
-// io_pool: a fixed set of worker threads that execute positioned reads from one file
-// descriptor into caller-owned memory.
+// io_pool: a fixed set of worker threads that execute positioned reads from file descriptors
+// (one per batch, or one per job) into caller-owned memory.
 //
 // Invariant: run() returns only after every job of the batch has finished, successfully or
 // not, and each job's result (bytes read, errno, duration) is written exactly once; no job
@@ -19,6 +19,7 @@ struct io_job {
     int64_t  len    = 0;   // bytes to request (page multiple for O_DIRECT)
     int64_t  need   = 0;   // bytes that must arrive for success (<= len; the rest may be past EOF)
     void *   dst    = nullptr;
+    int      fd     = -1;  // file to read (a model may be split over several); -1 = run()'s fd
     // results
     int64_t  got    = 0;   // bytes read
     int      err    = 0;   // errno of a failed read, 0 otherwise
@@ -33,7 +34,7 @@ public:
     io_pool & operator=(const io_pool &) = delete;
 
     // Executes all jobs on the workers (or inline when there is one job or one thread),
-    // reading with pread from fd; when dontneed is set, drops the read range from the page
+    // reading with pread from each job's fd (fd when the job has none); when dontneed is set, drops the read range from the page
     // cache afterwards (buffered mode). Blocks until every job is done.
     void run(int fd, bool dontneed, std::vector<io_job> & jobs);
 

@@ -51,7 +51,47 @@ std::vector<int64_t> pager::unit_slot_bytes(const std::vector<pager_layer_spec> 
     return out;
 }
 
-pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert) {
+void pager::close_files() { files_.clear(); }
+
+void pager::open_files(const std::vector<std::string> & paths, bool direct) {
+    files_.clear();
+    direct_ = direct;
+    for (const auto & path : paths) {
+        file_state f;
+        f.path = path;
+        if (direct_) {
+            f.fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+            bool refused = f.fd < 0 && errno == EINVAL;
+            if (f.fd >= 0) {
+                // Some file systems accept O_DIRECT at open and refuse it at read: probe one page.
+                void * buf = nullptr;
+                if (posix_memalign(&buf, (size_t) page_, (size_t) page_) == 0) {
+                    ssize_t r = pread(f.fd, buf, (size_t) page_, 0);
+                    refused = r < 0 && errno == EINVAL;
+                    free(buf);
+                }
+            }
+            if (refused) {
+                // One file refuses O_DIRECT: read every file buffered (one mode per pager).
+                open_files(paths, false);
+                return;
+            }
+        }
+        if (f.fd < 0) f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (f.fd < 0) {
+            int e = errno;
+            files_.clear();
+            throw pager_io_error("cannot open " + path + ": " + errstr(e), path, 0, e);
+        }
+        struct stat st{};
+        fstat(f.fd, &st);
+        f.size = (int64_t) st.st_size;
+        f.mtime_ns = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        files_.push_back(std::move(f));
+    }
+}
+
+pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     page_ = page_size();
     policy_ = -1;
     std::string known;
@@ -65,32 +105,14 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
     policy_name_ = cfg.policy;
     if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
 
-    // --- file ---
-    direct_ = false;
-    if (cfg.direct_io) {
-        fd_ = open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (fd_ >= 0) {
-            // Some file systems accept O_DIRECT at open and refuse it at read: probe one page.
-            void * buf = nullptr;
-            if (posix_memalign(&buf, (size_t) page_, (size_t) page_) == 0) {
-                ssize_t r = pread(fd_, buf, (size_t) page_, 0);
-                free(buf);
-                if (r < 0 && errno == EINVAL) { close(fd_); fd_ = -1; }
-                else direct_ = true;
-            }
-        }
-    }
-    if (fd_ < 0) fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-        int e = errno;
-        throw pager_io_error("cannot open " + path_ + ": " + errstr(e), path_, 0, e);
-    }
-    {
-        struct stat st{};
-        fstat(fd_, &st);
-        file_size_ = (int64_t) st.st_size;
-        file_mtime_ns_ = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    }
+    // --- files (one per shard of a split model) ---
+    const std::vector<std::string> paths = cfg.paths.empty() ? std::vector<std::string>{cfg.path} : cfg.paths;
+    for (const auto & l : cfg.layers)
+        for (const auto & t : l.tensors)
+            if (t.file < 0 || t.file >= (int32_t) paths.size())
+                throw std::invalid_argument("tensor file index " + std::to_string(t.file) + " outside the " +
+                                            std::to_string(paths.size()) + " model files");
+    open_files(paths, cfg.direct_io);
 
     // --- regions (mirror layout) ---
     const auto ub = unit_slot_bytes(cfg.layers, n_expert_);
@@ -103,6 +125,7 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
             tensor_map m{};
             m.offset       = t.offset;
             m.expert_bytes = t.expert_bytes;
+            m.file         = t.file;
             m.first_page   = t.offset / page_;
             const int64_t lead = t.offset - m.first_page * page_;
             m.region_bytes = ceil_div(lead + (int64_t) n_expert_ * t.expert_bytes, page_) * page_;
@@ -196,6 +219,7 @@ pager::pager(const pager_config & cfg) : path_(cfg.path), n_expert_(cfg.n_expert
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
     pinned_.assign(layers_.size(), {});
+    overlay_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
     stats_.layer_hits.assign(layers_.size(), 0);
     pool_ = std::make_unique<io_pool>(cfg.io_threads);
@@ -207,7 +231,7 @@ pager::~pager() {
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
     if (fill_) munmap(fill_, (size_t) arena_size_);
     if (memfd_ >= 0) close(memfd_);
-    if (fd_ >= 0) close(fd_);
+    close_files();
 }
 
 int64_t pager::arena_resident_bytes() const {
@@ -229,7 +253,7 @@ void * pager::tensor_data(int li, int ti) const {
 
 void pager::drop_file_cache(int li, int ti) const {
     const auto & m = maps_.at(li).at(ti);
-    posix_fadvise(fd_, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
+    posix_fadvise(files_[m.file].fd, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
 }
 
 int pager::capacity(int li) const {
@@ -255,6 +279,12 @@ void pager::expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1
     const int64_t start = t.offset + (int64_t) e * t.expert_bytes;
     p0 = start / page_;
     p1 = ceil_div(start + t.expert_bytes, page_);
+}
+
+void pager::page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const {
+    const int64_t lo_b = p * page_ - t.offset, hi_b = (p + 1) * page_ - 1 - t.offset;
+    e_lo = std::max<int64_t>(0, lo_b < 0 ? 0 : lo_b / t.expert_bytes);
+    e_hi = std::min<int64_t>(n_expert_ - 1, hi_b / t.expert_bytes);
 }
 
 // ---- eviction order ----------------------------------------------------------------------
@@ -429,11 +459,88 @@ void pager::unmap_unit(int u) {
 // ---- load / release ----------------------------------------------------------------------
 
 void pager::release_layer(int li) {
+    if (!overlay_.at(li).empty()) clear_zero_overlay(li);
     for (int u : pinned_.at(li)) {
         units_[u].pinned = false;
         if (units_[u].slot >= 0) insert_evictable(u);
     }
     pinned_[li].clear();
+}
+
+// ---- zero overlay (lossy skip-cold) ----------------------------------------------------------
+
+void pager::zero_overlay(int li, const int32_t * ids, int n) {
+    if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
+    std::vector<int32_t> skip(ids, ids + n);
+    std::sort(skip.begin(), skip.end());
+    skip.erase(std::unique(skip.begin(), skip.end()), skip.end());
+    for (int32_t e : skip) {
+        if (e < 0 || e >= n_expert_) throw std::out_of_range("expert id " + std::to_string(e) + " out of range [0, " + std::to_string(n_expert_) + ")");
+        if (units_[unit_id(li, e)].mapped) throw std::invalid_argument("zero_overlay of expert " + std::to_string(e) + ", which is resident: only non-resident experts can be skipped");
+    }
+    if (skip.empty()) return;
+    auto skipped = [&](int64_t e) { return std::binary_search(skip.begin(), skip.end(), (int32_t) e); };
+    const int64_t t0 = io_now_us();
+    std::vector<char> tmp((size_t) page_);
+    for (int ti = 0; ti < (int) maps_[li].size(); ti++) {
+        const tensor_map & m = maps_[li][ti];
+        std::vector<int64_t> pages;
+        for (int32_t e : skip) {
+            int64_t p0, p1;
+            expert_pages(m, e, p0, p1);
+            for (int64_t p = p0; p < p1; p++) pages.push_back(p);
+        }
+        std::sort(pages.begin(), pages.end());
+        pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+        for (int64_t p : pages) {
+            char * addr = m.region + (p - m.first_page) * page_;
+            int64_t e_lo, e_hi;
+            page_experts(m, p, e_lo, e_hi);
+            bool shared = false;  // a resident expert's slice touches this page: keep its bytes
+            for (int64_t e2 = e_lo; e2 <= e_hi && !shared; e2++) shared = !skipped(e2) && units_[li * n_expert_ + e2].mapped;
+            if (shared) memcpy(tmp.data(), addr, (size_t) page_);  // the file page, mapped from that expert's slot
+            void * r = mmap(addr, (size_t) page_, shared ? PROT_READ | PROT_WRITE : PROT_READ,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            if (r == MAP_FAILED) {
+                int err = errno;
+                throw std::runtime_error("mmap of a zero page for a skipped expert failed: " + errstr(err));
+            }
+            overlay_[li].emplace_back(ti, p);
+            if (!shared) continue;  // the anonymous page reads as zeros
+            memcpy(addr, tmp.data(), (size_t) page_);
+            for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
+                if (!skipped(e2)) continue;
+                const int64_t a = std::max(m.offset + e2 * m.expert_bytes, p * page_);
+                const int64_t b = std::min(m.offset + (e2 + 1) * m.expert_bytes, (p + 1) * page_);
+                if (b > a) memset(addr + (a - p * page_), 0, (size_t) (b - a));
+            }
+        }
+    }
+    stats_.map_us += io_now_us() - t0;
+}
+
+void pager::restore_page(int li, int ti, int64_t p) {
+    const tensor_map & m = maps_[li][ti];
+    char * addr = m.region + (p - m.first_page) * page_;
+    int64_t e_lo, e_hi;
+    page_experts(m, p, e_lo, e_hi);
+    for (int64_t e2 = e_lo; e2 <= e_hi; e2++) {
+        const unit & y = units_[li * n_expert_ + e2];
+        if (!y.mapped) continue;
+        int64_t q0, q1;
+        expert_pages(m, (int) e2, q0, q1);
+        mmap(addr, (size_t) page_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
+             (off_t) (slots_[y.slot].offset + m.sub_off + (p - q0) * page_));
+        return;
+    }
+    mmap(addr, (size_t) page_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+void pager::clear_zero_overlay(int li) {
+    const int64_t t0 = io_now_us();
+    for (const auto & o : overlay_[li]) restore_page(li, o.first, o.second);
+    overlay_[li].clear();
+    stats_.map_us += io_now_us() - t0;
 }
 
 void pager::release_all() {
@@ -499,6 +606,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
                 j.len    = (p1 - p0) * page_;
                 j.need   = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes - j.offset;
                 j.dst    = fill_ + slots_[s].offset + m.sub_off;
+                j.fd     = files_[m.file].fd;
                 jobs.push_back(j);
                 job_unit.push_back(u);
             }
@@ -633,28 +741,39 @@ void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * 
 }
 
 void pager::check_file() const {
-    struct stat st{};
-    if (fstat(fd_, &st) == 0 &&
-        ((int64_t) st.st_size != file_size_ || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != file_mtime_ns_)) {
-        throw pager_io_error("the model file " + path_ + " changed (size or mtime) since the pager opened it: its experts "
-                             "would mix with older bytes already in memory; reopen the session", path_, 0, ESTALE);
+    for (const auto & f : files_) {
+        struct stat st{};
+        if (fstat(f.fd, &st) == 0 &&
+            ((int64_t) st.st_size != f.size || (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f.mtime_ns)) {
+            throw pager_io_error("the model file " + f.path + " changed (size or mtime) since the pager opened it: its experts "
+                                 "would mix with older bytes already in memory; reopen the session", f.path, 0, ESTALE);
+        }
     }
 }
 
 void pager::run_reads(std::vector<io_job> & jobs) {
     const int64_t t0 = io_now_us();
-    pool_->run(fd_, !direct_, jobs);
+    pool_->run(files_[0].fd, !direct_, jobs);
     if (direct_) {
         // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
-        std::vector<io_job> redo;
-        for (auto & j : jobs) if (j.err == EINVAL) redo.push_back(j);
-        if (!redo.empty()) {
-            int fd2 = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd2 >= 0) {
-                close(fd_);
-                fd_ = fd2;
+        bool redo = false;
+        for (auto & j : jobs) redo |= j.err == EINVAL;
+        if (redo) {
+            std::vector<int> fds(files_.size(), -1);
+            for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
+                for (auto & j : jobs) {
+                    for (size_t i = 0; i < files_.size(); i++)
+                        if (j.fd == files_[i].fd) j.fd = fds[i];
+                }
+                for (size_t i = 0; i < files_.size(); i++) {
+                    close(files_[i].fd);
+                    files_[i].fd = fds[i];
+                }
                 direct_ = false;
-                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(fd_, true, one); j = one[0]; }
+                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
+            } else {
+                for (int fd : fds) if (fd >= 0) close(fd);
             }
         }
     }
@@ -662,6 +781,8 @@ void pager::run_reads(std::vector<io_job> & jobs) {
 }
 
 void pager::throw_read_error(const io_job & j) const {
+    std::string path_ = files_[0].path;
+    for (const auto & f : files_) if (f.fd == j.fd) path_ = f.path;
     std::string what = j.err
         ? "read of " + std::to_string(j.len) + " bytes at offset " + std::to_string(j.offset) + " of " + path_ + " failed: " + errstr(j.err)
         : "short read at offset " + std::to_string(j.offset) + " of " + path_ + ": got " + std::to_string(j.got) + " of " +
@@ -702,6 +823,7 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
             j.len    = std::min(seg, w.second * page_ - off);
             j.need   = std::min(off + j.len, tensor_end) - off;
             j.dst    = dst + (off / page_ - m.first_page) * page_;
+            j.fd     = files_[m.file].fd;
             jobs.push_back(j);
         }
     }

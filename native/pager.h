@@ -8,7 +8,8 @@
 // faults instead of computing on stale bytes. A unit is marked resident only after all of
 // its matrices were read completely; a failed read leaves it unmapped and its slot free.
 // Pinned units (those of the layer being computed) are never victims. The pager knows
-// nothing of llama.cpp: it pages byte ranges of one file. The eviction policy decides only
+// nothing of llama.cpp: it pages byte ranges of one file, or of the shards of a split model
+// (one descriptor per file; each tensor is read from its own). The eviction policy decides only
 // which unpinned unit loses its slot, never what is read or computed: every policy yields the
 // same bytes in the region, so logits do not depend on it.
 #pragma once
@@ -22,11 +23,14 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "io_pool.h"
 
 struct pager_tensor_spec {
-    int64_t offset;        // absolute file offset of the tensor data, bytes
+    int64_t offset;        // absolute offset of the tensor data in its file, bytes
     int64_t expert_bytes;  // nb[2]: bytes of one expert's slice
+    int32_t file = 0;      // index into pager_config::paths (0 unless the model is split)
 };
 
 struct pager_layer_spec {
@@ -41,7 +45,8 @@ inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "s
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
 struct pager_config {
-    std::string                   path;
+    std::string                   path;            // the model file (first shard of a split model)
+    std::vector<std::string>      paths;           // every file, shards in order; empty = {path}
     std::vector<pager_layer_spec> layers;          // MoE layers in block order
     int32_t                       n_expert = 0;
     int32_t                       n_expert_used = 0;  // top-k; the arena reserves k largest slots
@@ -122,7 +127,13 @@ public:
         for (const auto & ms : maps_) for (const auto & m : ms) mx = std::max(mx, m.region_bytes);
         return mx;
     }
-    // Unpins every pinned expert of MoE layer index li.
+    // Lossy skip-cold support: until layer li is released, the slices of the experts ids[0..n)
+    // of every tensor of layer li read as zeros. The experts must not be resident. Pages only
+    // they touch get the zero page; a boundary page shared with a resident expert gets a private
+    // copy of the file page with the skipped experts' bytes zeroed, so no neighbour's bytes
+    // change. Residency, slots and stats do not change.
+    void zero_overlay(int li, const int32_t * ids, int n);
+    // Unpins every pinned expert of MoE layer index li and removes its zero overlay.
     void release_layer(int li);
     void release_all();
     // Starts a new forward pass (token or ubatch): "current" experts become "stale".
@@ -155,6 +166,7 @@ public:
 private:
     struct tensor_map {
         int64_t offset, expert_bytes;
+        int32_t file;           // index into files_
         int64_t first_page;     // file page index of the tensor's first byte
         char *  region;         // page-aligned base of the reserved range
         int64_t region_bytes;
@@ -188,16 +200,35 @@ private:
     void map_unit(int u);
     void unmap_unit(int u);
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
+    // First and last expert whose slice of tensor t touches file page p.
+    void page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const;
+    // Maps file page p of tensor ti of layer li as the invariant says: from the slot of a resident
+    // expert that touches it, else PROT_NONE.
+    void restore_page(int li, int ti, int64_t p);
+    void clear_zero_overlay(int li);
     // Runs reads on the pool (redoing O_DIRECT refusals buffered), adds the wait to io_wait_us.
     void run_reads(std::vector<io_job> & jobs);
-    // Throws pager_io_error (ESTALE) when the file's size or mtime differ from those at open.
+    // Throws pager_io_error (ESTALE) when a file's size or mtime differ from those at open.
     void check_file() const;
     [[noreturn]] void throw_read_error(const io_job & j) const;
+    // Opens every file (O_DIRECT when asked and every file takes it); throws pager_io_error.
+    void open_files(const std::vector<std::string> & paths, bool direct);
+    void close_files();
 
-    std::string                  path_;
-    int                          fd_ = -1;
-    int64_t                      file_size_ = 0;      // at open: a read batch refuses a changed file
-    int64_t                      file_mtime_ns_ = 0;
+    struct file_state {  // owns fd: closed when the pager (or a throwing constructor) lets go
+        std::string path;
+        int         fd = -1;
+        int64_t     size = 0, mtime_ns = 0;  // at open: a read batch refuses a changed file
+        file_state() = default;
+        file_state(file_state && o) noexcept : path(std::move(o.path)), fd(o.fd), size(o.size), mtime_ns(o.mtime_ns) { o.fd = -1; }
+        file_state & operator=(file_state && o) noexcept {
+            if (this != &o) { if (fd >= 0) ::close(fd); path = std::move(o.path); fd = o.fd; size = o.size; mtime_ns = o.mtime_ns; o.fd = -1; }
+            return *this;
+        }
+        file_state(const file_state &) = delete;
+        ~file_state() { if (fd >= 0) ::close(fd); }
+    };
+    std::vector<file_state>      files_;           // the model's files (shards), in order
     bool                         direct_ = false;
     int                          memfd_ = -1;
     char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads
@@ -223,6 +254,7 @@ private:
     std::set<key_t>              hot_;              // static policy: evictable hot units, last resort
     std::vector<int64_t>         pending_next_;     // belady: next use to give a unit at its request
     std::vector<std::vector<int32_t>> pinned_;    // per layer index
+    std::vector<std::vector<std::pair<int, int64_t>>> overlay_;  // per layer: (tensor, file page) zeroed
     uint64_t                     tick_ = 0;
     uint64_t                     pass_ = 1;
     int                          loading_li_ = 0;

@@ -10,3 +10,23 @@ def default_model_path():
     from epqlab.models import default_model
 
     return default_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """``epqlab.models.synthesize(..., "tiny")``: a 4-layer, 8-expert qwen3moe with random weights
+    and SmolLM2's tokenizer (~35 MB), written once per test session."""
+    from epqlab.models import synthesize
+
+    p = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    synthesize(p, "tiny", progress=False)
+    return p
+
+
+@pytest.fixture(scope="session")
+def mini_gguf(tiny_gguf, tmp_path_factory):
+    """``tiny_gguf`` cut to a 512-token vocabulary (tests/ggufs.py shrink_vocab): ~7 MB, a 15 KiB
+    header, a Session opens in ~0.3 s; for tests that open many sessions or rewrite headers."""
+    from ggufs import shrink_vocab
+
+    return shrink_vocab(tiny_gguf, tmp_path_factory.mktemp("mini") / "mini.gguf", 512)

@@ -110,3 +110,87 @@ def fused_model(path, seed=0) -> Written:
     """Fused gate_up + down experts."""
     layers = [LayerSpec(i, "Q8_0", 128, 32, fused=True) for i in range(2)]
     return write_moe(path, layers, n_expert=4, n_expert_used=2, seed=seed)
+
+
+def split_gguf(src, out_prefix, n_shards: int, shard_of=None) -> list[Path]:
+    """Write ``src`` as ``n_shards`` split GGUFs named like llama.cpp's gguf-split does
+    (``{out_prefix}-0000i-of-0000n.gguf``): every shard has ``split.no`` (u16), ``split.count``
+    (u16) and ``split.tensors.count`` (i32); the first shard also carries all of ``src``'s
+    metadata. ``shard_of(i, name)`` picks the shard of the i-th tensor (default: GGUF block
+    number modulo n_shards, non-block tensors in shard 0), so the routed experts of different
+    layers sit in different files. Returns the shard paths in order."""
+    import re
+
+    r = gguf.GGUFReader(src)
+    if shard_of is None:
+        def shard_of(i, name):
+            m = re.match(r"blk\.(\d+)\.", name)
+            return int(m.group(1)) % n_shards if m else 0
+    groups: list[list] = [[] for _ in range(n_shards)]
+    for i, t in enumerate(r.tensors):
+        groups[shard_of(i, t.name)].append(t)
+    arch = str(r.fields["general.architecture"].contents())
+    paths = []
+    for s in range(n_shards):
+        p = Path(f"{out_prefix}-{s + 1:05d}-of-{n_shards:05d}.gguf")
+        w = gguf.GGUFWriter(str(p), arch)
+        if s == 0:
+            for k, f in r.fields.items():
+                if k.startswith("GGUF.") or k == "general.architecture":
+                    continue
+                vt = gguf.GGUFValueType(f.types[0])
+                sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+                w.add_key_value(k, f.contents(), vt, sub_type=sub)
+        w.add_uint16("split.no", s)
+        w.add_uint16("split.count", n_shards)
+        w.add_int32("split.tensors.count", len(r.tensors))
+        for t in groups[s]:
+            w.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.data.nbytes), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in groups[s]:
+            w.write_tensor_data(np.asarray(t.data))
+        w.close()
+        paths.append(p)
+    return paths
+
+
+def shrink_vocab(src, dst, n_vocab: int = 512) -> Path:
+    """Copy the runnable GGUF ``src`` keeping only its first ``n_vocab`` tokens: the tokenizer's
+    token and type arrays cut, merges kept where both halves and the result survive, the
+    token_embd/output rows cut. A header of a few KiB that llama.cpp still loads and runs (for
+    tests that rewrite or parse headers many times)."""
+    r = gguf.GGUFReader(src)
+    toks = r.fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
+    keep = set(toks)
+    arch = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+        v = f.contents()
+        if k == "tokenizer.ggml.tokens":
+            v = toks
+        elif k == "tokenizer.ggml.token_type" or k == "tokenizer.ggml.scores":
+            v = v[:n_vocab]
+        elif k == "tokenizer.ggml.merges":
+            v = [m for m in v if all(p in keep for p in m.split(" ")) and m.replace(" ", "") in keep] or v[:1]
+        elif k.startswith("tokenizer.ggml.") and k.endswith("_token_id") and int(v) >= n_vocab:
+            continue
+        w.add_key_value(k, v, vt, sub_type=sub)
+    for t in r.tensors:
+        d = np.asarray(t.data)
+        if t.name in ("token_embd.weight", "output.weight"):
+            d = d[:n_vocab]
+        w.add_tensor_info(t.name, d.shape, d.dtype, int(d.nbytes), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        d = np.asarray(t.data)
+        w.write_tensor_data(np.ascontiguousarray(d[:n_vocab]) if t.name in ("token_embd.weight", "output.weight") else d)
+    w.close()
+    return Path(dst)

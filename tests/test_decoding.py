@@ -1,64 +1,21 @@
-"""Session decoding features checked against references computed here: perplexity against a float64
-log-softmax of :meth:`Session.logits` written in this file, ``stream(stop=...)`` against the text of the
-same greedy run without a stop, and temperature sampling against a NumPy sampler driven by the same seed.
-Plain llama.cpp (``pager=False``) on the default model: paging does not change logits (test_session)."""
+"""Session decoding features checked against references computed here: ``stream(stop=...)`` against the
+text of the same greedy run without a stop, and temperature sampling against inverse-CDF sampling of a
+float64 softmax at the seed's uniforms. Plain llama.cpp (``pager=False``) on the default model: paging does
+not change logits (test_session). Perplexity against an independent log-softmax: tests/test_ppl.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import epqlab
-from epqlab.perplexity import perplexity
 
 THREADS = 1
-TEXT = ("The interpreter executes a code block in an execution frame. A frame contains administrative "
-        "information used for debugging and determines where and how execution continues after the code "
-        "block's execution has completed. Names refer to objects and are introduced by name binding.")
 
 
 @pytest.fixture(scope="module")
 def session(default_model_path):
     with epqlab.Session(default_model_path, pager=False, n_threads=THREADS, n_ctx=256) as s:
         yield s
-
-
-def nll_reference(s, window: np.ndarray, first_scored: int) -> tuple[float, int]:
-    """Sum of -log p(window[j+1] | window[:j+1]) for j >= first_scored, from one float64 log-softmax of the
-    window's logits (scipy-free: log p = z - logaddexp.reduce(z)), and the number of terms."""
-    z = s.logits(window.tolist()).astype(np.float64)
-    total, n = 0.0, 0
-    for j in range(first_scored, len(window) - 1):
-        total -= z[j, window[j + 1]] - np.logaddexp.reduce(z[j])
-        n += 1
-    return total, n
-
-
-def test_perplexity_equals_log_softmax_of_logits(session):
-    s = session
-    toks = np.asarray(s.tokenize(TEXT), np.int32)
-    assert 40 <= len(toks) <= 80
-    # one window holding the whole text: every token after the first is scored
-    r = perplexity(s, TEXT, n_ctx=len(toks))
-    total, n = nll_reference(s, toks, 0)
-    assert (r.n_scored, r.n_windows) == (len(toks) - 1, 1) == (n, 1)
-    assert r.nll == pytest.approx(total / n, rel=1e-9)
-    assert r.ppl == pytest.approx(np.exp(total / n), rel=1e-9)
-    # overlapping windows of 24 every 8: window 0 scores j = 0..22; later windows score their last 8 tokens
-    # (j >= 24 - 8 - 1 = 15), the first 16 positions serving as context only
-    n_ctx, stride = 24, 8
-    total, n, windows = 0.0, 0, 0
-    for start in range(0, len(toks) - 1, stride):
-        w = toks[start:start + n_ctx]
-        t, m = nll_reference(s, w, 0 if start == 0 else n_ctx - stride - 1)
-        total, n, windows = total + t, n + m, windows + 1
-        if start + n_ctx >= len(toks):
-            break
-    assert n == len(toks) - 1  # every token after the first scored exactly once
-    r = perplexity(s, TEXT, n_ctx=n_ctx, stride=stride)
-    assert (r.n_scored, r.n_windows) == (n, windows)
-    assert r.ppl == pytest.approx(np.exp(total / n), rel=1e-9)
-    # Session.perplexity is the same definition
-    assert s.perplexity(TEXT, n_ctx=n_ctx, stride=stride) == pytest.approx(r.ppl, rel=1e-12)
 
 
 def test_stream_stop_cuts_before_the_stop_string(session):

@@ -102,12 +102,14 @@ def test_truncated(tmp_path):
             epqlab.inspect(p)
 
 
-def test_split_shards(tmp_path):
+def test_shard_name_without_split_keys_is_one_file(tmp_path):
+    # llama.cpp reads split.count, not the name: a file named like a shard but without split.* keys
+    # is a whole model (split GGUFs themselves: tests/test_split.py).
     w = two_class_model(tmp_path / "m.gguf")
     p = tmp_path / "model-00001-of-00003.gguf"
     shutil.copy(w.path, p)
-    with pytest.raises(epqlab.SplitModelError, match="split"):
-        epqlab.inspect(p)
+    lay = epqlab.inspect(p)
+    assert lay.files == [p] and lay.file_size == p.stat().st_size
 
 
 @pytest.fixture(scope="session")

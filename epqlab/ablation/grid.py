@@ -119,9 +119,12 @@ def measure_prompts(session, prompts: Sequence, n_predict: int, warmup: int = WA
     pg = session.pager
     kinds: list[np.ndarray] = []
     runs = []
+    start = len(pg.pass_history()[0]) if pg else 0  # the session may have run before: count from here
     for p in prompts:
         n0 = len(pg.pass_history()[0]) if pg else 0
-        g = session.generate(_prompt_text(p, session), n_predict)
+        # A chat prompt already carries the template's special tokens: no second BOS.
+        chat = getattr(p, "kind", None) == "chat"
+        g = session.generate(_prompt_text(p, session), n_predict, add_special=not chat)
         st = g.stats
         runs.append(st)
         if pg:
@@ -137,7 +140,8 @@ def measure_prompts(session, prompts: Sequence, n_predict: int, warmup: int = WA
     for g in _GROUPS:
         tot[f"evictions_{g}"] = sum(r.get(f"evictions_{g}", 0) for r in runs)
     kind = np.concatenate(kinds) if kinds else np.zeros(0, np.int8)
-    rates = pass_rates(pg.pass_history() if pg else (np.zeros(0), np.zeros(0)), kind)
+    hist = tuple(a[start:] for a in pg.pass_history()) if pg else (np.zeros(0), np.zeros(0))
+    rates = pass_rates(hist, kind)
     dec = max(1, tot["decode_passes"])
     dec_bytes = sum(r["decode_ssd_bytes_per_token"] * r["decode_passes"] for r in runs)
     return {

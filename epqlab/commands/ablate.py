@@ -1,4 +1,5 @@
-"""``epqlab ablate eviction MODEL --arenas 0.25,0.5,0.75 --policies lru,ls,ls_pos --json out.json``:
+"""``epqlab ablate eviction MODEL --arenas 0.25,0.5,0.75 --policies lru,ls,ls_pos --json out.json`` and
+``epqlab ablate topk MODEL --ks 2,4,7 --arenas 0.25,0.5 --json out.json`` (epqlab/commands/ablate_topk.py):
 ablations (one knob swept over arenas or RAM budgets); each kind is a subcommand here."""
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def register(sub) -> None:
     e.add_argument("--json", default=None, help="write the table and settings as JSON here")
     e.add_argument("--csv", default=None, help="write the table as CSV here")
     e.set_defaults(func=run_eviction)
+    from .ablate_topk import register as register_topk
+
+    register_topk(kinds)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

@@ -1,0 +1,39 @@
+"""Fuzzing with hypothesis: GGUF headers with mutated counts, value types, string and array
+lengths, string bytes, tensor dims, types and offsets (and truncations) never crash
+``epqlab.inspect`` or ``epqlab.Session``: each mutant raises an epqlab error (or runs). Before
+these checks, a ``block_count`` of 0 aborted the process inside llama.cpp (GGML_ASSERT) on the
+first mutant. The
+hypothesis loop runs in a child process (tests/fuzz_gguf.py), so a signal (SIGSEGV, a
+GGML_ASSERT abort) fails this test with the mutant that caused it instead of killing pytest.
+Examples are derandomized (the same mutants every run) and few, to stay well under a minute."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def base(mini_gguf):
+    """The tiny MoE with a 512-token vocabulary: a 15 KiB header llama.cpp still loads and runs."""
+    return mini_gguf
+
+
+@pytest.mark.parametrize("mode,n", [("inspect", 300), ("session", 100)])
+def test_mutated_headers_never_crash(base, tmp_path, mode, n):
+    r = subprocess.run([sys.executable, str(HERE / "fuzz_gguf.py"), mode, str(base), str(tmp_path), str(n)],
+                       capture_output=True, text=True, errors="replace", timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(HERE)})
+    tried = [line for line in r.stderr.splitlines() if line.startswith("[fuzz] m")]
+    if r.returncode < 0:
+        pytest.fail(f"{mode}: killed by {signal.Signals(-r.returncode).name} on mutant {tried[-1] if tried else '?'}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "fuzz ok" in r.stderr
+    assert len(tried) >= n  # hypothesis ran at least the asked examples (it may add shrink attempts)
