@@ -214,7 +214,9 @@ def test_eval_text_is_long_prose():
 
 
 def _expert_bytes(t, ne0, ne1):
-    block, size = {"Q4_K": (256, 144), "BF16": (1, 2), "Q8_0": (32, 34)}[t]
+    from ggufs import BLOCK
+
+    block, size = BLOCK[t]
     return ne0 // block * size * ne1
 
 
