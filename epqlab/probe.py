@@ -98,13 +98,15 @@ def _plan_sizes(path: Path | None, request_bytes: Iterable[int] | None) -> list[
         return [(n, _size_label(n), "user") for n in sizes]
     plan = {n: (_size_label(n), "default") for n in DEFAULT_REQUEST_BYTES}
     if path is not None and _is_gguf(path):
-        from .errors import NotMoEError
+        from .errors import NotGGUFError, NotMoEError
 
         try:
             for n, lab, src in model_request_sizes(path):
                 plan[n] = (lab, src)
         except NotMoEError:
             logger.info("%s is a dense GGUF: probing the default sizes only", path)
+        except NotGGUFError as e:  # any file can be probed; only a MoE GGUF llama.cpp would load adds sizes
+            logger.info("%s: no expert sizes (%s); probing the default sizes only", path, e)
     return [(n, lab, src) for n, (lab, src) in sorted(plan.items())]
 
 
