@@ -5,8 +5,8 @@ Usage:
 
 Without --model it synthesizes a Qwen3-30B-A3B-shaped model (Q4_K experts, 2.5 MiB each) with
 enough layers for --gb gigabytes under $EPQLAB_CACHE/bench/ and reuses it on later runs. The
-route log has temporal locality (each expert of the previous token kept with p=0.5). Every run
-drops the file from the page cache first; replay reads with O_DIRECT. Prints one table: I/O
+route log has temporal locality (RouteLog.synthetic: each of the previous token's experts kept with
+p=0.5). Every run drops the file from the page cache first; replay reads with O_DIRECT. Prints one table: I/O
 threads, GB/s of replay (bytes read / wall time), hit rate, and the ratio to the sequential read.
 """
 from __future__ import annotations
@@ -17,11 +17,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 
 import epqlab
+from epqlab.constants import ggml_row_bytes
 from epqlab.models import synthesize
 from epqlab.models.smollm2 import cache_dir
+from epqlab.routes import RouteLog
 
 
 def sequential_direct_read(path: Path, chunk: int = 8 << 20) -> float:
@@ -46,18 +47,6 @@ def sequential_direct_read(path: Path, chunk: int = 8 << 20) -> float:
         buf.close()
 
 
-def local_log(T, L, E, k, p_keep=0.5, seed=0):
-    rng = np.random.default_rng(seed)
-    out = np.zeros((T, L, k), np.int32)
-    for l in range(L):
-        prev = rng.choice(E, k, replace=False)
-        for t in range(T):
-            keep = [e for e in prev if rng.random() < p_keep]
-            rest = [e for e in rng.permutation(E) if e not in keep][: k - len(keep)]
-            out[t, l] = prev = np.array(keep + rest, np.int32)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -69,7 +58,7 @@ def main():
     if args.model:
         path = Path(args.model)
     else:
-        per_layer = 128 * 3 * (2048 * 768 // 256 * 144)
+        per_layer = 128 * 3 * ggml_row_bytes("Q4_K", 2048) * 768  # 128 experts x gate/up/down of 2048 x 768 Q4_K
         n_layer = max(1, int(args.gb * 1e9 // per_layer))
         path = cache_dir() / "bench" / f"qwen3-30b-a3b-{n_layer}L.gguf"
         if not path.exists():
@@ -77,7 +66,8 @@ def main():
             r = synthesize(path, "qwen3-30b-a3b", n_layer=n_layer)
             print(f"synthesized {path} ({r['bytes'] / 1e9:.2f} GB at {r['mb_per_s']:.0f} MB/s)")
     lay = epqlab.inspect(path)
-    log = local_log(args.tokens, len(lay.layers), lay.n_expert, lay.n_expert_used)
+    log = RouteLog.synthetic(args.tokens, len(lay.layers), lay.n_expert, lay.n_expert_used, locality=0.5, skew=0.0,
+                             seed=0)
     seq = sequential_direct_read(path)
     print(f"model {path.name}: {lay.file_size / 1e9:.2f} GB, {len(lay.layers)} MoE layers x {lay.n_expert} experts "
           f"of {epqlab.fmt_bytes(lay.max_expert_bytes)}, top-{lay.n_expert_used}; arena {args.arena}; {args.tokens} tokens")

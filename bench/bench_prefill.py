@@ -24,6 +24,7 @@ import numpy as np
 
 import epqlab
 from epqlab.models import default_model
+from epqlab.routes import RouteLog
 
 TEXT = (Path(epqlab.__file__).parent / "data" / "eval_execmodel.txt").read_text()
 
@@ -35,8 +36,7 @@ def distinct_bytes(path, prompt_tokens, lay) -> tuple[int, int, int]:
         log = Path(d) / "r.npz"
         with epqlab.Session(path, route_log=log, n_ctx=1024) as s:
             s.generate(prompt_tokens, 1)
-        z = np.load(log)
-    ex = z["experts"]  # [T, L, k]
+        ex = RouteLog.load(log).experts  # [T, L, k]
     ub = epqlab.Pager.unit_slot_bytes(lay)
     total, paged, units = 0, 0, 0
     for li in range(ex.shape[1]):

@@ -26,7 +26,10 @@ from .session import Generation, Session
 from .probe import probe_io
 from .units import fmt_bytes, parse_bytes
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("epqlab")  # pyproject.toml's, the one place it is written (the C++ module gets it too)
+del _version
 
 __all__ = [
     "ArenaTooSmall", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",

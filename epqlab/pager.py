@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .constants import OFFLINE_POLICIES, PAGE_SIZE
+from .constants import ONLINE_POLICIES as POLICIES
 from .errors import ArenaTooSmall
 from .layout import ModelLayout
 from .units import fmt_bytes, parse_bytes
 
-POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")  # online: what a live Session can run
-OFFLINE_POLICIES = ("belady",)  # needs the future: replay of a route log only
 MAX_IO_THREADS = 1024  # reader threads: far more than any device rewards; the bound keeps a typo from spawning millions
 
 
@@ -133,7 +133,7 @@ class Pager:
     def max_stage_bytes(layout: ModelLayout) -> int:
         """Bytes of the staging buffer an oversize ubatch needs: the largest expert tensor's span
         of whole file pages (one matrix of one layer, all experts). See native/hook.h."""
-        page = os.sysconf("SC_PAGE_SIZE")
+        page = PAGE_SIZE
         return max((-(-(t.offset % page + t.n_bytes) // page) * page for l in layout.layers for t in l.tensors),
                    default=0)
 
@@ -213,7 +213,8 @@ class Pager:
         no compute) and return :meth:`stats`.
 
         Args:
-            route_log: a path to a route-log NPZ (docs/DESIGN.md, "Route log"), a dict or object
+            route_log: a path to a route-log NPZ (docs/DESIGN.md §6, read with
+                :meth:`epqlab.routes.RouteLog.load`), a :class:`~epqlab.routes.RouteLog`, a dict or object
                 with ``experts``, ``layers`` and (optionally) ``ubatch``, or an int32 array
                 ``[T, L, k]`` (then ``layers`` = GGUF block ids of its L columns, default the
                 model's MoE layers).
@@ -226,13 +227,18 @@ class Pager:
         of -1 (a token not routed through a layer) are skipped. This is the live hook's own code
         path (``pager::request_layer``), so replaying a live run's log reproduces its hits,
         misses and evictions exactly. Stats accumulate (call :meth:`reset_stats`).
+
+        Raises:
+            RouteLogError: ``route_log`` is a path to a file that is not a valid route log.
+            ValueError: expert ids outside ``[-1, n_expert)``, or layer / ubatch counts that do not
+                match the log's shape.
         """
         log_ub = None
         if isinstance(route_log, (str, os.PathLike)):
-            with np.load(route_log, allow_pickle=False) as z:
-                experts, layers = z["experts"], z["layers"]
-                log_ub = z["ubatch"] if "ubatch" in z.files else None
-        elif isinstance(route_log, dict):
+            from .routes.log import RouteLog
+
+            route_log = RouteLog.load(route_log)  # the format's one reader; names what is wrong with the file
+        if isinstance(route_log, dict):
             experts, layers, log_ub = route_log["experts"], route_log["layers"], route_log.get("ubatch")
         elif hasattr(route_log, "experts"):
             experts, layers = route_log.experts, route_log.layers

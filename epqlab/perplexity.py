@@ -88,7 +88,23 @@ def perplexity(model, text: str, *, n_ctx: int = 512, stride: int | None = None,
     s = model
     if n_ctx > s.n_ctx:
         raise ValueError(f"n_ctx={n_ctx} exceeds the session's context of {s.n_ctx}; open it with a larger n_ctx")
-    toks = np.asarray(s.tokenize(text), dtype=np.int32)
+    return windowed_perplexity(s.tokenize(text), s.iter_logits, n_ctx=n_ctx, stride=stride)
+
+
+def windowed_perplexity(tokens, window_logits, *, n_ctx: int, stride: int) -> PerplexityResult:
+    """The windowing and scoring of the module docstring, for any model.
+
+    Args:
+        tokens: int token ids ``[n]`` of the whole text (BOS included if wanted).
+        window_logits: ``f(window) -> iterable of float32 blocks [m, n_vocab]``: the logits of every
+            position of ``window`` (int32 ``[<= n_ctx]``) decoded from an empty context, in order, in
+            blocks of any size (:meth:`epqlab.Session.iter_logits`, or llama-cpp-python's scores).
+        n_ctx, stride: tokens, as in :func:`perplexity` (not checked here).
+
+    Raises:
+        ValueError: fewer than 2 tokens.
+    """
+    toks = np.asarray(tokens, dtype=np.int32)
     if len(toks) < 2:
         raise ValueError(f"perplexity needs at least 2 tokens; the text has {len(toks)}")
     nll, count, windows = 0.0, 0, 0
@@ -98,7 +114,7 @@ def perplexity(model, text: str, *, n_ctx: int = 512, stride: int | None = None,
             break
         lo = 0 if start == 0 else max(0, n_ctx - stride - 1)  # first position whose prediction is scored
         pos = 0
-        for blk in s.iter_logits(win):
+        for blk in window_logits(win):
             m = len(blk)
             a, b = max(lo, pos), min(pos + m, len(win) - 1)  # positions j scored in this block
             if b > a:
@@ -111,4 +127,4 @@ def perplexity(model, text: str, *, n_ctx: int = 512, stride: int | None = None,
     return PerplexityResult(float(np.exp(nll / count)), nll / count, count, windows, n_ctx, stride)
 
 
-__all__ = ["PerplexityResult", "perplexity", "block_nll"]
+__all__ = ["PerplexityResult", "perplexity", "windowed_perplexity", "block_nll"]

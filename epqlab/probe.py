@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .constants import GGUF_MAGIC
 from .errors import EpqlabError
 from .units import fmt_bytes
 
@@ -84,7 +85,7 @@ def model_request_sizes(path: str | os.PathLike) -> list[tuple[int, str, str]]:
 def _is_gguf(path: Path) -> bool:
     try:
         with open(path, "rb") as fh:
-            return fh.read(4) == b"GGUF"
+            return fh.read(4) == GGUF_MAGIC
     except OSError:
         return False
 

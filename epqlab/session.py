@@ -112,8 +112,8 @@ class Session:
             memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
             locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
             file mapping; the stock loader reads the whole file; default with ``pager=False``).
-        policy: eviction policy ``lru`` | ``ls`` | ``ls_pos`` | ``lfu`` | ``static`` (each rule and its
-            source: :class:`epqlab.Pager`).
+        policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES` (``lru`` | ``ls`` |
+            ``ls_pos`` | ``lfu`` | ``static`` | ``fnu``; each rule and its source: :class:`epqlab.Pager`).
         hot_experts: with ``policy="static"``: int ``[n, 2]`` (GGUF block, expert) pairs kept unless
             nothing else can be evicted (:func:`epqlab.ablation.hot_experts` picks them from a
             calibration route log; ``session.pager.set_hot`` sets them later). Without them
@@ -701,11 +701,12 @@ class Session:
                 "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
 
     def save_route_log(self, path=None) -> Path:
-        """Write the recorded routes as NPZ (docs/DESIGN.md) to ``path`` (default: the route_log path)."""
+        """Write the recorded routes to ``path`` (default: the route_log path) with
+        :meth:`epqlab.routes.RouteLog.save`, the one writer of the route-log NPZ (docs/DESIGN.md §6)."""
+        from .routes.log import RouteLog
+
         p = Path(path or self.route_log_path)
-        d = self.route_log()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(p, **d)
+        RouteLog.from_dict(self.route_log()).save(p)
         return p
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         model: GGUF path; None = the default model (:func:`epqlab.models.default_model`).
         levels: memory limits (bytes or strings like ``"4GiB"``; list or comma-separated string).
         prompt, n_predict: the greedy generation each run does (n_predict tokens).
-        policy: eviction policy (``lru`` | ``ls`` | ``ls_pos``).
+        policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES`.
         pager: page experts (True) or run plain llama.cpp mmap (False) at every level.
         repeats: runs per (level, pager) pair (>= 1; default 3, medians reported).
         mmap_baseline: also run ``pager=False`` under the same limit at every level, and give the

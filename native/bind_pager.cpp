@@ -66,6 +66,10 @@ void register_pager(py::module_ & m) {
         }
     });
 
+    py::tuple names(N_POLICIES);
+    for (int i = 0; i < N_POLICIES; i++) names[i] = py::str(POLICY_NAMES[i]);
+    m.attr("POLICIES") = names;
+
     py::class_<pager>(m, "Pager")
         .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
                          int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io,

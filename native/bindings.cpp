@@ -4,9 +4,18 @@
 
 #include "registry.h"
 
+// The version is pyproject.toml's, passed by CMakeLists.txt as VERSION_INFO (as pybind11's
+// scikit_build_example does); epqlab.__version__ reads the same number from the installed metadata.
+#define EPQ_STRINGIFY(x) #x
+#define EPQ_MACRO_STRINGIFY(x) EPQ_STRINGIFY(x)
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "epqlab native core: expert pager, llama.cpp hook, I/O probe";
-    m.attr("__version__") = "0.1.0";
+#ifdef VERSION_INFO
+    m.attr("__version__") = EPQ_MACRO_STRINGIFY(VERSION_INFO);
+#else
+    m.attr("__version__") = "dev";
+#endif
     register_pager(m);
     register_engine(m);
     register_probe(m);

@@ -103,10 +103,13 @@ pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
 
 void pager::init(const pager_config & cfg) {
     page_ = page_size();
-    static const char * names[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu"};
     policy_ = -1;
-    for (int i = 0; i < 7; i++) if (cfg.policy == names[i]) policy_ = i;
-    if (policy_ < 0) throw std::invalid_argument("unknown eviction policy '" + cfg.policy + "': use lru, ls, ls_pos, lfu, static, fnu or belady");
+    std::string known;
+    for (int i = 0; i < N_POLICIES; i++) {
+        if (cfg.policy == POLICY_NAMES[i]) policy_ = i;
+        known += (i ? ", " : "") + std::string(POLICY_NAMES[i]);
+    }
+    if (policy_ < 0) throw std::invalid_argument("unknown eviction policy '" + cfg.policy + "': use one of " + known);
     if (!(cfg.fnu_alpha > 0 && cfg.fnu_alpha <= 1)) throw std::invalid_argument("fnu_alpha must lie in (0, 1]");
     fnu_alpha_ = cfg.fnu_alpha;
     policy_name_ = cfg.policy;

@@ -38,6 +38,12 @@ struct pager_layer_spec {
     std::vector<pager_tensor_spec> tensors;  // gate, up, down (or gate_up, down)
 };
 
+// Eviction policy names, indexed by pager::policy_id. The Python side names them in
+// epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._core.POLICIES and a
+// test checks the two agree.
+inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu"};
+inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
+
 struct pager_config {
     std::string                   path;            // the model file (first shard of a split model)
     std::vector<std::string>      paths;           // every file, shards in order; empty = {path}

@@ -13,7 +13,9 @@ import numpy as np
 import gguf
 
 # ggml block size (elements) and bytes per block, from ggml's type table.
-BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144)}
+# The tests' own table (not gguf-py's, which epqlab uses), shared by every test that computes tensor bytes.
+BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144),
+         "MXFP4": (32, 17)}
 
 
 @dataclass

@@ -14,6 +14,7 @@ import pytest
 import epqlab
 from epqlab.models import synthesize
 from epqlab.models.archs import tiny_spec, write_tiny
+from ggufs import BLOCK  # ggml block size (elements) and bytes per block, from ggml's type table
 
 N_STEPS = 8
 N_PROMPT = 40
@@ -129,10 +130,6 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
             assert stats["staged_layers"] > 0, key
         else:
             assert stats["staged_layers"] == 0, key
-
-
-# ggml block size (elements) and bytes per block, from ggml's type table (ggml.c type_traits)
-BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "MXFP4": (32, 17)}
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if MODELS[n][0] == "tiny"])

@@ -5,8 +5,6 @@ the k = E MoE layer from the source GGUF's dense FFN in NumPy, logits from llama
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -33,12 +31,17 @@ def test_default_model_loads_and_gives_finite_logits(default_model_path):
     llm.close()
 
 
-def test_default_model_second_call_is_instant_and_complete(default_model_path):
-    from epqlab.models import default_model
+def test_default_model_second_call_reuses_the_file(default_model_path, monkeypatch):
+    import epqlab.models.default as default_mod
 
-    t0 = time.perf_counter()
-    assert default_model(progress=False) == default_model_path
-    assert time.perf_counter() - t0 < 1.0
+    def no_rebuild(*a, **kw):
+        raise AssertionError("default_model() rebuilt a model that is already in the cache")
+
+    before = default_model_path.stat()
+    monkeypatch.setattr(default_mod, "moefy", no_rebuild)
+    assert default_mod.default_model(progress=False) == default_model_path
+    after = default_model_path.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
     assert not list(default_model_path.parent.glob("*.tmp*")), "a temp file was left in the cache"
 
 
@@ -55,8 +58,18 @@ def test_default_model_has_two_expert_sizes(default_model_path):
     assert set(classes) == {q8, f16}
     assert classes[f16].layers == tuple(range(n_layer - cfg.n_f16_layers, n_layer))
     assert classes[q8].types == ("Q8_0",) and classes[f16].types == ("F16",)
-    # the shared expert and the routed experts together hold every one of the 1536 FFN neurons
-    assert E * F + cfg.shared_width >= 1536
+    # the shared expert and the routed experts of the built file together hold every one of the source's FFN
+    # neurons (llama.feed_forward_length of the dense SmolLM2: 1536)
+    from gguf import GGUFReader
+
+    from epqlab.models.smollm2 import source_gguf
+
+    n_ff = int(GGUFReader(source_gguf()).fields["llama.feed_forward_length"].contents())
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in GGUFReader(default_model_path).tensors}
+    for il in range(n_layer):
+        _, f_file, e_file = shapes[f"blk.{il}.ffn_gate_exps.weight"]  # ggml order (n_embd, F, E)
+        _, w_file = shapes[f"blk.{il}.ffn_gate_shexp.weight"]          # (n_embd, shared width)
+        assert e_file * f_file + w_file >= n_ff == 1536, il
 
 
 def test_default_model_deepseek_hparams(default_model_path):
@@ -201,7 +214,9 @@ def test_eval_text_is_long_prose():
 
 
 def _expert_bytes(t, ne0, ne1):
-    block, size = {"Q4_K": (256, 144), "BF16": (1, 2), "Q8_0": (32, 34)}[t]
+    from ggufs import BLOCK
+
+    block, size = BLOCK[t]
     return ne0 // block * size * ne1
 
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import epqlab
+from epqlab.routes import RouteLog, RouteLogError
 from ggufs import aligned_model, fused_model, tiny_slices_model, two_class_model
+from refpager import RefPager
 
 PAGE = os.sysconf("SC_PAGESIZE")
 BUILDERS = [two_class_model, aligned_model, tiny_slices_model, fused_model]
@@ -135,105 +137,13 @@ def test_bad_policy_and_ids(tmp_path):
         p.load_layer(0, [1])
 
 
-# ---- reference simulator -------------------------------------------------------------------
-
-class RefPager:
-    """Plain-Python model of the pager's residency rules (written from the spec, not the C++).
-
-    Slots are numbered class by class, largest class first; each class's free slots are taken
-    lowest id first; a unit takes a free slot of its own class, else of the smallest larger
-    class, else evicts the first unpinned resident in policy order whose slot is large enough.
-    lru: least recent first. ls: stale before current, smaller layer first, least recent first.
-    ls_pos: stale-left, current-left, stale-right, current-right; larger layer first; least
-    recent first (left = layer index < the layer being loaded).
-    """
-
-    def __init__(self, unit_bytes, class_slots, policy):
-        self.unit_bytes = unit_bytes  # per layer index
-        self.policy = policy
-        self.slot_bytes = []
-        for c in class_slots:
-            self.slot_bytes += [c["slot_bytes"]] * c["slots"]
-        self.free = {b: [i for i, sb in enumerate(self.slot_bytes) if sb == b] for b in set(self.slot_bytes)}
-        self.res = {}  # (li, e) -> dict(slot, last_use, last_pass)
-        self.pinned = set()
-        self.tick = 0
-        self.passno = 1
-        self.hits = self.misses = self.evictions = 0
-        self.groups = [0, 0, 0, 0]
-
-    def begin_pass(self):
-        self.passno += 1
-
-    def order_key(self, u, L):
-        li = u[0]
-        r = self.res[u]
-        stale = r["last_pass"] < self.passno
-        if self.policy == "lru":
-            return (r["last_use"],)
-        if self.policy == "ls":
-            return (0 if stale else 1, li, r["last_use"])
-        left = li < L
-        group = (0 if stale else 1) + (0 if left else 2)
-        return (group, -li, r["last_use"])
-
-    def take(self, L, need):
-        for b in sorted(b for b in self.free if b >= need):
-            if self.free[b]:
-                return self.free[b].pop(0)
-        cands = [u for u in self.res if u not in self.pinned and self.slot_bytes[self.res[u]["slot"]] >= need]
-        assert cands, "reference ran out of slots"
-        v = min(cands, key=lambda u: self.order_key(u, L))
-        r = self.res.pop(v)
-        stale = r["last_pass"] < self.passno
-        self.groups[(0 if stale else 1) + (0 if v[0] < L else 2)] += 1
-        self.evictions += 1
-        return r["slot"]
-
-    def load(self, li, ids):
-        misses = []
-        for e in dict.fromkeys(int(x) for x in ids):
-            u = (li, e)
-            self.tick += 1
-            if u in self.res:
-                self.hits += 1
-                self.res[u]["last_use"] = self.tick
-                self.res[u]["last_pass"] = self.passno
-            else:
-                self.misses += 1
-                misses.append((u, self.tick))
-            self.pinned.add(u)
-        for u, t in misses:
-            s = self.take(li, self.unit_bytes[li])
-            self.res[u] = {"slot": s, "last_use": t, "last_pass": self.passno}
-
-    def release(self, li):
-        self.pinned = {u for u in self.pinned if u[0] != li}
-
-
-def local_log(rng, T, L, E, k, p_repeat=0.6):
-    """Route log with temporal locality: each token keeps each expert of the previous token with
-    probability p_repeat, fills the rest at random."""
-    out = np.zeros((T, L, k), np.int32)
-    for l in range(L):
-        prev = rng.choice(E, size=k, replace=False)
-        for t in range(T):
-            keep = [e for e in prev if rng.random() < p_repeat]
-            rest = [e for e in rng.permutation(E) if e not in keep][: k - len(keep)]
-            cur = np.array(keep + rest, np.int32)
-            out[t, l] = cur
-            prev = cur
-    return out
-
-
 @pytest.mark.parametrize("policy", ["lru", "ls", "ls_pos"])
 @pytest.mark.parametrize("build", [two_class_model, aligned_model], ids=lambda b: b.__name__)
 def test_replay_equals_reference(tmp_path, policy, build):
     w = build(tmp_path / "m.gguf")
     layout = epqlab.inspect(w.path)
-    rng = np.random.default_rng(7)
     L, E, k = len(layout.layers), layout.n_expert, layout.n_expert_used
-    log = local_log(rng, 300, L, E, k)
+    log = RouteLog.synthetic(300, L, E, k, locality=0.6, skew=0.0, seed=7).experts
     ub = unit_slot_bytes(layout)
     total = sum(b * E for b in ub)
     for frac in (0.0, 0.25, 0.5, 1.0):
@@ -241,13 +151,7 @@ def test_replay_equals_reference(tmp_path, policy, build):
         p = epqlab.Pager(layout, arena, policy=policy, io_threads=4)
         st = p.replay(log)
         ref = RefPager(ub, st["slot_classes"], policy)
-        for t in range(log.shape[0]):
-            ref.begin_pass()
-            for li in range(L):
-                if li:
-                    ref.release(li - 1)
-                ref.load(li, log[t, li])
-            ref.release(L - 1)
+        ref.replay(log)
         assert (st["hits"], st["misses"], st["evictions"]) == (ref.hits, ref.misses, ref.evictions), frac
         groups = [st[f"evictions_{g}"] for g in ("stale_left", "current_left", "stale_right", "current_right")]
         assert groups == ref.groups, frac
@@ -261,14 +165,24 @@ def test_replay_equals_reference(tmp_path, policy, build):
 def test_replay_accepts_route_log_npz(tmp_path):
     w = two_class_model(tmp_path / "m.gguf")
     layout = epqlab.inspect(w.path)
-    log = local_log(np.random.default_rng(3), 50, len(layout.layers), layout.n_expert, layout.n_expert_used)
+    log = RouteLog.synthetic(50, len(layout.layers), layout.n_expert, layout.n_expert_used, locality=0.6, skew=0.0,
+                             seed=3).experts
     path = tmp_path / "log.npz"
-    np.savez(path, experts=log, layers=np.array(layout.moe_layers, np.int32),
-             phase=np.ones(50, np.uint8), expert_bytes=np.array([l.expert_bytes for l in layout.layers]),
-             n_expert=np.int64(layout.n_expert))
-    a = epqlab.Pager(layout, "1MiB").replay(path)
-    b = epqlab.Pager(layout, "1MiB").replay(log)
-    assert (a["hits"], a["misses"]) == (b["hits"], b["misses"])
+    rl = RouteLog.from_arrays(log, layout.n_expert, layers=layout.moe_layers,
+                              expert_bytes=[l.expert_bytes for l in layout.layers], ubatch=np.arange(50) // 2)
+    rl.save(path)
+    arena = epqlab.Pager.all_experts_bytes(layout) // 2  # room for every 2-token union: nothing staged
+    a = epqlab.Pager(layout, arena).replay(path)
+    b = epqlab.Pager(layout, arena).replay(rl)
+    c = epqlab.Pager(layout, arena).replay(log, ubatch=np.arange(50) // 2)
+    d = epqlab.Pager(layout, arena).replay(log)  # one token per pass: other counts
+    ref = RefPager(unit_slot_bytes(layout), a["slot_classes"], "lru")
+    ref.replay(log, np.arange(50) // 2)
+    assert (a["hits"], a["misses"]) == (b["hits"], b["misses"]) == (c["hits"], c["misses"]) == (ref.hits, ref.misses)
+    assert (d["hits"], d["misses"]) != (a["hits"], a["misses"])
+    np.savez(tmp_path / "bad.npz", experts=log)
+    with pytest.raises(RouteLogError, match="lacks"):
+        epqlab.Pager(layout, "1MiB").replay(tmp_path / "bad.npz")
     bad = log.copy(); bad[0, 0, 0] = layout.n_expert
     with pytest.raises(ValueError, match="outside"):
         epqlab.Pager(layout, "1MiB").replay(bad)

@@ -48,10 +48,35 @@ def check_table(df, sizes, conc, n, mode):
         assert r.lat_mean_us * r.n_requests <= r.concurrency * r.wall_s * 1e6 * (1 + 1e-9)
 
 
+def o_direct_works(folder) -> bool:
+    """Whether the file system under ``folder`` serves an O_DIRECT read, found out here with os.open/preadv
+    (not with the probe): an aligned 4 KiB read of a 4 KiB file."""
+    import mmap
+    import os
+
+    f = os.path.join(folder, "o_direct_check.bin")
+    with open(f, "wb") as fh:
+        fh.write(b"\1" * 4096)
+    buf = mmap.mmap(-1, 4096)  # page-aligned
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+        try:
+            return os.preadv(fd, [buf], 0) == 4096
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        buf.close()
+        os.unlink(f)
+
+
 def test_scratch_direct(tmp_path):
+    # This machine's ext4 (and tmpfs on kernels >= 6.6) accept O_DIRECT; elsewhere the probe must say buffered,
+    # and where O_DIRECT works it must not have fallen back silently.
+    expected = "direct" if o_direct_works(tmp_path) else "buffered"
     df = scratch_probe(tmp_path, direct=True)
-    # This machine's ext4 (and tmpfs on kernels >= 6.6) accept O_DIRECT; elsewhere the probe says buffered.
-    check_table(df, SIZES, CONC, N, df.attrs["mode"])
+    check_table(df, SIZES, CONC, N, expected)
     assert df.attrs["scratch"] and df.attrs["file_size"] == 4 * 1024**2
     assert list(tmp_path.iterdir()) == [], "scratch file must be removed"
 
@@ -194,7 +219,7 @@ def test_notebook(tmp_path):
     d = run_notebook("01_io_probe", {"sizes": sizes, "concurrency": conc, "n_requests": 3, "scratch_bytes": "2MiB",
                                      "scratch_dir": str(tmp_path), "run_name": "tiny"}, tmp_path)
     assert d["notebook"] == "01_io_probe" and d["run_name"] == "tiny"
-    assert d["params"]["sizes"] == sizes and d["params"]["concurrency"] == conc
+    assert d["parameters"]["sizes"] == sizes and d["parameters"]["concurrency"] == conc
     rows = d["rows"]
     assert len(rows) == len(sizes) * len(conc)
     assert sorted((r["request_bytes"], r["concurrency"]) for r in rows) == [(s, c) for s in sizes for c in conc]
@@ -203,7 +228,23 @@ def test_notebook(tmp_path):
         assert r["mb_s"] == pytest.approx(r["total_bytes"] / r["wall_s"] / 1e6, rel=1e-9)
         assert r["lat_median_us"] > 0
     res = tmp_path / "results" / "01_io_probe"
-    assert (res / d["figure"]).stat().st_size > 0 and (res / d["csv"]).stat().st_size > 0
+    assert (res / d["figures"]["probe"]).stat().st_size > 1000 and (res / d["csv"]).stat().st_size > 0
     first = next(r for r in rows if r["request_bytes"] == 4096 and r["concurrency"] == 1)
     assert f"{first['lat_median_us']:.0f} us median alone" in d["reading"]
     assert not list(tmp_path.glob("epqlab-probe-*")), "scratch file must be removed"
+
+
+def test_probe_defaults(tmp_path):
+    """What notebook 01 probes when given a MoE GGUF, another file, or nothing."""
+    from epqlab.probe import DEFAULT_REQUEST_BYTES, REFERENCE_EXPERT_BYTES
+    from epqlab.probe_report import probe_defaults
+
+    m = tmp_path / "moe.gguf"
+    write_moe_gguf(m)
+    assert probe_defaults(m) == (81920, 2, None)  # per-expert bytes worked out in write_moe_gguf; top-k 2
+    assert probe_defaults(m, sizes=[4096], top_k=5) == (81920, 5, [4096])
+    other = tmp_path / "data.bin"
+    other.write_bytes(b"x" * 8192)
+    expected_sizes = sorted(set(DEFAULT_REQUEST_BYTES) | {REFERENCE_EXPERT_BYTES})
+    assert probe_defaults(other) == (REFERENCE_EXPERT_BYTES, 4, expected_sizes)
+    assert probe_defaults(None) == (REFERENCE_EXPERT_BYTES, 4, expected_sizes)

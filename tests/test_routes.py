@@ -34,9 +34,20 @@ def test_save_load_roundtrip(tmp_path, hand):
     z = np.load(p)
     assert z["experts"].dtype == np.int32 and z["experts"].shape == (6, 2, 2)
     assert z["phase"].dtype == np.uint8 and z["expert_bytes"].dtype == np.int64 and z["layers"].dtype == np.int32
+    assert "ubatch" not in z.files  # optional: a log without passes writes none
     back = RouteLog.load(p)
     assert np.array_equal(back.experts, np.array(HAND)) and back.n_expert == 4
-    assert back.expert_bytes.tolist() == [100, 10]
+    assert back.expert_bytes.tolist() == [100, 10] and back.ubatch is None
+    # with ubatch, as a Session records it (dict with meta as a JSON string): written and read back
+    d = dict(experts=hand.experts, layers=hand.layers, phase=hand.phase, expert_bytes=hand.expert_bytes,
+             n_expert=np.int64(4), meta='{"k": 2}', ubatch=np.array([0, 0, 0, 1, 2, 3], np.int32))
+    RouteLog.from_dict(d).save(tmp_path / "sub" / "u.npz")
+    z = np.load(tmp_path / "sub" / "u.npz")
+    assert z["ubatch"].dtype == np.int32 and z["ubatch"].tolist() == [0, 0, 0, 1, 2, 3]
+    back = RouteLog.load(tmp_path / "sub" / "u.npz")
+    assert back.ubatch.tolist() == [0, 0, 0, 1, 2, 3] and back.meta == {"k": 2}
+    with pytest.raises(RouteLogError, match="lacks n_expert"):
+        RouteLog.from_dict({k: v for k, v in d.items() if k != "n_expert"})
 
 
 @pytest.mark.parametrize("mutate, match", [
@@ -47,6 +58,9 @@ def test_save_load_roundtrip(tmp_path, hand):
     (lambda d: d.update(layers=np.zeros(3, np.int32)), "layers"),
     (lambda d: d.update(n_expert=3), "id 3 >= n_expert = 3"),
     (lambda d: d["experts"].__setitem__((2, 1), [1, 1]), "same expert twice"),
+    (lambda d: d["experts"].__setitem__((2, 1), [-1, -1]), "not routed"),
+    (lambda d: d.update(ubatch=np.zeros(5, np.int32)), "ubatch"),
+    (lambda d: d.update(ubatch=np.zeros(6, np.int64)), "ubatch"),
 ])
 def test_validation_errors(hand, mutate, match):
     d = dict(experts=hand.experts.copy(), layers=hand.layers, phase=hand.phase, expert_bytes=hand.expert_bytes,
@@ -229,3 +243,28 @@ def test_synthetic_locality():
     assert all(set(log.experts[t, l]) == set(log.experts[0, l]) for t in range(20) for l in range(3))
     df = simulate(log, [4]).set_index("policy")
     assert df.loc["lru", "misses"] == 3 * 4
+
+
+def test_routes_package_never_imports_the_engine():
+    """epqlab.routes reads and analyses logs only: no module of it imports the Session, the native extension,
+    the pager or the recorder (epqlab.route_recording), even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import epqlab.routes
+
+    engine = {"session", "_native", "pager", "strict", "strict_child", "route_recording", "models", "ablation"}
+    for f in Path(epqlab.routes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mods = [("." * node.level) + (node.module or "")] + [
+                    ("." * node.level) + (node.module + "." if node.module else "") + a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for m in mods:
+                parts = m.lstrip(".").split(".") if m.startswith("..") else (
+                    m.split(".")[1:] if m.startswith("epqlab.") else [])
+                assert not (parts and parts[0] in engine), f"{f.name}:{node.lineno} imports {m}"
+

@@ -16,7 +16,8 @@ import pytest
 
 import epqlab
 from epqlab.models import synthesize
-from test_pager import RefPager
+from epqlab.routes import RouteLog
+from refpager import RefPager
 
 PROMPT = ("A CPU cache is a small, fast memory that sits between the processor and main memory. "
           "It keeps copies of recently used data so that the processor does not have to wait for "
@@ -118,28 +119,20 @@ def test_hits_equal_lru_simulation_of_route_log(default_path, tmp_path):
         g = s.generate(PROMPT, 20)
         stats = s.stats
         classes = s.pager.stats["slot_classes"]
-    z = np.load(log_path)
-    experts, phase = z["experts"], z["phase"]
+    log = RouteLog.load(log_path)
+    experts, phase = log.experts, log.phase
     assert experts.shape == (len(g.prompt_tokens) + len(g.tokens) - 1, len(lay.layers), lay.n_expert_used)
-    assert list(z["layers"]) == lay.moe_layers and int(z["n_expert"]) == lay.n_expert
+    assert list(log.layers) == lay.moe_layers and log.n_expert == lay.n_expert
     assert (phase[:len(g.prompt_tokens)] == 0).all() and (phase[len(g.prompt_tokens):] == 1).all()
     # Independent LRU: each forward pass (llama.cpp ubatch, as logged) requests per layer the
     # sorted union of its tokens' experts, or a single token's experts in router order; the layer
     # being loaded is pinned, the previous one released.
     ub = epqlab.Pager.unit_slot_bytes(lay)
     ref = RefPager(ub, classes, "lru")
-    ubatch = z["ubatch"]
+    ubatch = log.ubatch
     assert (np.diff(ubatch) >= 0).all()
     assert max(np.bincount(ubatch)[ubatch[: len(g.prompt_tokens)]]) <= n_ubatch
-    batches = [list(np.flatnonzero(ubatch == u)) for u in np.unique(ubatch)]
-    for b in batches:
-        ref.begin_pass()
-        for li in range(len(lay.layers)):
-            if li:
-                ref.release(li - 1)
-            ids = experts[b, li].ravel()
-            ref.load(li, ids if len(b) == 1 else np.unique(ids))
-        ref.release(len(lay.layers) - 1)
+    ref.replay(experts, ubatch)
     assert stats["staged_layers"] == 0
     assert (stats["hits"], stats["misses"], stats["evictions"]) == (ref.hits, ref.misses, ref.evictions)
 
@@ -216,7 +209,7 @@ def test_expert_used_bounds_and_override(default_path, tmp_path):
     k = max(1, lay.n_expert_used // 2)
     with epqlab.Session(default_path, expert_used=k, n_threads=THREADS, route_log=tmp_path / "r.npz") as s:
         s.generate("Hello there", 3)
-    assert np.load(tmp_path / "r.npz")["experts"].shape[2] == k
+    assert RouteLog.load(tmp_path / "r.npz").k == k
     with epqlab.Session(default_path, expert_used=k, pager=False, n_threads=THREADS) as a, \
             epqlab.Session(default_path, expert_used=k, n_threads=THREADS, arena_bytes=epqlab.Pager.min_arena_bytes(lay, k)) as b:
         toks = a.tokenize(PROMPT)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..constants import ONLINE_POLICIES
 from .grid import WARMUP_PASSES, MemoryPoint, measure_prompts, memory_points, pass_rates, summarize
 
-DEFAULT_POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
+DEFAULT_POLICIES = ONLINE_POLICIES
 _COUNTS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
            "evictions_stale_right", "evictions_current_right")
 

@@ -17,6 +17,8 @@ def _floats_or_sizes(s: str | None) -> list:
 
 
 def register(sub) -> None:
+    from ..constants import ONLINE_POLICIES
+
     p = sub.add_parser("ablate", help="ablations: sweep one knob (eviction policy, ...) over arenas or RAM budgets")
     kinds = p.add_subparsers(dest="ablation", metavar="KIND")
     e = kinds.add_parser("eviction", help="eviction policies live, replayed, and against Belady's bound")
@@ -24,7 +26,7 @@ def register(sub) -> None:
     e.add_argument("--arenas", default="0.25,0.5,0.75",
                    help="arena sizes: fractions of all expert slots or sizes like 256MiB (default 0.25,0.5,0.75)")
     e.add_argument("--budgets", default="", help="RAM budgets for the whole process, e.g. 1GiB,2GiB")
-    e.add_argument("--policies", default="lru,ls,ls_pos,lfu,static,fnu", help="online policies (default: all)")
+    e.add_argument("--policies", default=",".join(ONLINE_POLICIES), help="online policies (default: all)")
     e.add_argument("--prompts", default=None, help="prompt ids from epqlab/data/prompts.jsonl (default: all)")
     e.add_argument("-n", "--n-predict", type=int, default=32, help="tokens per prompt (default 32)")
     e.add_argument("--repeats", type=int, default=3, help="runs per setting; speeds are medians (default 3)")

@@ -52,6 +52,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..constants import (KEY_EXPERT_COUNT, KEY_EXPERT_FEED_FORWARD_LENGTH, KEY_EXPERT_SHARED_COUNT,
+                         KEY_EXPERT_USED_COUNT, KEY_EXPERT_WEIGHTS_SCALE, KEY_LEADING_DENSE_BLOCK_COUNT, arch_key,
+                         ggml_row_bytes)
+
 logger = logging.getLogger(__name__)
 
 
@@ -538,13 +542,14 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     w = gguf.GGUFWriter(tmp, "deepseek")
     U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
+    ds = "deepseek"
     override = {
-        "deepseek.expert_count": (E, U32),
-        "deepseek.expert_used_count": (cfg.n_expert_used, U32),
-        "deepseek.expert_feed_forward_length": (cfg.n_ff_exp, U32),
-        "deepseek.expert_shared_count": (cfg.n_expert_shared, U32),
-        "deepseek.leading_dense_block_count": (0, U32),
-        "deepseek.expert_weights_scale": (cfg.weights_scale, F32),
+        arch_key(KEY_EXPERT_COUNT, ds): (E, U32),
+        arch_key(KEY_EXPERT_USED_COUNT, ds): (cfg.n_expert_used, U32),
+        arch_key(KEY_EXPERT_FEED_FORWARD_LENGTH, ds): (cfg.n_ff_exp, U32),
+        arch_key(KEY_EXPERT_SHARED_COUNT, ds): (cfg.n_expert_shared, U32),
+        arch_key(KEY_LEADING_DENSE_BLOCK_COUNT, ds): (0, U32),
+        arch_key(KEY_EXPERT_WEIGHTS_SCALE, ds): (cfg.weights_scale, F32),
         "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), U32),
         "general.name": (f"SmolLM2-135M-Instruct MoEfied deepseek {E}x{cfg.n_ff_exp} top-{cfg.n_expert_used} "
                          f"+ shared {cfg.shared_width}", STR),
@@ -583,7 +588,7 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     rep["seconds"]["write"] = time.perf_counter() - t3
     rep["seconds"]["total"] = time.perf_counter() - t0
     F = cfg.n_ff_exp
-    rep["expert_bytes"] = {"Q8_0": 3 * F * (n_embd // 32) * 34, "F16": 3 * F * n_embd * 2}
+    rep["expert_bytes"] = {"Q8_0": 3 * F * ggml_row_bytes("Q8_0", n_embd), "F16": 3 * F * ggml_row_bytes("F16", n_embd)}
     rep["n_f16_layers"] = cfg.n_f16_layers
     logger.info("moefy %s -> %s in %.1fs", src.name, dst, rep["seconds"]["total"])
     return rep

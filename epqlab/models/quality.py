@@ -30,10 +30,9 @@ def perplexity_table(model, dense, texts: dict[str, str], ks, *, n_ctx: int = 51
 def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512, expert_used: int | None = None,
                          n_threads: int = 2) -> float:
     """Perplexity of ``text`` through plain llama-cpp-python with its default settings (CPU weight
-    repacking on, its own batch kernels), windowed exactly like :func:`epqlab.perplexity.perplexity`
-    with ``stride = n_ctx`` (every window decoded from an empty context; the first window scores all its
-    predictions, later windows all but the one from their first token). This is the comparison that
-    shows whether routing hangs on kernel rounding (near-tied router logits flip expert choices).
+    repacking on, its own batch kernels), through the same windowing and scoring as
+    :func:`epqlab.perplexity.perplexity` (:func:`epqlab.perplexity.windowed_perplexity`, ``stride = n_ctx``).
+    This is the comparison that shows whether routing hangs on kernel rounding (near-tied router logits flip expert choices).
 
     Raises:
         ValueError: fewer than 2 tokens.
@@ -41,33 +40,26 @@ def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512
     from gguf import GGUFReader
     from llama_cpp import Llama
 
-    from ..perplexity import block_nll
+    from ..constants import KEY_EXPERT_USED_COUNT, arch_key
+    from ..perplexity import windowed_perplexity
 
     kv = None
     if expert_used:
         arch = GGUFReader(path).fields["general.architecture"].contents()
-        kv = {f"{arch}.expert_used_count": int(expert_used)}
+        kv = {arch_key(KEY_EXPERT_USED_COUNT, arch): int(expert_used)}
     llm = Llama(str(path), n_ctx=max(n_ctx, 256), n_batch=n_ctx, logits_all=True, verbose=False,
                 n_threads=n_threads, kv_overrides=kv)
+
+    def window_logits(win):
+        llm.reset()
+        llm.eval(win.tolist())
+        yield np.asarray(llm.scores[:len(win)], np.float32)
+
     try:
-        toks = np.asarray(llm.tokenize(text.encode(), add_bos=True, special=True), np.int32)
-        if len(toks) < 2:
-            raise ValueError(f"perplexity needs at least 2 tokens; the text has {len(toks)}")
-        nll, count = 0.0, 0
-        for start in range(0, len(toks) - 1, n_ctx):
-            win = toks[start:start + n_ctx]
-            if len(win) < 2:
-                break
-            llm.reset()
-            llm.eval(win.tolist())
-            L = np.asarray(llm.scores[:len(win)], np.float32)
-            nll += block_nll(L[:len(win) - 1], win[1:])  # stride = n_ctx: every prediction in the window
-            count += len(win) - 1
-            if start + n_ctx >= len(toks):
-                break
+        toks = llm.tokenize(text.encode(), add_bos=True, special=True)
+        return windowed_perplexity(toks, window_logits, n_ctx=n_ctx, stride=n_ctx).ppl
     finally:
         llm.close()
-    return float(np.exp(nll / count))
 
 
 def record_prompt_routes(model, path: str | os.PathLike, *, n_predict: int = 48, kinds=None,

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-# ggml block size (elements) and bytes per block
-_BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+from ..constants import (KEY_BLOCK_COUNT, KEY_CONTEXT_LENGTH, KEY_EXPERT_COUNT, KEY_EXPERT_FEED_FORWARD_LENGTH,
+                         KEY_EXPERT_SHARED_COUNT, KEY_EXPERT_USED_COUNT, KEY_FEED_FORWARD_LENGTH,
+                         KEY_LEADING_DENSE_BLOCK_COUNT, arch_key, ggml_block, ggml_row_bytes)
 
 
 @dataclass(frozen=True)
@@ -85,28 +86,22 @@ PRESETS: dict[str, SynthSpec] = {
 }
 
 
-def _row_bytes(t: str, n: int) -> int:
-    blk, size = _BLOCK[t]
-    if n % blk:
-        raise ValueError(f"{t} rows need a multiple of {blk} elements, got {n}")
-    return n // blk * size
-
-
 def _random_blocks(t: str, nbytes: int, rng: np.random.Generator) -> np.ndarray:
     """``nbytes`` (a whole number of blocks) of valid random ``t`` data, as uint8."""
+    size = ggml_block(t)[1]
     if t == "Q4_K":
-        nb = nbytes // 144
-        blk = rng.integers(0, 256, size=(nb, 144), dtype=np.uint8)
+        nb = nbytes // size
+        blk = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
         d = (rng.uniform(0.5, 1.0, nb) * 2e-4).astype(np.float16)
         blk[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
         blk[:, 2:4] = (d.astype(np.float32) * 7.5).astype(np.float16).view(np.uint8).reshape(nb, 2)
         return blk.reshape(-1)
     if t == "Q8_0":
-        nb = nbytes // 34
-        blk = rng.integers(-127, 128, size=(nb, 34), dtype=np.int8).view(np.uint8)
+        nb = nbytes // size
+        blk = rng.integers(-127, 128, size=(nb, size), dtype=np.int8).view(np.uint8)
         blk[:, 0:2] = (rng.uniform(0.5, 1.0, nb) * 3e-4).astype(np.float16).view(np.uint8).reshape(nb, 2)
         return blk.reshape(-1)
-    x = rng.standard_normal(nbytes // _BLOCK[t][1], dtype=np.float32) * 0.02
+    x = rng.standard_normal(nbytes // size, dtype=np.float32) * 0.02
     if t == "F32":
         return x.view(np.uint8)
     if t == "F16":
@@ -144,7 +139,7 @@ def _tensors(s: SynthSpec) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def _nbytes(shape, t) -> int:
-    n = _row_bytes(t, shape[0])
+    n = ggml_row_bytes(t, shape[0])
     for d in shape[1:]:
         n *= d
     return n
@@ -153,7 +148,7 @@ def _nbytes(shape, t) -> int:
 def _make_unaligned(s: SynthSpec) -> SynthSpec:
     s = replace(s, expert_type="Q8_0", late_expert_type=None, n_late_layers=0)
     for f in sorted(range(32, 4 * s.n_ff_exp + 1, 32), key=lambda f: abs(f - s.n_ff_exp)):
-        sizes = [_row_bytes("Q8_0", s.n_embd) * f, _row_bytes("Q8_0", f) * s.n_embd]
+        sizes = [ggml_row_bytes("Q8_0", s.n_embd) * f, ggml_row_bytes("Q8_0", f) * s.n_embd]
         if all(b % 4096 for b in sizes):
             return replace(s, n_ff_exp=f)
     raise ValueError(f"n_embd {s.n_embd}: every Q8_0 expert slice is a multiple of 4096 bytes; use a smaller n_embd")
@@ -219,11 +214,11 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
     w = gguf.GGUFWriter(tmp, s.arch)
     a = s.arch
     w.add_name(s.name)
-    w.add_uint32(f"{a}.block_count", s.n_layer)
-    w.add_uint32(f"{a}.context_length", 4096)
+    w.add_uint32(arch_key(KEY_BLOCK_COUNT, a), s.n_layer)
+    w.add_uint32(arch_key(KEY_CONTEXT_LENGTH, a), 4096)
     w.add_uint32(f"{a}.embedding_length", s.n_embd)
-    w.add_uint32(f"{a}.feed_forward_length", s.n_ff_dense or s.n_ff_exp)
-    w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
+    w.add_uint32(arch_key(KEY_FEED_FORWARD_LENGTH, a), s.n_ff_dense or s.n_ff_exp)
+    w.add_uint32(arch_key(KEY_EXPERT_FEED_FORWARD_LENGTH, a), s.n_ff_exp)
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
     w.add_uint32(f"{a}.attention.key_length", s.head_dim)
@@ -231,11 +226,11 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
     w.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     w.add_float32(f"{a}.rope.freq_base", 1e6)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_uint32(f"{a}.expert_count", s.n_expert)
-    w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+    w.add_uint32(arch_key(KEY_EXPERT_COUNT, a), s.n_expert)
+    w.add_uint32(arch_key(KEY_EXPERT_USED_COUNT, a), s.n_expert_used)
     if a == "dots1":
-        w.add_uint32(f"{a}.leading_dense_block_count", s.n_dense_lead)
-        w.add_uint32(f"{a}.expert_shared_count", 1)
+        w.add_uint32(arch_key(KEY_LEADING_DENSE_BLOCK_COUNT, a), s.n_dense_lead)
+        w.add_uint32(arch_key(KEY_EXPERT_SHARED_COUNT, a), 1)
         w.add_bool(f"{a}.expert_weights_norm", True)
         w.add_uint32(f"{a}.expert_gating_func", 1)  # softmax
     # SmolLM2's tokenizer
@@ -257,7 +252,7 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
 
     def pool(t):
         if t not in pools:
-            blk = _BLOCK[t][1]
+            blk = ggml_block(t)[1]
             pools[t] = _random_blocks(t, POOL // (blk * 256) * blk * 256, rng)
         return pools[t]
 
@@ -284,7 +279,7 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
         else:
             p = pool(t)
             # rotate the start inside the pool so neighbouring experts differ
-            off = int(rng.integers(0, len(p) // _BLOCK[t][1])) * _BLOCK[t][1]
+            off = int(rng.integers(0, len(p) // ggml_block(t)[1])) * ggml_block(t)[1]
             left = n
             while left:
                 chunk = p[off: off + min(left, len(p) - off)]

@@ -6,6 +6,9 @@
 - Offline cache simulators (:mod:`.simulate`): :func:`simulate` for ``lru``, ``ls``, ``ls_pos`` and Belady's
   MIN over many capacities at once, and the slow literal :func:`simulate_reference` they are tested against.
 - :func:`summarize`: everything above as one dict of plain numbers (CLI, notebook JSON).
+
+Nothing here imports the engine: logs are recorded by :mod:`epqlab.route_recording` (or
+``Session(route_log=...)``); policy names live in :mod:`epqlab.constants`.
 """
 from __future__ import annotations
 

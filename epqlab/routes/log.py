@@ -6,12 +6,18 @@ A route log is an NPZ file with
                    expert ids in router order (ids in ``[0, n_expert)``, distinct within a row);
 - ``layers``       int32 ``[L]``: the GGUF block id of each MoE layer;
 - ``phase``        uint8 ``[T]``: 0 = prefill, 1 = decode;
+- ``ubatch``       int32 ``[T]``, optional (older files lack it): the forward pass (llama.cpp ubatch) each token
+                   was computed in; consecutive equal ids form one pass (:meth:`epqlab.Pager.replay` follows them);
 - ``expert_bytes`` int64 ``[L]``: bytes of one expert (gate+up+down) in each layer;
 - ``n_expert``     scalar: experts per layer;
 - ``meta``         a JSON string (model path, arch, k, prompt hash, ...).
 
-:class:`RouteLog` loads, validates, saves and synthesises such logs. Everything in
-:mod:`epqlab.routes` works on a :class:`RouteLog` alone: no model, no engine.
+:class:`RouteLog` is the one owner of this format: it loads, validates, saves and synthesises such logs
+(:meth:`epqlab.Session.save_route_log` and :meth:`epqlab.Pager.replay` go through it). Everything in
+:mod:`epqlab.routes` works on a :class:`RouteLog` alone: no model, no engine. docs/DESIGN.md §6 allows -1 for a
+token not routed through a layer; a :class:`RouteLog` refuses it, because every analysis here needs each token's
+k experts (a Session records with logits for every token, so every token is routed; :meth:`epqlab.Pager.replay`
+takes -1 rows from arrays).
 """
 from __future__ import annotations
 
@@ -28,10 +34,14 @@ class RouteLogError(EpqlabError, ValueError):
     """A route log (file or arrays) does not follow the format of docs/DESIGN.md §6."""
 
 
+REQUIRED = ("experts", "layers", "phase", "expert_bytes", "n_expert")  # arrays every route-log NPZ holds
+
+
 @dataclass(frozen=True)
 class RouteLog:
     """One run's routing decisions. ``experts[t, i, j]`` is the j-th expert (router order) that token t
-    selected in the i-th MoE layer (GGUF block ``layers[i]``)."""
+    selected in the i-th MoE layer (GGUF block ``layers[i]``); ``ubatch[t]`` (or None) the forward pass of
+    token t."""
 
     experts: np.ndarray       # int32 (T, L, k)
     layers: np.ndarray        # int32 (L,)
@@ -39,6 +49,7 @@ class RouteLog:
     expert_bytes: np.ndarray  # int64 (L,)
     n_expert: int
     meta: dict = field(default_factory=dict)
+    ubatch: np.ndarray | None = None  # int32 (T,) or None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,7 +98,8 @@ class RouteLog:
         need(k <= n, f"k = {k} experts per token exceeds n_expert = {n}")
         if e.size:
             lo, hi = int(e.min()), int(e.max())
-            need(lo >= 0, f"`experts` holds a negative id ({lo})")
+            need(lo >= 0, f"`experts` holds a negative id ({lo}); -1 (a token not routed through a layer) is "
+                          "not accepted here: the analyses need every token's k experts (docs/DESIGN.md §6)")
             if hi >= n:
                 t, i, j = (int(x[0]) for x in np.nonzero(e >= n))
                 raise RouteLogError(f"route log: `experts` holds id {hi} >= n_expert = {n} "
@@ -102,13 +114,24 @@ class RouteLog:
             need(int(ph.max()) <= 1, "`phase` values must be 0 (prefill) or 1 (decode)")
         need((eb >= 0).all(), "`expert_bytes` must be >= 0")
         need(isinstance(self.meta, dict), f"`meta` must be a dict, got {type(self.meta).__name__}")
+        ub = self.ubatch
+        if ub is not None:
+            need(isinstance(ub, np.ndarray) and ub.dtype == np.int32 and ub.shape == (T,),
+                 f"`ubatch` must be int32 of shape ({T},), got {getattr(ub, 'dtype', type(ub).__name__)} "
+                 f"{getattr(ub, 'shape', '')}")
+            need(not ub.size or int(ub.min()) >= 0, "`ubatch` ids must be >= 0")
 
     # ----------------------------------------------------------------------------------- I/O
     def save(self, path: str | os.PathLike) -> None:
-        """Write the NPZ of docs/DESIGN.md §6 (``meta`` as a JSON string)."""
-        np.savez(path, experts=self.experts, layers=self.layers, phase=self.phase,
-                 expert_bytes=self.expert_bytes, n_expert=np.int64(self.n_expert),
-                 meta=np.array(json.dumps(self.meta)))
+        """Write the NPZ of docs/DESIGN.md §6 (``meta`` as a JSON string; ``ubatch`` when known), creating
+        the folder. As with :func:`numpy.savez`, ``.npz`` is appended to a path without it."""
+        arrays = dict(experts=self.experts, layers=self.layers, phase=self.phase, expert_bytes=self.expert_bytes,
+                      n_expert=np.int64(self.n_expert), meta=np.array(json.dumps(self.meta)))
+        if self.ubatch is not None:
+            arrays["ubatch"] = self.ubatch
+        parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+        os.makedirs(parent, exist_ok=True)
+        np.savez(path, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RouteLog":
@@ -128,7 +151,7 @@ class RouteLog:
         except Exception as ex:  # zipfile / format errors
             raise RouteLogError(f"route log {path!r} is not a readable NPZ file: {ex}") from ex
         with z:
-            missing = [n for n in ("experts", "layers", "phase", "expert_bytes", "n_expert") if n not in z.files]
+            missing = [n for n in REQUIRED if n not in z.files]
             if missing:
                 raise RouteLogError(f"route log {path!r} lacks array(s) {', '.join(missing)} (see docs/DESIGN.md §6)")
             ne = z["n_expert"]
@@ -142,15 +165,29 @@ class RouteLog:
                     raise RouteLogError(f"route log {path!r}: `meta` is not a JSON string: {ex}") from ex
             try:
                 return cls(experts=z["experts"], layers=z["layers"], phase=z["phase"],
-                           expert_bytes=z["expert_bytes"], n_expert=int(ne), meta=meta)
+                           expert_bytes=z["expert_bytes"], n_expert=int(ne), meta=meta,
+                           ubatch=z["ubatch"] if "ubatch" in z.files else None)
             except RouteLogError as ex:
                 raise RouteLogError(f"{ex} (file {path!r})") from None
 
     @classmethod
+    def from_dict(cls, d) -> "RouteLog":
+        """A log from a mapping of the NPZ's arrays, e.g. :meth:`epqlab.Session.route_log`'s dict
+        (``meta`` as a dict or a JSON string; ``ubatch`` optional). Raises :class:`RouteLogError` naming a
+        missing or malformed entry."""
+        missing = [n for n in REQUIRED if n not in d]
+        if missing:
+            raise RouteLogError(f"route log: lacks {', '.join(missing)} (see docs/DESIGN.md §6)")
+        meta = d.get("meta", {})
+        meta = json.loads(str(meta)) if isinstance(meta, (str, np.ndarray)) else dict(meta)
+        return cls(experts=d["experts"], layers=d["layers"], phase=d["phase"], expert_bytes=d["expert_bytes"],
+                   n_expert=int(d["n_expert"]), meta=meta, ubatch=d.get("ubatch"))
+
+    @classmethod
     def from_arrays(cls, experts, n_expert: int, *, layers=None, phase=None, expert_bytes=None,
-                    meta: dict | None = None) -> "RouteLog":
+                    meta: dict | None = None, ubatch=None) -> "RouteLog":
         """Build a log from a nested list / array ``[T][L][k]``, filling the optional arrays with defaults
-        (layers 0..L-1, all decode, 1 byte per expert)."""
+        (layers 0..L-1, all decode, 1 byte per expert, no ubatch)."""
         e = np.asarray(experts)
         if e.ndim != 3:
             raise RouteLogError(f"route log: `experts` must have shape [T, L, k], got shape {e.shape}")
@@ -162,7 +199,8 @@ class RouteLog:
                    phase=np.ones(T, np.uint8) if phase is None else np.asarray(phase, dtype=np.uint8),
                    expert_bytes=(np.ones(L, np.int64) if expert_bytes is None
                                  else np.broadcast_to(np.asarray(expert_bytes, dtype=np.int64), (L,)).copy()),
-                   n_expert=int(n_expert), meta=dict(meta or {}))
+                   n_expert=int(n_expert), meta=dict(meta or {}),
+                   ubatch=None if ubatch is None else np.asarray(ubatch, dtype=np.int32))
 
     # ------------------------------------------------------------------------------ synthetic
     @classmethod

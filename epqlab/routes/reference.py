@@ -30,10 +30,9 @@ Policies (victim = the unpinned resident with the smallest key):
 """
 from __future__ import annotations
 
+from ..constants import EVICTION_GROUPS as GROUPS
+from ..constants import SIMULATOR_POLICIES as POLICIES
 from .log import RouteLog
-
-POLICIES = ("lru", "ls", "ls_pos", "belady")
-GROUPS = ("stale_left", "current_left", "stale_right", "current_right")
 NEVER = float("inf")
 
 

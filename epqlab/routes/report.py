@@ -1,14 +1,14 @@
-"""One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb."""
+"""One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb.
+No engine here: logs are recorded by :mod:`epqlab.route_recording`."""
 from __future__ import annotations
-
-import hashlib
-import os
 
 import numpy as np
 import pandas as pd
 
+from ..results import write_json  # noqa: F401  (notebooks written before epqlab.results import it from here)
 from .analysis import one_off_share, popularity, reuse_histogram, union_sizes
 from .log import RouteLog
+from .reference import POLICIES
 from .simulate import simulate
 
 
@@ -19,7 +19,7 @@ def default_capacities(log: RouteLog, per_layer: bool = True, n: int = 12) -> li
 
 
 def summarize(log: RouteLog, capacities=None, *, window: int = 48, per_layer: bool = True,
-              policies=("lru", "ls", "ls_pos", "belady")) -> dict:
+              policies=POLICIES) -> dict:
     """Every analysis of the log as plain numbers: log shape, one-off share in ``window``, cache simulation
     (records of :func:`~epqlab.routes.simulate`), U(k), reuse histogram and popularity (records)."""
     caps = list(capacities) if capacities is not None else default_capacities(log, per_layer)
@@ -42,7 +42,7 @@ def summary_table(summary: dict) -> pd.DataFrame:
     """Hit rate per capacity (rows) and policy (columns), the table ``epqlab routes`` prints."""
     sim = pd.DataFrame(summary["simulation"])
     return sim.pivot(index="capacity", columns="policy", values="hit_rate")[
-        [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]]
+        [p for p in POLICIES if p in set(sim.policy)]]
 
 
 def make_figures(summary: dict) -> dict:
@@ -55,7 +55,7 @@ def make_figures(summary: dict) -> dict:
     fig, ax = plt.subplots(figsize=(6, 4))
     style = {"belady": dict(color="k", lw=2.5, zorder=5), "lru": dict(ls="-"), "ls": dict(ls="--"),
              "ls_pos": dict(ls=":")}
-    for pol in [p for p in ("lru", "ls", "ls_pos", "belady") if p in set(sim.policy)]:
+    for pol in [p for p in POLICIES if p in set(sim.policy)]:
         d = sim[sim.policy == pol]
         ax.plot(d.capacity, d.hit_rate, marker="o", ms=3, label=pol, **style.get(pol, {}))
     ax.set_xscale("log")
@@ -93,51 +93,3 @@ def make_figures(summary: dict) -> dict:
     ax.legend()
     figs["popularity"] = fig
     return figs
-
-
-def record_route_log(model, prompt: str, n_tokens: int, path: str) -> RouteLog:
-    """Generate ``n_tokens`` with an :class:`epqlab.Session` (plain llama.cpp, routes recorded;
-    ``model=None`` means the default model) and save its route log to ``path``."""
-    from ..models import default_model
-    from ..session import Session
-
-    with Session(model or default_model(), pager=False, route_log=path) as s:
-        s.generate(prompt, n_tokens)
-    return RouteLog.load(path)
-
-
-def obtain_log(route_log=None, *, model=None, prompt: str = "", n_tokens: int = 64, synthetic: bool = False,
-               workdir: str = ".", seed: int = 0):
-    """The log a notebook analyses: ``route_log`` if given; else one recorded with a Session; else, only when
-    ``synthetic``, a synthetic log. Returns (RouteLog or None, a line saying where it came from)."""
-    if route_log is not None:
-        return RouteLog.load(route_log), f"route log {os.fspath(route_log)}"
-    if synthetic:
-        log = RouteLog.synthetic(n_tokens=max(n_tokens, 2), n_layers=8, n_expert=64, k=4, locality=0.6,
-                                 n_prefill=min(8, n_tokens), seed=seed)
-        return log, f"synthetic log ({log!r})"
-    h = hashlib.sha1(f"{model}|{prompt}|{n_tokens}".encode()).hexdigest()[:10]
-    path = os.path.join(workdir, f"routes-{h}.npz")
-    return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
-
-
-def _clean(x):
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    return x
-
-
-def write_json(obj: dict, path: str) -> str:
-    """Write ``obj`` as strict JSON (NaN and inf become null), creating the folder; returns the path."""
-    import json
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(_clean(obj), f, indent=1, allow_nan=False)
-    return path
