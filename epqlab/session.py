@@ -439,7 +439,11 @@ class Session:
     def _counters(self) -> dict:
         c = dict(self._pager.stats) if self._pager else {}
         c.update(self._engine.hook_stats())
-        return {k: c.get(k, 0) for k in _COUNTERS}
+        out = {k: c.get(k, 0) for k in _COUNTERS}
+        # Not differenced with the counters: the pager's pass count and the process's storage reads.
+        out["pass_count"] = len(self._pager.pass_history()[0]) if self._pager else 0
+        out["storage_read_bytes"] = read_bytes()
+        return out
 
     def _sample(self, logits: np.ndarray, temperature: float, rng) -> int:
         if temperature <= 0:
@@ -528,7 +532,14 @@ class Session:
         Returns:
             :class:`Generation` with the text, generated token ids, prompt ids and run stats
             (prefill_tok_s and decode_tok_s in tokens/s; ssd_bytes and ssd_bytes_per_token in bytes;
-            io_wait_s in s; peak memory in bytes).
+            io_wait_s in s; peak memory in bytes). Rates are named by scope, all for this run:
+            ``hit_rate`` over every forward pass (prefill included), ``decode_hit_rate`` over the
+            single-token decode passes, ``steady_hit_rate`` over the decode passes after the first 8
+            (definitions in :mod:`epqlab.ablation.grid`); ``decode_*`` per-token figures divide by
+            ``decode_passes`` (n_gen - 1: the first token comes from the prefill).
+            ``ssd_bytes`` counts the pager's expert reads; ``storage_read_bytes`` every byte the
+            process fetched from storage during the run (``/proc/self/io``: dense-weight page
+            faults under ``dense_weights="mmap"`` too), None where unavailable.
         """
         res: dict = {}
         with self._lock:  # a whole generation at a time: concurrent callers wait their turn
@@ -562,6 +573,22 @@ class Session:
             return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
+    def _scoped_rates(self, c0, c1, c2) -> dict:
+        """decode_hit_rate and steady_hit_rate of one run, by the definitions of
+        :mod:`epqlab.ablation.grid` (steady state: decode passes after the first
+        :data:`~epqlab.ablation.grid.WARMUP_PASSES`)."""
+        from .ablation.grid import WARMUP_PASSES, pass_rates
+
+        if not self._pager:
+            return {"decode_hit_rate": 0.0, "steady_hit_rate": 0.0}
+        a, b, c = c0["pass_count"], c1["pass_count"], c2["pass_count"]
+        hist = tuple(h[a:c] for h in self._pager.pass_history())
+        kind = np.zeros(c - a, np.int8)
+        kind[b - a:] = 1
+        kind[b - a + WARMUP_PASSES:] = 2
+        r = pass_rates(hist, kind)
+        return {"decode_hit_rate": r["decode_hit_rate"], "steady_hit_rate": r["steady_hit_rate"]}
+
     def _run_stats(self, n_prompt, n_gen, passes, t_prefill, t_decode, c0, c1, c2) -> dict:
         """Stats of one generation. ``passes``: single-token decode passes run (the first
         generated token comes from the prefill, so usually n_gen - 1); decode rates divide by it."""
@@ -582,12 +609,15 @@ class Session:
             "decode_tok_s": passes / t_decode if t_decode > 0 and passes else 0.0,
             **d,
             "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
+            **self._scoped_rates(c0, c1, c2),
             "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
             "ssd_bytes": d["bytes_read"],
             "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
             "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
             "io_wait_s": d["io_wait_us"] / 1e6,
             "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
+            "storage_read_bytes": (c2["storage_read_bytes"] - c0["storage_read_bytes"]
+                                   if c0["storage_read_bytes"] is not None and c2["storage_read_bytes"] is not None else None),
             "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
             "dense_weights": self.dense_weights,
             **self._peak_fields(), "memory": self.memory_parts(),
@@ -602,7 +632,8 @@ class Session:
 
     @property
     def stats(self) -> dict:
-        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory."""
+        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory;
+        ``hit_rate`` here is over every pass since that reset (a run's own rates: :meth:`generate`)."""
         c = self._counters()
         c["hit_rate"] = c["hits"] / c["requests"] if c["requests"] else 0.0
         c.update(arena_bytes=self._pager.arena_bytes if self._pager else 0,

@@ -6,6 +6,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -17,18 +20,30 @@ int64_t io_now_us() {
 io_pool::io_pool(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     for (int i = 0; i < n_threads; i++) {
-        workers_.emplace_back([this] { worker(); });
+        try {
+            workers_.emplace_back([this] { worker(); });
+        } catch (const std::system_error & e) {
+            // Thread or address-space limit: stop and join the workers already started (a
+            // joinable std::thread destroyed would terminate the process), then report.
+            stop_workers();
+            throw std::runtime_error("cannot start I/O thread " + std::to_string(i + 1) + " of " + std::to_string(n_threads) +
+                                     ": " + e.what() + "; use fewer io_threads or raise the process's thread limit");
+        }
     }
 }
 
-io_pool::~io_pool() {
+void io_pool::stop_workers() {
     {
         std::lock_guard<std::mutex> lk(mu_);
         stop_ = true;
     }
     cv_work_.notify_all();
-    for (auto & t : workers_) t.join();
+    for (auto & t : workers_)
+        if (t.joinable()) t.join();
+    workers_.clear();
 }
+
+io_pool::~io_pool() { stop_workers(); }
 
 void io_pool::inject_fault(int64_t nth, int err) {
     std::lock_guard<std::mutex> lk(mu_);

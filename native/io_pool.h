@@ -45,6 +45,7 @@ public:
 
 private:
     void worker();
+    void stop_workers();  // sets stop_, wakes and joins every started worker
     void exec(io_job & j);
 
     std::vector<std::thread> workers_;

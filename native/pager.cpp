@@ -92,6 +92,16 @@ void pager::open_files(const std::vector<std::string> & paths, bool direct) {
 }
 
 pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
+    // A constructor that throws runs no destructor: give back what init acquired, then rethrow.
+    try {
+        init(cfg);
+    } catch (...) {
+        release_resources();
+        throw;
+    }
+}
+
+void pager::init(const pager_config & cfg) {
     page_ = page_size();
     policy_ = -1;
     std::string known;
@@ -119,7 +129,8 @@ pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     for (size_t li = 0; li < cfg.layers.size(); li++) {
         const auto & l = cfg.layers[li];
         layers_.push_back(l.layer);
-        std::vector<tensor_map> ms;
+        maps_.emplace_back();  // filled region by region, so a failure part-way leaks nothing
+        auto & ms = maps_.back();
         int64_t sub = 0;
         for (const auto & t : l.tensors) {
             tensor_map m{};
@@ -142,7 +153,6 @@ pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
             sub += m.sub_bytes;
             ms.push_back(m);
         }
-        maps_.push_back(std::move(ms));
         unit_bytes_.push_back(ub[li]);
     }
 
@@ -225,12 +235,17 @@ pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     pool_ = std::make_unique<io_pool>(cfg.io_threads);
 }
 
-pager::~pager() {
+pager::~pager() { release_resources(); }
+
+void pager::release_resources() {
     pool_.reset();
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
+    maps_.clear();
     if (fill_) munmap(fill_, (size_t) arena_size_);
+    fill_ = nullptr;
     if (memfd_ >= 0) close(memfd_);
+    memfd_ = -1;
     close_files();
 }
 

@@ -191,6 +191,8 @@ private:
     };
     using key_t = std::tuple<int64_t, uint64_t, int32_t>;  // (primary, last_use, unit)
 
+    void init(const pager_config & cfg);
+    void release_resources();  // idempotent: what the destructor (or a failed init) gives back
     int  unit_id(int li, int e) const { return li * n_expert_ + e; }
     key_t key_of(int u) const;
     void insert_evictable(int u);

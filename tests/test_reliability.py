@@ -207,3 +207,51 @@ def test_expert_used_count_as_per_layer_array(tmp_path):
     w.close()
     lay = epqlab.inspect(q)
     assert lay.n_expert_used == 3 and len(lay.layers) == 2
+
+
+# -- 4: native resource failures ------------------------------------------------------------
+_THREADS_CHILD = r"""
+import resource, sys, epqlab
+lay = epqlab.inspect(sys.argv[1])
+p = epqlab.Pager(lay, epqlab.Pager.min_arena_bytes(lay), io_threads=2)   # the library is loaded and works
+del p
+vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.RLIM_INFINITY))  # room for ~7 thread stacks
+try:
+    epqlab.Pager(lay, epqlab.Pager.min_arena_bytes(lay), io_threads=64)
+except RuntimeError as e:
+    print("ERROR", e)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+p = epqlab.Pager(lay, epqlab.Pager.min_arena_bytes(lay), io_threads=4)  # still usable afterwards
+print("AFTER", p.io_threads)
+"""
+
+
+def test_io_thread_start_failure_is_an_exception(tiny):
+    """Starting 64 I/O threads under an address-space limit that holds a few stacks: a Python
+    RuntimeError naming the thread, not `terminate called without an active exception`."""
+    r = subprocess.run([sys.executable, "-c", _THREADS_CHILD, str(tiny)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ERROR cannot start I/O thread" in r.stdout and "of 64" in r.stdout
+    assert "AFTER 4" in r.stdout
+
+
+# -- 9: rates named by scope ----------------------------------------------------------------
+def test_run_rates_by_scope(default_model_path):
+    """decode_hit_rate from the pass history equals the one worked out from two runs: the prefill's
+    counts come from an identical fresh session that generates one token (prefill only)."""
+    lay = epqlab.inspect(default_model_path)
+    arena = int(0.4 * epqlab.Pager.all_experts_bytes(lay))
+    prompt = "A CPU cache is a small, fast memory that"
+    with epqlab.Session(default_model_path, arena_bytes=arena, policy="lru") as s:
+        pre = s.generate(prompt, 1).stats
+    with epqlab.Session(default_model_path, arena_bytes=arena, policy="lru") as s:
+        st = s.generate(prompt, 14).stats
+    assert pre["decode_passes"] == 0 and st["decode_passes"] == 13
+    dec_req, dec_hit = st["requests"] - pre["requests"], st["hits"] - pre["hits"]
+    assert dec_req == 13 * len(lay.layers) * lay.n_expert_used
+    assert st["decode_hit_rate"] == pytest.approx(dec_hit / dec_req)
+    assert st["hit_rate"] == pytest.approx(st["hits"] / st["requests"])
+    assert 0 <= st["steady_hit_rate"] <= 1 and st["steady_hit_rate"] != st["decode_hit_rate"]
+    if st["storage_read_bytes"] is not None:  # /proc/self/io: O_DIRECT expert reads count too
+        assert st["storage_read_bytes"] >= st["ssd_bytes"] > 0
