@@ -194,15 +194,16 @@ def summarize(runs: Sequence[dict]) -> dict:
 
 
 def save(df, out_dir, stem: str, meta: dict | None = None) -> dict:
-    """Write a result table as ``<stem>.csv`` and ``<stem>.json`` (``{**meta, "rows": [...]}``) in
-    ``out_dir`` (created); returns the paths written."""
-    import json
+    """Write a result table as ``<stem>.csv`` and ``<stem>.json`` (``{**meta, "rows": [...]}``, strict
+    JSON through :func:`epqlab.results.write_json`: NaN becomes null) in ``out_dir`` (created);
+    returns the paths written."""
     from pathlib import Path
+
+    from ..results import write_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv, js = out / f"{stem}.csv", out / f"{stem}.json"
     df.to_csv(csv, index=False)
-    rows = json.loads(df.to_json(orient="records"))
-    js.write_text(json.dumps({**(meta or {}), "rows": rows}, indent=1, default=str) + "\n")
+    write_json({**(meta or {}), "rows": df.to_dict(orient="records")}, js)
     return {"csv": str(csv), "json": str(js)}
