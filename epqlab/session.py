@@ -23,6 +23,8 @@ from .errors import ArenaTooSmall, EpqlabError, LlamaCppError, ModelChangedError
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import MAX_IO_THREADS, POLICIES, Pager, default_io_threads
+from .prefetch import PREFETCH_COUNTERS, check_prefetch, prefetch_fields
+from .time_split import TimeSplitLog, decode_summary
 from .units import fmt_bytes, parse_bytes
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
@@ -47,7 +49,7 @@ class Generation:
 _COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
              "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
              "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-             "staged_reads", "staged_copies", "tokens_routed", "cold_skipped")
+             "staged_reads", "staged_copies", "tokens_routed", "cold_skipped") + PREFETCH_COUNTERS
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
@@ -145,6 +147,11 @@ class Session:
             history (there is no prefetch), so results are reproducible. tau = 0 skips nothing.
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
+        prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
+            ``"union"`` (:mod:`epqlab.prefetch`); timing only, logits unchanged. Not with ``skip_cold``.
+        prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
+        read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
+            spread over the I/O threads (``None``/0: one read per slice).
 
     Raises:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
@@ -161,7 +168,8 @@ class Session:
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
-                 skip_cold: float | None = None):
+                 skip_cold: float | None = None, prefetch: str | None = None, prefetch_budget=None,
+                 read_segment_bytes=None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -196,6 +204,9 @@ class Session:
             if not np.isfinite(tau) or tau < 0:
                 raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
         self.skip_cold = None if skip_cold is None else float(skip_cold)
+        self._pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager))
+        self.prefetch = prefetch if self._pf[0] else None
+        self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
         if dense not in DENSE_MODES:
             raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
@@ -222,6 +233,7 @@ class Session:
         # step, so an interrupt (KeyboardInterrupt) can never leave the three out of step
         self._route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._prompt_hash = ""
+        self._tsplit = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
         record = self.route_log_path is not None
@@ -281,6 +293,8 @@ class Session:
             self._engine.attach_pager(self._pager.native)
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)
+            self._engine.set_prefetch(*self._pf)
+            self._pager.native.read_segment_bytes = self.read_segment_bytes
             self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)
@@ -622,6 +636,8 @@ class Session:
             "dense_weights": self.dense_weights,
             **self._peak_fields(), "memory": self.memory_parts(),
             "memory_limit_mode": "sampled",
+            "prefetch": self.prefetch, "read_segment_bytes": self.read_segment_bytes, **prefetch_fields(d),
+            "time_split": self._decode_split(passes),
         }
         self._runs.append(st)
         if self.stats_file:
@@ -629,6 +645,18 @@ class Session:
             with open(self.stats_file, "a") as f:
                 f.write(json.dumps(st) + "\n")
         return st
+
+    def _decode_split(self, passes: int) -> dict:
+        self._tsplit.take(self._engine)
+        return decode_summary(self._tsplit.frame("token").tail(passes)) if passes else {}
+
+    def time_split(self, per: str = "token"):
+        """Time split of every decode call since the last :meth:`reset_stats` as a pandas DataFrame,
+        µs per part: ``per="token"`` one row per call (a decode step is one token), ``per="layer"``
+        one row per (call, MoE layer). Parts and their timestamps: :mod:`epqlab.time_split`."""
+        self._check_open()
+        self._tsplit.take(self._engine)
+        return self._tsplit.frame(per)
 
     @property
     def stats(self) -> dict:
@@ -673,6 +701,8 @@ class Session:
         if self._pager:
             self._pager.reset_stats()
         self._engine.reset_hook_stats()
+        self._engine.take_time_split()
+        self._tsplit.clear()
         self._runs.clear()
         self._peak = PeakTracker()
 

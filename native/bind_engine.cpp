@@ -91,12 +91,44 @@ void register_engine(py::module_ & m) {
             d["tokens_routed"] = s.tokens;
             d["dropped_bytes"] = s.dropped_bytes;
             d["cold_skipped"] = s.cold_skipped;
+            d["pred_layers"] = s.pred_layers;
+            d["pred_experts"] = s.pred_experts;
+            d["pred_actual"] = s.pred_actual;
+            d["pred_correct"] = s.pred_correct;
             return d;
         })
         .def("set_skip_cold", [](engine & e, double tau) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_skip_cold(tau);
         }, py::arg("tau"))
+        .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_prefetch(mode, budget_bytes);
+        }, py::arg("mode"), py::arg("budget_bytes") = 0)
+        .def("set_timing", [](engine & e, bool on) { if (e.hook()) e.hook()->set_timing(on); }, py::arg("on"))
+        .def("take_time_split", [](engine & e) {
+            // (layers int64 [n, 8]: call, layer index, n_tokens, attn_us, expert_us, io_us, map_us, predict_us;
+            //  calls int64 [m, 3]: call, n_tokens, wall_us), then clears them.
+            static const std::vector<layer_time> no_l;
+            static const std::vector<call_time> no_c;
+            const auto & L = e.hook() ? e.hook()->layer_times() : no_l;
+            const auto & C = e.hook() ? e.hook()->call_times() : no_c;
+            py::array_t<int64_t> lt(std::vector<py::ssize_t>{(py::ssize_t) L.size(), 8});
+            py::array_t<int64_t> ct(std::vector<py::ssize_t>{(py::ssize_t) C.size(), 3});
+            int64_t * a = lt.mutable_data();
+            for (const auto & r : L) {
+                const int64_t row[8] = {r.call, r.li, r.n_tokens, r.attn_us, r.expert_us, r.io_us, r.map_us, r.predict_us};
+                std::copy(row, row + 8, a);
+                a += 8;
+            }
+            int64_t * c = ct.mutable_data();
+            for (const auto & r : C) {
+                c[0] = r.call; c[1] = r.n_tokens; c[2] = r.wall_us;
+                c += 3;
+            }
+            if (e.hook()) e.hook()->clear_times();
+            return py::make_tuple(lt, ct);
+        })
         .def("reset_hook_stats", [](engine & e) { if (e.hook()) e.hook()->reset_stats(); })
         .def("take_route", [](engine & e) {
             // Returns the recorded routes as int32 [n_tokens, n_moe_layers, k] and clears them.

@@ -45,6 +45,12 @@ static py::dict stats_dict(const pager & p) {
     d["staged_bytes"] = s.staged_bytes;
     d["staged_reads"] = s.staged_reads;
     d["staged_copies"] = s.staged_copies;
+    d["prefetch_units"] = s.prefetch_units;
+    d["prefetch_bytes"] = s.prefetch_bytes;
+    d["prefetch_used"] = s.prefetch_used;
+    d["prefetch_used_bytes"] = s.prefetch_used_bytes;
+    d["prefetch_failed"] = s.prefetch_failed;
+    d["prefetch_wait_us"] = s.prefetch_wait_us;
     d["layer_requests"] = s.layer_requests;
     d["layer_hits"] = s.layer_hits;
     d["resident"] = p.n_resident();
@@ -107,6 +113,16 @@ void register_pager(py::module_ & m) {
         .def("zero_overlay", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             p.zero_overlay(li, ids.data(), (int) ids.size());
         })
+        .def("prefetch_start", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            return p.prefetch_start(li, ids.data(), (int) ids.size());
+        }, py::arg("li"), py::arg("ids"))
+        .def("prefetch_finish", [](pager & p) {
+            py::gil_scoped_release nogil;
+            p.prefetch_finish();
+        })
+        .def_property_readonly("prefetch_active", &pager::prefetch_active)
+        .def_property("read_segment_bytes", &pager::read_segment_bytes, &pager::set_read_segment_bytes)
+        .def_property("read_delay_us", &pager::read_delay_us, &pager::set_read_delay_us)
         .def("release_layer", &pager::release_layer)
         .def("release_all", &pager::release_all)
         .def("begin_pass", &pager::begin_pass)

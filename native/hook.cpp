@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include "ggml.h"
+#include "ggml-cpu.h"
+#include "io_pool.h"
 
 static const char TOPK_PREFIX[] = "ffn_moe_topk-";
+static const char LOGITS_PREFIX[] = "ffn_moe_logits-";
 static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
 
 // ffn_moe_weights-<il> and the later weights nodes (not ffn_moe_weights_sum*: a sum, not weights).
@@ -32,6 +35,25 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     }
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
+    is_last_mm_.assign(n_layers_, std::vector<uint8_t>(max_ti, 0));
+    {
+        std::vector<int> last(n_layers_, -1), down(n_layers_, -1);
+        for (const auto & n : names) {
+            const int li = std::get<1>(n), ti = std::get<2>(n);
+            last[li] = std::max(last[li], ti);
+            if (std::get<0>(n).find("ffn_down_exps") != std::string::npos) down[li] = ti;
+        }
+        for (int li = 0; li < n_layers_; li++) {
+            const int ti = down[li] >= 0 ? down[li] : last[li];  // llama.cpp computes down last
+            if (ti >= 0) is_last_mm_[li][ti] = 1;
+        }
+    }
+    cur_.assign(n_layers_, layer_time{});
+    gate_inp_.assign(n_layers_, nullptr);
+    hidden_.assign(n_layers_, nullptr);
+    prev_ids_.assign(n_layers_, {});
+    pred_.assign(n_layers_, {});
+    has_pred_.assign(n_layers_, 0);
     stage_ids_.assign(n_layers_, {});
     pend_ids_.assign(n_layers_, {});
     pend_w_.assign(n_layers_, {});
@@ -69,8 +91,13 @@ void * expert_hook::zero_mapping(int64_t bytes) {
 bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
     auto * h = (expert_hook *) user_data;
     try {
-        if (ask) return h->on_ask(t);
-        if (t->op == GGML_OP_MUL_MAT_ID) return true;  // a staged matmul's observe needs nothing
+        if (ask) {
+            const bool need = h->on_ask(t);
+            if (need) h->t_need_ = io_now_us();  // ggml computes the piece ending at t next
+            return need;
+        }
+        if (h->timing_ && h->in_decode_) h->charge_compute(t, io_now_us() - h->t_need_);
+        if (t->op == GGML_OP_MUL_MAT_ID) return true;  // a matmul's observe needs nothing more
         if (is_weights_name(ggml_get_name(t))) h->on_weights(t);
         else h->on_topk(t);
     } catch (...) {
@@ -121,6 +148,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             try {
                 const auto & ids = stage_ids_[li];
                 w->data = pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer());
+                if (timing_) charge_pager(li);
                 return true;  // computed before the next ask: the buffer is then free again
             } catch (...) {
                 if (!error_) error_ = std::current_exception();
@@ -128,8 +156,10 @@ bool expert_hook::on_ask(ggml_tensor * t) {
                 mode_[li] = ZERO;
             }
         }
+        if (timing_) charge_pager(li);
         if (mode_[li] == REGION) {
             w->data = pg_->tensor_data(li, ti);
+            return timing_ && in_decode_ && is_last_mm_[li][ti];  // time the layer's expert matmuls
         } else {  // ZERO (or a STAGE layer after a failure): compute on zeros until the abort lands
             void * z = zero_mapping(tensor_bytes_[li][ti]);
             w->data = z ? z : pg_->tensor_data(li, ti);
@@ -138,6 +168,13 @@ bool expert_hook::on_ask(ggml_tensor * t) {
     }
     const char * name = ggml_get_name(t);
     if (strncmp(name, TOPK_PREFIX, sizeof(TOPK_PREFIX) - 1) == 0) return true;
+    if (pf_mode_ != PF_OFF && strncmp(name, LOGITS_PREFIX, sizeof(LOGITS_PREFIX) - 1) == 0 && t->op == GGML_OP_MUL_MAT) {
+        const int li = layer_of_block(atoi(name + sizeof(LOGITS_PREFIX) - 1));
+        if (li >= 0) {
+            gate_inp_[li] = t->src[0];  // a model tensor: the same object in every graph
+            hidden_[li]   = t->src[1];  // computed with the router, alive until the expert matmuls
+        }
+    }
     return skip_tau_ >= 0 && pg_ && is_weights_name(name);
 }
 
@@ -179,7 +216,7 @@ void expert_hook::resolve_pending(int li) {
     pg_->zero_overlay(li, skip.data(), (int) skip.size());
     stats_.cold_skipped += (int64_t) skip.size();
     mode_[li] = REGION;
-    stats_.layer_loads++;
+    stats_.layer_loads++;  // no prefetch here: skip-cold and prefetch are exclusive
 }
 
 void expert_hook::begin_decode() {
@@ -187,15 +224,136 @@ void expert_hook::begin_decode() {
     abort_ = false;
     last_li_ = -1;
     ub_tokens_ = 0;
+    std::fill(cur_.begin(), cur_.end(), layer_time{});
+    call_tokens0_ = stats_.tokens;
+    if (pg_) {
+        snap_io_  = pg_->stats().io_wait_us;
+        snap_map_ = pg_->stats().map_us;
+    }
+    t_call0_ = io_now_us();
+}
+
+void expert_hook::charge_pager(int li) {
+    if (!pg_ || li < 0) return;
+    const auto & s = pg_->stats();
+    cur_[li].io_us  += s.io_wait_us - snap_io_;
+    cur_[li].map_us += s.map_us - snap_map_;
+    snap_io_  = s.io_wait_us;
+    snap_map_ = s.map_us;
+}
+
+void expert_hook::charge_compute(ggml_tensor * t, int64_t dt) {
+    if (t->op == GGML_OP_MUL_MAT_ID) {
+        auto it = seen_.find(t->src[0]);
+        if (it != seen_.end()) cur_[it->second.first].expert_us += dt;
+        return;
+    }
+    const char * dash = strrchr(ggml_get_name(t), '-');
+    const int li = dash ? layer_of_block(atoi(dash + 1)) : -1;
+    if (li >= 0) cur_[li].attn_us += dt;  // the piece ending at the router (topk, or skip-cold's weights)
+}
+
+void expert_hook::set_prefetch(int mode, int64_t budget_bytes) {
+    if (mode < PF_OFF || mode > PF_UNION) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
+    if (mode != PF_OFF && skip_tau_ >= 0)
+        throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
+    if (budget_bytes < 0) throw std::invalid_argument("prefetch budget must be >= 0 bytes");
+    if (pg_) pg_->prefetch_finish();
+    pf_mode_   = mode;
+    pf_budget_ = budget_bytes;
+    std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
+}
+
+void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
+    const ggml_tensor * w = gate_inp_[nl];
+    const ggml_tensor * h = hidden_[li];
+    if (!w || !h || !h->data || !w->data || h->type != GGML_TYPE_F32 || h->ne[0] != w->ne[0] || h->ne[1] != 1) return;
+    const int64_t n_embd = w->ne[0], n_exp = w->ne[1];
+    const float * x = (const float *) h->data;
+    logit_buf_.assign((size_t) n_exp, 0.0f);
+    const auto * tr = ggml_get_type_traits(w->type);
+    if (w->type != GGML_TYPE_F32 && !tr->to_float) return;
+    row_buf_.resize((size_t) n_embd);
+    for (int64_t e = 0; e < n_exp; e++) {
+        const char * row = (const char *) w->data + e * w->nb[1];
+        const float * r = (const float *) row;
+        if (w->type != GGML_TYPE_F32) {
+            tr->to_float(row, row_buf_.data(), n_embd);
+            r = row_buf_.data();
+        }
+        float acc = 0.0f;
+        for (int64_t i = 0; i < n_embd; i++) acc += r[i] * x[i];
+        logit_buf_[e] = acc;
+    }
+    std::vector<int32_t> idx((size_t) n_exp);
+    for (int64_t e = 0; e < n_exp; e++) idx[e] = (int32_t) e;
+    const int kk = (int) std::min<int64_t>(k, n_exp);
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int32_t a, int32_t b) { return logit_buf_[a] > logit_buf_[b] || (logit_buf_[a] == logit_buf_[b] && a < b); });
+    out.assign(idx.begin(), idx.begin() + kk);
+}
+
+void expert_hook::start_prefetch(int li, int k) {
+    const int nl = li + 1;
+    if (nl >= n_layers_) return;
+    const int64_t t0 = io_now_us();
+    std::vector<int32_t> pred;
+    if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION) lookahead(li, nl, k, pred);
+    if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
+        for (int32_t e : prev_ids_[nl])
+            if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
+    if (pf_budget_ > 0) {
+        const int64_t cap = std::max<int64_t>(0, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
+        if ((int64_t) pred.size() > cap) pred.resize((size_t) cap);
+    }
+    pred_[nl] = pred;
+    has_pred_[nl] = !pred.empty();
+    cur_[li].predict_us += io_now_us() - t0;
+    if (!pred.empty()) pg_->prefetch_start(nl, pred.data(), (int) pred.size());
+}
+
+void expert_hook::score_prediction(int li, const std::vector<int32_t> & ids) {
+    std::vector<int32_t> act(ids);
+    std::sort(act.begin(), act.end());
+    act.erase(std::unique(act.begin(), act.end()), act.end());
+    if (has_pred_[li]) {
+        stats_.pred_layers++;
+        stats_.pred_experts += (int64_t) pred_[li].size();
+        stats_.pred_actual += (int64_t) act.size();
+        for (int32_t e : pred_[li]) stats_.pred_correct += std::binary_search(act.begin(), act.end(), e);
+        has_pred_[li] = 0;
+    }
+    prev_ids_[li] = std::move(act);
 }
 
 void expert_hook::end_decode() {
+    if (pg_) {
+        pg_->prefetch_finish();  // a prediction past the last layer's request: settle it
+        if (timing_ && last_li_ >= 0) charge_pager(last_li_);
+    }
+    std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
     flush_ubatch();
     if (stage_used_) {  // give the staging pages back until the next oversize ubatch
         madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
         stage_used_ = false;
     }
-    if (pg_ && last_li_ >= 0) pg_->release_layer(last_li_);
+    if (pg_ && last_li_ >= 0) {
+        pg_->release_layer(last_li_);
+        if (timing_) charge_pager(last_li_);
+    }
+    if (timing_ && pg_) {
+        const int64_t wall = io_now_us() - t_call0_;
+        const int32_t nt = (int32_t) (stats_.tokens - call_tokens0_);
+        for (int li = 0; li < n_layers_; li++) {
+            layer_time r = cur_[li];
+            r.call = n_calls_;
+            r.li = li;
+            r.n_tokens = nt;
+            layer_times_.push_back(r);
+        }
+        call_times_.push_back(call_time{n_calls_, nt, wall});
+    }
+    n_calls_++;
     last_li_ = -1;
     in_decode_ = false;
 }
@@ -229,6 +387,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         last_li_ = -1;
         flush_ubatch();
         std::fill(mode_.begin(), mode_.end(), (uint8_t) REGION);
+        std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
         stats_.ubatches++;
         stats_.tokens += n_tokens;
         if (pg_) pg_->begin_pass();
@@ -260,6 +419,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         mode_[li] = ZERO;
         return;
     }
+    if (pf_mode_ != PF_OFF && n_tokens == 1) score_prediction(li, ids);
     if (last_li_ >= 0) pg_->release_layer(last_li_);
     last_li_ = li;
 
@@ -287,4 +447,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
     }
     mode_[li] = REGION;
     stats_.layer_loads++;
+    if (timing_) charge_pager(li);
+    if (pf_mode_ != PF_OFF && n_tokens == 1) start_prefetch(li, k);
+    if (timing_) charge_pager(li);  // the prefetch's evictions (map time) belong to this layer
 }

@@ -26,13 +26,39 @@
 // in build_moe_ffn), so with the knob on the layer's load moves from ffn_moe_topk-<il> to the
 // layer's first MUL_MAT_ID ask, when the weights are known. A skipped expert's output is
 // weight x down(act(gate(0)) * up(0)): zero without expert biases; with them (gpt-oss) the
-// biases still contribute. Which experts are resident depends on the arena's history only (no
-// prefetch exists); with prefetch, it would depend on I/O timing and the knob would not be
-// reproducible unless prefetch were off.
+// biases still contribute. Which experts are resident depends on the arena's history only, so
+// skip-cold and prefetch are exclusive (set_prefetch / set_skip_cold refuse the second): with
+// prefetch, residency would depend on the predictor and the knob would change which experts
+// are skipped.
+//
+// Time split (set_timing, on by default): each part has its own timestamps. The callback also
+// needs each layer's last expert matmul (ffn_down_exps), so ggml computes a layer in two pieces
+// whose wall times are taken between the need-ask's return and its observe (nothing but ggml
+// runs in between): the piece ending at ffn_moe_topk-<il> (attention, norms, router: "attn")
+// and the piece ending at the down matmul (expert matmuls and their elementwise ops: "expert").
+// A staged matmul is its own piece ("expert"). I/O wait and map/unmap are the pager's own
+// timestamps (io_wait_us, map_us), charged to the layer the callback was serving; "predict" is
+// the prefetch predictor's own time. Everything else in a decode call's wall time (embedding
+// before layer 0's attention is in layer 0's "attn"; the output head, the hook's bookkeeping,
+// llama.cpp's graph build and sampling prep) is "other", the only remainder. Splitting the graph
+// at needed nodes computes the same nodes in the same order with the same kernels: logits do
+// not change (tests/test_overlap.py checks bit-identity).
+//
+// Prefetch (set_prefetch; off by default): when layer l's experts are resident and pinned (its
+// topk observe, single-token ubatches only), the predicted experts of layer l+1 are read in the
+// background into free or evictable slots (pager::prefetch_start: never pinned experts, never
+// l+1's own predictions) while ggml computes layer l's expert matmuls and l+1's attention; at
+// l+1's topk the hook waits for the prefetch and requests l+1's real experts as always, so only
+// what is still missing is read. Predictors: LOOKAHEAD applies layer l+1's router weights
+// (ffn_gate_inp, captured from the graph) to layer l's router input (the src[1] of
+// ffn_moe_logits-<il>) and takes the top-k; PREVIOUS takes the experts layer l+1 used for the
+// previous token; UNION is lookahead first, then previous, capped at a byte budget. Prefetch
+// changes only which experts are resident when, never the bytes in the region.
 #pragma once
 
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,7 +75,25 @@ struct hook_stats {
     int64_t tokens = 0;          // tokens routed (counted at the first MoE layer)
     int64_t dropped_bytes = 0;   // llama-mapped expert bytes dropped from memory at capture
     int64_t cold_skipped = 0;    // experts not read by skip-cold (computed on zeros)
+    // Prefetch predictions scored at the predicted layer's topk (single-token ubatches):
+    int64_t pred_layers = 0;     // (token, layer) pairs that had a prediction
+    int64_t pred_experts = 0;    // experts predicted (sum of |predicted set|)
+    int64_t pred_actual = 0;     // experts the router then selected (sum of |actual set|)
+    int64_t pred_correct = 0;    // |predicted ∩ actual|, summed: precision = correct/experts, recall = correct/actual
 };
+
+// One decode call's time in one MoE layer, microseconds (see "Time split" above).
+struct layer_time {
+    int32_t call = 0, li = 0, n_tokens = 0;
+    int64_t attn_us = 0, expert_us = 0, io_us = 0, map_us = 0, predict_us = 0;
+};
+// One decode call: tokens and wall time from begin_decode to end_decode, microseconds.
+struct call_time {
+    int32_t call = 0, n_tokens = 0;
+    int64_t wall_us = 0;
+};
+
+enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3 };
 
 class expert_hook {
 public:
@@ -64,8 +108,22 @@ public:
     // Attaches the pager after the context exists (the arena is sized from measured usage).
     void set_pager(pager * pg) { pg_ = pg; }
     // Lossy skip-cold threshold (see above); negative = off (the default).
-    void set_skip_cold(double tau) { skip_tau_ = tau; }
+    void set_skip_cold(double tau) {
+        if (tau >= 0 && pf_mode_ != PF_OFF)
+            throw std::invalid_argument("skip-cold and prefetch are exclusive: skip-cold's choice depends on residency");
+        skip_tau_ = tau;
+    }
     double skip_cold() const { return skip_tau_; }
+    // Next-layer prefetch (see above); budget_bytes caps each layer's prediction (0 = no cap
+    // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
+    void set_prefetch(int mode, int64_t budget_bytes);
+    int  prefetch() const { return pf_mode_; }
+    // Time split (see above); on by default.
+    void set_timing(bool on) { timing_ = on; }
+    bool timing() const { return timing_; }
+    const std::vector<layer_time> & layer_times() const { return layer_times_; }
+    const std::vector<call_time> &  call_times() const { return call_times_; }
+    void clear_times() { layer_times_.clear(); call_times_.clear(); }
 
     // Called by the engine around llama_decode.
     void begin_decode();
@@ -98,6 +156,13 @@ private:
     char * stage_buffer();
     void flush_ubatch();
     void * zero_mapping(int64_t bytes);
+    // Time split: charges the pager's io/map time since the last charge to layer li.
+    void charge_pager(int li);
+    void charge_compute(ggml_tensor * t, int64_t dt);
+    // Prefetch: predicts layer li+1 from layer li's router input and starts reading it.
+    void start_prefetch(int li, int k);
+    void lookahead(int li, int nl, int k, std::vector<int32_t> & out);
+    void score_prediction(int li, const std::vector<int32_t> & ids);
 
     pager *                                  pg_;
     int                                      n_layers_;
@@ -126,4 +191,24 @@ private:
     int                                      ub_tokens_ = 0;
     int                                      route_k_ = 0;
     hook_stats                               stats_;
+    // time split
+    bool                                     timing_ = true;
+    std::vector<std::vector<uint8_t>>        is_last_mm_;   // [li][ti]: the layer's last expert matmul (down)
+    int64_t                                  t_need_ = 0;   // when the last needed ask returned, µs
+    int64_t                                  t_call0_ = 0;
+    int64_t                                  snap_io_ = 0, snap_map_ = 0;
+    int32_t                                  n_calls_ = 0;
+    int64_t                                  call_tokens0_ = 0;
+    std::vector<layer_time>                  cur_;          // per layer, this decode call
+    std::vector<layer_time>                  layer_times_;
+    std::vector<call_time>                   call_times_;
+    // prefetch
+    int                                      pf_mode_ = PF_OFF;
+    int64_t                                  pf_budget_ = 0;
+    std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
+    std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass
+    std::vector<std::vector<int32_t>>        prev_ids_;     // per layer: previous single token's experts
+    std::vector<std::vector<int32_t>>        pred_;         // per layer: this pass's prediction
+    std::vector<uint8_t>                     has_pred_;
+    std::vector<float>                       row_buf_, logit_buf_;
 };

@@ -60,6 +60,7 @@ void io_pool::exec(io_job & j) {
     const int64_t t0 = io_now_us();
     j.got = 0;
     j.err = 0;
+    if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     if (forced) {
         j.err = forced;
     } else {
@@ -110,5 +111,24 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     done_  = 0;
     cv_work_.notify_all();
     cv_done_.wait(lk, [&] { return done_ == jobs.size(); });
+    batch_ = nullptr;
+}
+
+void io_pool::submit(int fd, bool dontneed, std::vector<io_job> & jobs) {
+    if (batch_) throw std::logic_error("io_pool::submit while a batch is in flight");
+    if (jobs.empty()) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_       = fd;
+    dontneed_ = dontneed;
+    batch_    = &jobs;
+    next_     = 0;
+    done_     = 0;
+    cv_work_.notify_all();
+}
+
+void io_pool::wait() {
+    if (!batch_) return;
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return done_ == batch_->size(); });
     batch_ = nullptr;
 }

@@ -40,6 +40,19 @@ public:
 
     int n_threads() const { return (int) workers_.size(); }
 
+    // Asynchronous batch (prefetch): hands jobs to the workers and returns at once; wait()
+    // blocks until every job of it is done. jobs must stay alive and unresized until wait()
+    // returned, and no run() or submit() may be issued meanwhile (the pager finishes a batch
+    // before any other read). The invariant above holds at wait().
+    void submit(int fd, bool dontneed, std::vector<io_job> & jobs);
+    void wait();
+    bool busy() const { return batch_ != nullptr; }
+
+    // Test hook: every read (job) from now sleeps delay_us microseconds first (an artificially
+    // slow device; its time is part of the job's t_us). 0 disables.
+    void set_delay_us(int64_t delay_us) { delay_us_ = delay_us; }
+    int64_t delay_us() const { return delay_us_; }
+
     // Test hook: the n-th read from now (1-based) fails with errno err. 0 disables.
     void inject_fault(int64_t nth, int err);
 
@@ -60,6 +73,7 @@ private:
     bool                     stop_     = false;
     int64_t                  fault_countdown_ = 0;
     int                      fault_err_       = 0;
+    int64_t                  delay_us_        = 0;
 };
 
 int64_t io_now_us();

@@ -238,6 +238,8 @@ void pager::init(const pager_config & cfg) {
 pager::~pager() { release_resources(); }
 
 void pager::release_resources() {
+    if (pool_ && pf_active_) pool_->wait();  // no read may outlive the arena it writes into
+    pf_active_ = false;
     pool_.reset();
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
@@ -284,6 +286,7 @@ int64_t pager::n_resident() const {
 }
 
 void pager::reset_stats() {
+    if (pf_active_) prefetch_finish();
     pager_stats s;
     s.layer_requests.assign(layers_.size(), 0);
     s.layer_hits.assign(layers_.size(), 0);
@@ -350,6 +353,7 @@ void pager::begin_pass() {
 }
 
 void pager::set_hot(const std::vector<int32_t> & us) {
+    if (pf_active_) prefetch_finish();
     for (int32_t u : us) {
         if (u < 0 || u >= (int32_t) units_.size()) throw std::out_of_range("hot unit " + std::to_string(u) + " out of range");
         if (units_[u].hot) continue;
@@ -485,6 +489,7 @@ void pager::release_layer(int li) {
 // ---- zero overlay (lossy skip-cold) ----------------------------------------------------------
 
 void pager::zero_overlay(int li, const int32_t * ids, int n) {
+    if (pf_active_) prefetch_finish();
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     std::vector<int32_t> skip(ids, ids + n);
     std::sort(skip.begin(), skip.end());
@@ -562,7 +567,30 @@ void pager::release_all() {
     for (int li = 0; li < (int) layers_.size(); li++) release_layer(li);
 }
 
+void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit) const {
+    const int li = u / n_expert_, e = u % n_expert_;
+    const slot & sl = slots_[units_[u].slot];
+    for (const auto & m : maps_[li]) {
+        int64_t p0, p1;
+        expert_pages(m, e, p0, p1);
+        const int64_t end  = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes;  // slice end, file bytes
+        const int64_t len  = (p1 - p0) * page_;
+        const int64_t step = seg_bytes_ > 0 ? seg_bytes_ : len;
+        for (int64_t off = 0; off < len; off += step) {
+            io_job j;
+            j.offset = p0 * page_ + off;
+            j.len    = std::min(step, len - off);
+            j.need   = std::max<int64_t>(0, std::min(j.offset + j.len, end) - j.offset);
+            j.dst    = fill_ + sl.offset + m.sub_off + off;
+            j.fd     = files_[m.file].fd;
+            jobs.push_back(j);
+            job_unit.push_back(u);
+        }
+    }
+}
+
 void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
+    if (pf_active_) prefetch_finish();
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= n_expert_) {
@@ -582,6 +610,11 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         stats_.layer_requests[li]++;
         if (!stats_.pass_requests.empty()) stats_.pass_requests.back()++;
         if (x.slot >= 0) {
+            if (x.prefetched) {
+                x.prefetched = false;
+                stats_.prefetch_used++;
+                stats_.prefetch_used_bytes += unit_bytes_[li];
+            }
             stats_.hits++;
             stats_.layer_hits[li]++;
             if (!stats_.pass_hits.empty()) stats_.pass_hits.back()++;
@@ -612,19 +645,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             units_[u].slot = s;
             slots_[s].unit = u;
             placed++;
-            const int e = u % n_expert_;
-            for (const auto & m : maps_[li]) {
-                int64_t p0, p1;
-                expert_pages(m, e, p0, p1);
-                io_job j;
-                j.offset = p0 * page_;
-                j.len    = (p1 - p0) * page_;
-                j.need   = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes - j.offset;
-                j.dst    = fill_ + slots_[s].offset + m.sub_off;
-                j.fd     = files_[m.file].fd;
-                jobs.push_back(j);
-                job_unit.push_back(u);
-            }
+            unit_jobs(u, jobs, job_unit);
         }
     } catch (...) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
@@ -690,6 +711,7 @@ void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
 }
 
 bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids) {
+    if (pf_active_) prefetch_finish();
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
@@ -704,6 +726,7 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
 }
 
 void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx) {
+    if (pf_active_) prefetch_finish();
     if ((int) lidx.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
     for (int li : lidx)
         if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
@@ -806,6 +829,7 @@ void pager::throw_read_error(const io_job & j) const {
 }
 
 void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst) {
+    if (pf_active_) prefetch_finish();
     const tensor_map & m = maps_.at(li).at(ti);
     std::vector<int32_t> es(ids, ids + n);
     std::sort(es.begin(), es.end());
@@ -854,4 +878,92 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
     for (const auto & j : jobs)
         if (j.err != 0 || j.got < j.need) throw_read_error(j);
     return dst + (m.offset - m.first_page * page_);
+}
+
+// ---- prefetch ----------------------------------------------------------------------------
+
+int pager::prefetch_start(int li, const int32_t * ids, int n) {
+    if (pf_active_) prefetch_finish();
+    if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
+    try {
+        check_file();
+    } catch (const pager_io_error &) {
+        return 0;  // the demand read will report it
+    }
+    pf_li_ = li;
+    pf_jobs_.clear();
+    pf_job_unit_.clear();
+    pf_units_.clear();
+    pf_protected_.clear();
+    // First protect every predicted expert already resident (and unpinned): the prefetch must not
+    // evict its own predictions to make room for others.
+    std::vector<int> want;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_expert_) continue;  // a predictor's garbage is not an error
+        const int u = unit_id(li, ids[i]);
+        if (std::find(want.begin(), want.end(), u) != want.end()) continue;
+        want.push_back(u);
+        unit & x = units_[u];
+        if (x.slot >= 0 && !x.pinned && std::find(pf_protected_.begin(), pf_protected_.end(), u) == pf_protected_.end()) {
+            erase_evictable(u);
+            pf_protected_.push_back(u);
+        }
+    }
+    for (int u : want) {
+        if (units_[u].slot >= 0) continue;  // resident
+        int s;
+        try {
+            s = take_slot(li, unit_bytes_[li]);  // victims: evictable (unpinned, unprotected) units only
+        } catch (const pager_capacity_error &) {
+            break;  // nothing left to evict: prefetch what has a slot
+        }
+        units_[u].slot = s;
+        slots_[s].unit = u;
+        pf_units_.push_back(u);
+        unit_jobs(u, pf_jobs_, pf_job_unit_);
+        stats_.prefetch_units++;
+    }
+    pf_active_ = true;
+    if (!pf_jobs_.empty()) pool_->submit(files_[0].fd, !direct_, pf_jobs_);
+    return (int) pf_units_.size();
+}
+
+void pager::prefetch_finish() {
+    if (!pf_active_) return;
+    pf_active_ = false;  // first: the calls below may not recurse into a finish
+    const int64_t t0 = io_now_us();
+    pool_->wait();
+    const int64_t waited = io_now_us() - t0;
+    stats_.prefetch_wait_us += waited;
+    stats_.io_wait_us += waited;
+    std::vector<int> bad;
+    for (size_t i = 0; i < pf_jobs_.size(); i++) {
+        const io_job & j = pf_jobs_[i];
+        stats_.bytes_read += j.len;
+        stats_.prefetch_bytes += j.len;
+        stats_.read_us += j.t_us;
+        // O_DIRECT refused at read time (EINVAL) counts as failed too: the demand read redoes it.
+        if ((j.err != 0 || j.got < j.need) && std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end())
+            bad.push_back(pf_job_unit_[i]);
+    }
+    for (const auto & j : pf_jobs_) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);
+    for (int u : pf_units_) {
+        unit & x = units_[u];
+        if (std::find(bad.begin(), bad.end(), u) != bad.end()) {
+            slots_[x.slot].unit = -1;
+            free_[slots_[x.slot].cls].push_back(x.slot);
+            x.slot = -1;
+            stats_.prefetch_failed++;
+            continue;
+        }
+        map_unit(u);
+        x.prefetched = true;
+        if (!x.pinned) insert_evictable(u);
+    }
+    for (int u : pf_protected_)
+        if (units_[u].slot >= 0 && !units_[u].pinned) insert_evictable(u);
+    pf_jobs_.clear();
+    pf_job_unit_.clear();
+    pf_units_.clear();
+    pf_protected_.clear();
 }

@@ -84,6 +84,13 @@ struct pager_stats {
     int64_t staged_bytes = 0;    // bytes read by stage_tensor (also counted in bytes_read)
     int64_t staged_reads = 0;    // expert slices stage_tensor read from the file
     int64_t staged_copies = 0;   // expert slices stage_tensor copied from resident slots
+    // Prefetch (speculative reads of a next layer's predicted experts, see prefetch_start):
+    int64_t prefetch_units = 0;       // units read speculatively (placed in a slot)
+    int64_t prefetch_bytes = 0;       // their bytes (also counted in bytes_read)
+    int64_t prefetch_used = 0;        // prefetched units requested while still resident (first request)
+    int64_t prefetch_used_bytes = 0;  // their bytes; prefetch_bytes - this = bytes read in vain (so far)
+    int64_t prefetch_failed = 0;      // prefetched units whose read failed (slot freed, no error raised)
+    int64_t prefetch_wait_us = 0;     // wall time prefetch_finish waited for reads (also in io_wait_us)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
 };
@@ -136,12 +143,33 @@ public:
     // Unpins every pinned expert of MoE layer index li and removes its zero overlay.
     void release_layer(int li);
     void release_all();
+    // Prefetch (speculation; the bytes computed never depend on it). Starts reading, in the
+    // background on the I/O pool, the experts ids[0..n) of MoE layer index li (priority order)
+    // that are neither resident nor in flight, each into a free slot or one freed by the policy's
+    // victim. Victims come from the evictable sets only, so pinned experts (the layer being
+    // computed) are never evicted; the predicted experts of li already resident are taken out of
+    // those sets until prefetch_finish, so the prefetch never evicts its own predictions. Stops
+    // (without error) at the first unit no slot can be freed for. Returns the units issued.
+    // Every other pager operation first finishes an in-flight prefetch; one prefetch at a time.
+    int  prefetch_start(int li, const int32_t * ids, int n);
+    // Waits for the in-flight prefetch, maps the units whose reads completed (they become
+    // resident and evictable, not pinned), frees the slots of failed ones. No-op when none.
+    void prefetch_finish();
+    bool prefetch_active() const { return pf_active_; }
+    // Segment-parallel reads: each expert slice read on a miss is split into jobs of at most
+    // this many bytes (page multiple, rounded down; 0 = one job per slice), spread over the pool.
+    void set_read_segment_bytes(int64_t b) { seg_bytes_ = b <= 0 ? 0 : std::max<int64_t>(page_, b / page_ * page_); }
+    int64_t read_segment_bytes() const { return seg_bytes_; }
+    // Test hook: every read sleeps this many microseconds first (io_pool::set_delay_us).
+    void set_read_delay_us(int64_t us) { pool_->set_delay_us(us); }
+    int64_t read_delay_us() const { return pool_->delay_us(); }
+    int64_t unit_bytes(int li) const { return unit_bytes_.at(li); }
     // Starts a new forward pass (token or ubatch): "current" experts become "stale".
     void begin_pass();
 
     // Data pointer of tensor ti of MoE layer index li inside the region (what ggml should read).
     void * tensor_data(int li, int ti) const;
-    bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].slot >= 0; }
+    bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].mapped; }
     int    n_layers() const { return (int) layers_.size(); }
     // Slots large enough for one unit of MoE layer index li: the most experts of that layer
     // one load_layer call can hold when nothing else is pinned.
@@ -182,6 +210,7 @@ private:
         bool     hot = false;     // static policy: evicted last
         bool     pinned = false;
         bool     mapped = false;  // its slot backs its pages in the region (it is resident)
+        bool     prefetched = false;  // read by a prefetch and not requested since
     };
     struct slot {
         int64_t offset;
@@ -262,4 +291,13 @@ private:
     int                          loading_li_ = 0;
     pager_stats                  stats_;
     std::unique_ptr<io_pool>     pool_;
+    // Builds the read jobs of unit u (one per tensor, split into segments when seg_bytes_ > 0).
+    void unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit) const;
+    int64_t                      seg_bytes_ = 0;
+    bool                         pf_active_ = false;
+    int                          pf_li_ = -1;
+    std::vector<io_job>          pf_jobs_;
+    std::vector<int>             pf_job_unit_;
+    std::vector<int>             pf_units_;       // units placed by the in-flight prefetch
+    std::vector<int>             pf_protected_;   // predicted units already resident: out of the evictable sets
 };

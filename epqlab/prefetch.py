@@ -1,0 +1,71 @@
+"""Next-layer expert prefetch: the knob's validation and its run-stat fields.
+
+While layer l computes, the hook reads the experts layer l+1 will probably need into free or
+evictable slots (never pinned experts, never l+1's own predictions); at l+1 it waits for that
+read and loads what is still missing (native/hook.h "Prefetch", native/pager.h
+``prefetch_start``). Prefetch changes only when bytes are read, never which bytes are computed:
+logits stay bit-identical to plain llama.cpp. Predictors:
+
+- ``"lookahead"``: layer l+1's router weights (``ffn_gate_inp``) applied to layer l's router
+  input taken from the graph (the hidden state barely changes between layers), top-k.
+- ``"previous"``: the experts layer l+1 used for the previous token.
+- ``"union"``: lookahead first, then previous, capped at ``prefetch_budget`` bytes per layer.
+
+Only single-token (decode) steps prefetch. Off by default: whether it pays depends on the device
+and the predictor's precision (bench/bench_overlap.py measures it).
+"""
+from __future__ import annotations
+
+import numbers
+
+from .units import parse_bytes
+
+PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3}
+# Counters the pager and the hook keep for prefetch (differenced per run like the others).
+PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefetch_used_bytes", "prefetch_failed",
+                     "prefetch_wait_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct")
+
+
+def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool) -> tuple[int, int]:
+    """Validate the Session's prefetch arguments.
+
+    Returns:
+        (mode code for the native hook, budget in bytes; 0 = no cap).
+
+    Raises:
+        ValueError: unknown predictor, prefetch without the pager, a negative or malformed budget,
+            or prefetch together with ``skip_cold`` (skip-cold skips non-resident experts, so its
+            choice would depend on what prefetch made resident: the run would not be reproducible).
+    """
+    if prefetch_budget is not None and prefetch is None:
+        raise ValueError("prefetch_budget needs prefetch='union' (or another predictor)")
+    if prefetch is None or prefetch is False or prefetch == "off":
+        return 0, 0
+    if prefetch not in PREFETCH_MODES:
+        raise ValueError(f"unknown prefetch predictor {prefetch!r}; choose one of {', '.join(PREFETCH_MODES)} (or None)")
+    if not paged:
+        raise ValueError("prefetch needs the pager (it reads experts into the arena); drop pager=False")
+    if skip_cold is not None:
+        raise ValueError("prefetch and skip_cold are exclusive: skip-cold skips experts that are not resident, and "
+                         "prefetch changes which are, so results would depend on I/O timing; use one of them")
+    budget = 0
+    if prefetch_budget is not None:
+        budget = parse_bytes(prefetch_budget) if not isinstance(prefetch_budget, numbers.Integral) else int(prefetch_budget)
+        if budget <= 0:
+            raise ValueError(f"prefetch_budget must be > 0 bytes per layer, got {prefetch_budget!r}")
+    return PREFETCH_MODES[prefetch], budget
+
+
+def prefetch_fields(d: dict) -> dict:
+    """Run-stat fields from differenced counters ``d`` (PREFETCH_COUNTERS).
+
+    precision = |predicted ∩ selected| / |predicted|, recall = |predicted ∩ selected| / |selected|,
+    summed over the (token, layer) pairs that had a prediction; ``prefetch_wasted_bytes`` = bytes
+    read speculatively whose expert was not requested before it was evicted or the run ended.
+    """
+    pe, pa, pc = d.get("pred_experts", 0), d.get("pred_actual", 0), d.get("pred_correct", 0)
+    return {
+        "prefetch_precision": pc / pe if pe else 0.0,
+        "prefetch_recall": pc / pa if pa else 0.0,
+        "prefetch_wasted_bytes": max(0, d.get("prefetch_bytes", 0) - d.get("prefetch_used_bytes", 0)),
+    }
