@@ -170,6 +170,37 @@ class Pager:
         ids = np.ascontiguousarray(expert_ids, dtype=np.int32).ravel()
         self._p.zero_overlay(self._li(layer), ids)
 
+    def prefetch(self, layer: int, expert_ids: Sequence[int] | np.ndarray) -> int:
+        """Start reading the predicted experts of GGUF block ``layer`` in the background (priority
+        order) into free or evictable slots: never a pinned expert, never one of ``expert_ids``
+        already resident. Stops quietly when no slot can be freed. Every other call first waits for
+        it (:meth:`prefetch_finish`). Returns the number of experts issued. Raises ValueError for a
+        block without experts."""
+        return int(self._p.prefetch_start(self._li(layer), np.asarray(expert_ids, np.int32)))
+
+    def prefetch_finish(self) -> None:
+        """Wait for the in-flight prefetch; its experts become resident (unpinned). A failed read
+        only frees its slot (the demand read reports errors)."""
+        self._p.prefetch_finish()
+
+    @property
+    def read_segment_bytes(self) -> int:
+        """Segment size of expert reads, bytes (page multiple; 0 = one read per slice)."""
+        return int(self._p.read_segment_bytes)
+
+    @read_segment_bytes.setter
+    def read_segment_bytes(self, n: int) -> None:
+        self._p.read_segment_bytes = int(n)
+
+    @property
+    def read_delay_us(self) -> int:
+        """Test knob: every read first sleeps this many µs (an artificially slow device)."""
+        return int(self._p.read_delay_us)
+
+    @read_delay_us.setter
+    def read_delay_us(self, us: int) -> None:
+        self._p.read_delay_us = int(us)
+
     def release_layer(self, layer: int) -> None:
         """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted) and remove
         its zero overlay."""

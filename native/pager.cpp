@@ -613,7 +613,11 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             if (x.prefetched) {
                 x.prefetched = false;
                 stats_.prefetch_used++;
-                stats_.prefetch_used_bytes += unit_bytes_[li];
+                for (const auto & m : maps_[li]) {  // the bytes its prefetch read: whole pages of each slice
+                    int64_t p0, p1;
+                    expert_pages(m, ids[i], p0, p1);
+                    stats_.prefetch_used_bytes += (p1 - p0) * page_;
+                }
             }
             stats_.hits++;
             stats_.layer_hits[li]++;

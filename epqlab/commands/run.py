@@ -25,6 +25,10 @@ def add_session_args(p) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stats-file", default=None, help="append run stats as JSON lines")
     p.add_argument("--route-log", default=None, help="save the route log (NPZ) here")
+    p.add_argument("--prefetch", default=None, choices=["lookahead", "previous", "union"],
+                   help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
+    p.add_argument("--prefetch-budget", default=None, help="bytes prefetched per layer at most, e.g. 64MiB")
+    p.add_argument("--read-segment", default=None, help="split expert reads into segments of this size, e.g. 512KiB")
 
 
 def register(sub) -> None:
@@ -35,6 +39,7 @@ def register(sub) -> None:
 
 
 def stats_table(st: dict, session) -> str:
+    from ..time_split import format_summary
     from ..units import fmt_bytes
 
     rows = [
@@ -54,6 +59,10 @@ def stats_table(st: dict, session) -> str:
             ("evictions", str(st["evictions"])),
             ("SSD read", f"{fmt_bytes(st['ssd_bytes'])}; {st['decode_ssd_bytes_per_token'] / 1e6:.2f} MB/token in decode"),
             ("I/O wait", f"{st['io_wait_s']:.3f} s"),
+            ("time split (decode)", format_summary(st.get("time_split") or {})),
+            ("prefetch", f"{st['prefetch']}: precision {st['prefetch_precision']:.1%}, recall {st['prefetch_recall']:.1%}, "
+                         f"{fmt_bytes(st['prefetch_bytes'])} read ahead, {fmt_bytes(st['prefetch_wasted_bytes'])} in vain"
+             if st.get("prefetch") else "off"),
             ("staged (layer, ubatch)", f"{st['staged_layers']} pairs whose experts exceeded the slots "
                                        f"({fmt_bytes(st['staged_bytes'])} read, {st['staged_copies']} copied from the arena)"),
         ]
@@ -79,7 +88,9 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
-                 dense_weights=getattr(args, "dense_weights", None)) as s:
+                 dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),
+                 prefetch_budget=getattr(args, "prefetch_budget", None),
+                 read_segment_bytes=getattr(args, "read_segment", None)) as s:
         prompt = args.prompt
         if args.chat:
             prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])
