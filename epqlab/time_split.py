@@ -8,7 +8,8 @@ Parts, microseconds, per decode call (one forward pass per token in decode) and 
   elementwise ops);
 - ``io_us``: wall time the pager waited for reads (demand reads and the rest of a prefetch);
 - ``map_us``: mmap/munmap of slots (residency, eviction);
-- ``predict_us``: the prefetch predictor's own compute;
+- ``predict_us``: the prefetch predictor's own compute and issuing its reads (evictions' unmaps
+  are ``map_us``);
 - ``other_us`` (per call only): wall time of the call minus all the above, the only remainder
   (output head, graph build, the hook's bookkeeping).
 """

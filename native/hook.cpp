@@ -308,8 +308,10 @@ void expert_hook::start_prefetch(int li, int k) {
     }
     pred_[nl] = pred;
     has_pred_[nl] = !pred.empty();
-    cur_[li].predict_us += io_now_us() - t0;
+    const int64_t map0 = pg_->stats().map_us;
     if (!pred.empty()) pg_->prefetch_start(nl, pred.data(), (int) pred.size());
+    // the predictor and issuing its reads; the evictions' unmap time is map time (charged after)
+    cur_[li].predict_us += io_now_us() - t0 - (pg_->stats().map_us - map0);
 }
 
 void expert_hook::score_prediction(int li, const std::vector<int32_t> & ids) {

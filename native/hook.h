@@ -38,7 +38,7 @@
 // and the piece ending at the down matmul (expert matmuls and their elementwise ops: "expert").
 // A staged matmul is its own piece ("expert"). I/O wait and map/unmap are the pager's own
 // timestamps (io_wait_us, map_us), charged to the layer the callback was serving; "predict" is
-// the prefetch predictor's own time. Everything else in a decode call's wall time (embedding
+// the prefetch predictor's own time plus issuing its reads (slot choice; evictions' unmaps are "map"). Everything else in a decode call's wall time (embedding
 // before layer 0's attention is in layer 0's "attn"; the output head, the hook's bookkeeping,
 // llama.cpp's graph build and sampling prep) is "other", the only remainder. Splitting the graph
 // at needed nodes computes the same nodes in the same order with the same kernels: logits do
