@@ -51,6 +51,7 @@ static py::dict stats_dict(const pager & p) {
     d["prefetch_used_bytes"] = s.prefetch_used_bytes;
     d["prefetch_failed"] = s.prefetch_failed;
     d["prefetch_wait_us"] = s.prefetch_wait_us;
+    d["prefetch_cancelled"] = s.prefetch_cancelled;
     d["layer_requests"] = s.layer_requests;
     d["layer_hits"] = s.layer_hits;
     d["resident"] = p.n_resident();

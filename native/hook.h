@@ -48,8 +48,9 @@
 // topk observe, single-token ubatches only), the predicted experts of layer l+1 are read in the
 // background into free or evictable slots (pager::prefetch_start: never pinned experts, never
 // l+1's own predictions) while ggml computes layer l's expert matmuls and l+1's attention; at
-// l+1's topk the hook waits for the prefetch and requests l+1's real experts as always, so only
-// what is still missing is read. Predictors: LOOKAHEAD applies layer l+1's router weights
+// l+1's topk the hook requests l+1's real experts as always: the prefetch's reads of experts the
+// router did not select that no I/O thread has started are cancelled, the hook waits for the
+// rest, and only what is still missing is read. Predictors: LOOKAHEAD applies layer l+1's router weights
 // (ffn_gate_inp, captured from the graph) to layer l's router input (the src[1] of
 // ffn_moe_logits-<il>) and takes the top-k; PREVIOUS takes the experts layer l+1 used for the
 // previous token; UNION is lookahead first, then previous, capped at a byte budget. Prefetch

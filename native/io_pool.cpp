@@ -89,8 +89,15 @@ void io_pool::worker() {
         cv_work_.wait(lk, [this] { return stop_ || (batch_ && next_ < batch_->size()); });
         if (stop_) return;
         io_job & j = (*batch_)[next_++];
+        const bool skip = j.cancel;  // read under the lock: cancel_pending sets it under the lock
         lk.unlock();
-        exec(j);
+        if (skip) {
+            j.got = 0;
+            j.err = ECANCELED;
+            j.t_us = 0;
+        } else {
+            exec(j);
+        }
         lk.lock();
         if (++done_ == batch_->size()) cv_done_.notify_all();
     }

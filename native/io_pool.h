@@ -20,6 +20,8 @@ struct io_job {
     int64_t  need   = 0;   // bytes that must arrive for success (<= len; the rest may be past EOF)
     void *   dst    = nullptr;
     int      fd     = -1;  // file to read (a model may be split over several); -1 = run()'s fd
+    int      tag    = 0;   // caller's label (the pager: the unit), for cancel_pending
+    bool     cancel = false;  // set by cancel_pending before a worker claimed it: not read, err = ECANCELED
     // results
     int64_t  got    = 0;   // bytes read
     int      err    = 0;   // errno of a failed read, 0 otherwise
@@ -46,6 +48,16 @@ public:
     // before any other read). The invariant above holds at wait().
     void submit(int fd, bool dontneed, std::vector<io_job> & jobs);
     void wait();
+    // Cancels the submitted jobs no worker has claimed yet whose tag keep(tag) rejects; returns
+    // how many. Call between submit() and wait().
+    template <class F> int cancel_pending(F keep) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!batch_) return 0;
+        int n = 0;
+        for (size_t i = next_; i < batch_->size(); i++)
+            if (!(*batch_)[i].cancel && !keep((*batch_)[i].tag)) { (*batch_)[i].cancel = true; n++; }
+        return n;
+    }
     bool busy() const { return batch_ != nullptr; }
 
     // Test hook: every read (job) from now sleeps delay_us microseconds first (an artificially

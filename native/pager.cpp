@@ -583,6 +583,7 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
             j.need   = std::max<int64_t>(0, std::min(j.offset + j.len, end) - j.offset);
             j.dst    = fill_ + sl.offset + m.sub_off + off;
             j.fd     = files_[m.file].fd;
+            j.tag    = u;
             jobs.push_back(j);
             job_unit.push_back(u);
         }
@@ -590,7 +591,7 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
 }
 
 void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
-    if (pf_active_) prefetch_finish();
+    if (pf_active_) prefetch_finish_for(li, ids, n);
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= n_expert_) {
@@ -715,7 +716,7 @@ void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
 }
 
 bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids) {
-    if (pf_active_) prefetch_finish();
+    if (pf_active_) prefetch_finish_for(li, ids, k * n_tokens);
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
@@ -932,6 +933,17 @@ int pager::prefetch_start(int li, const int32_t * ids, int n) {
     return (int) pf_units_.size();
 }
 
+void pager::prefetch_finish_for(int li, const int32_t * ids, int n) {
+    if (!pf_active_) return;
+    if (li == pf_li_) {
+        std::vector<int> keep;
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < n_expert_) keep.push_back(unit_id(li, ids[i]));
+        pool_->cancel_pending([&](int u) { return std::find(keep.begin(), keep.end(), u) != keep.end(); });
+    }
+    prefetch_finish();
+}
+
 void pager::prefetch_finish() {
     if (!pf_active_) return;
     pf_active_ = false;  // first: the calls below may not recurse into a finish
@@ -943,6 +955,10 @@ void pager::prefetch_finish() {
     std::vector<int> bad;
     for (size_t i = 0; i < pf_jobs_.size(); i++) {
         const io_job & j = pf_jobs_[i];
+        if (j.cancel) {
+            if (std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end()) bad.push_back(pf_job_unit_[i]);
+            continue;  // not read
+        }
         stats_.bytes_read += j.len;
         stats_.prefetch_bytes += j.len;
         stats_.read_us += j.t_us;
@@ -957,7 +973,10 @@ void pager::prefetch_finish() {
             slots_[x.slot].unit = -1;
             free_[slots_[x.slot].cls].push_back(x.slot);
             x.slot = -1;
-            stats_.prefetch_failed++;
+            bool cancelled = false;
+            for (size_t i = 0; i < pf_jobs_.size(); i++) cancelled |= pf_job_unit_[i] == u && pf_jobs_[i].cancel;
+            if (cancelled) stats_.prefetch_cancelled++;
+            else stats_.prefetch_failed++;
             continue;
         }
         map_unit(u);

@@ -91,6 +91,7 @@ struct pager_stats {
     int64_t prefetch_used_bytes = 0;  // their bytes; prefetch_bytes - this = bytes read in vain (so far)
     int64_t prefetch_failed = 0;      // prefetched units whose read failed (slot freed, no error raised)
     int64_t prefetch_wait_us = 0;     // wall time prefetch_finish waited for reads (also in io_wait_us)
+    int64_t prefetch_cancelled = 0;   // prefetched units whose reads were cancelled (mispredicted, not started)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
 };
@@ -155,6 +156,10 @@ public:
     // Waits for the in-flight prefetch, maps the units whose reads completed (they become
     // resident and evictable, not pinned), frees the slots of failed ones. No-op when none.
     void prefetch_finish();
+    // The same when layer li is about to request ids[0..n): reads of other (mispredicted)
+    // experts of the prefetch that no I/O thread has started are cancelled first, so the wait
+    // is only for what is needed (and what is already being read).
+    void prefetch_finish_for(int li, const int32_t * ids, int n);
     bool prefetch_active() const { return pf_active_; }
     // Segment-parallel reads: each expert slice read on a miss is split into jobs of at most
     // this many bytes (page multiple, rounded down; 0 = one job per slice), spread over the pool.
