@@ -144,7 +144,7 @@ class Session:
             except that expert biases (gpt-oss) still contribute. ``stats["cold_skipped"]``
             counts skipped experts. Prefill ubatches (more than one token) are never affected, so
             measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
-            history (there is no prefetch), so results are reproducible. tau = 0 skips nothing.
+            history, so results are reproducible (hence not with ``prefetch``). tau = 0 skips nothing.
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
         prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
@@ -157,7 +157,8 @@ class Session:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
             model file.
         ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
-            that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads).
+            that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
+            unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.prefetch.check_prefetch`).
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
         LlamaCppError: llama.cpp could not load the model or create the context (its own error

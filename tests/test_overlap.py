@@ -202,3 +202,23 @@ def test_mispredicted_reads_not_started_are_cancelled(tmp_path):
     assert not any(p.is_resident(b, e) for e in (2, 3, 4, 5))
     for ti, t in enumerate(lay.layers[0].tensors):
         assert p.read_expert(b, ti, 0) == w.expert_slice(t.name, 0)
+
+
+def test_segment_from_probe_hand_computed():
+    import pandas as pd
+
+    from epqlab.read_segments import segment_from_probe
+
+    # concurrency 4: 64 KiB reaches 400 of 1.9 MB's 420 MB/s (>= 90%), 4 KiB only 40
+    df = pd.DataFrame({"request_bytes": [4096, 65536, 1_900_000] * 2, "concurrency": [1, 1, 1, 4, 4, 4],
+                       "mb_s": [7, 100, 250, 40, 400, 420]})
+    # 2 slices of 1.67 MB over 4 threads: ceil(2 * 1_670_000 / 4) = 835_000 -> 204 pages = 835_584
+    assert segment_from_probe(df, 1_670_000, 2, 4) == 835_584
+    # 1 small slice: want 25_000 B, but nothing below 64 KiB is efficient -> 64 KiB >= slice -> no split
+    assert segment_from_probe(df, 50_000, 2, 4) == 0
+    # as many reads as threads: no split
+    assert segment_from_probe(df, 1_670_000, 4, 4) == 0
+    # 6 threads (nearest probed concurrency below: 4): ceil(1_670_000 / 6) = 278_334 -> 68 pages
+    assert segment_from_probe(df, 1_670_000, 1, 6) == 68 * 4096
+    with pytest.raises(ValueError):
+        segment_from_probe(df, 0, 1, 4)
