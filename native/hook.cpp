@@ -281,9 +281,13 @@ void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
             tr->to_float(row, row_buf_.data(), n_embd);
             r = row_buf_.data();
         }
-        float acc = 0.0f;
-        for (int64_t i = 0; i < n_embd; i++) acc += r[i] * x[i];
-        logit_buf_[e] = acc;
+        // 8 independent partial sums (vectorizable; a predictor need not match ggml's rounding)
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = 0;
+        for (; i + 8 <= n_embd; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += r[i + j] * x[i + j];
+        for (; i < n_embd; i++) acc[0] += r[i] * x[i];
+        logit_buf_[e] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
     std::vector<int32_t> idx((size_t) n_exp);
     for (int64_t e = 0; e < n_exp; e++) idx[e] = (int32_t) e;
