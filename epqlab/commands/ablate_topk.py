@@ -2,7 +2,6 @@
 (:func:`epqlab.ablation.topk.topk`), optionally with the lossy skip-cold sweep (``--taus``)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -56,8 +55,9 @@ def run(args) -> int:
     print()
     print(topk_report.reading(df, skip))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(topk_report.to_json(df, skip), indent=1, default=str))
+        from ..results import write_json
+
+        write_json(topk_report.to_json(df, skip), args.json)
     if args.out_dir:
         paths = topk_report.save(df, args.out_dir, "topk", skip=skip)
         print("wrote", ", ".join(paths.values()))
