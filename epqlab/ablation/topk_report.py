@@ -136,8 +136,6 @@ def reading(df, skip=None) -> str:
     if div:
         import pandas as pd
 
-    from ..results import write_json
-
         d = pd.DataFrame(div)
         n = int(d["n_predict"].iloc[0])
         parts = [f"k={k}: {g['common_prefix'].mean():.1f}" for k, g in d.groupby("k") if k != own]
@@ -181,6 +179,8 @@ def save(df, results_dir, name: str = "topk", skip=None, figure: bool = True, ex
     table), ``<name>_divergence.csv``, ``<name>_skip_cold.csv`` (with ``skip``) and ``<name>.png``
     (:func:`plot`). Returns ``{kind: path}`` (str)."""
     import pandas as pd
+
+    from ..results import write_json
 
     d = Path(results_dir)
     d.mkdir(parents=True, exist_ok=True)

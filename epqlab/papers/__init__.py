@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def _hand_command(study: str, doc: dict, json_path: Path) -> str | None:
     if study == "04_topk":
         p = doc.get("parameters") or {}
         kw = p.get("session_kw") or {}
-        fr = sorted({r["arena_fraction"] for r in rows if r.get("arena_fraction") is not None})
+        fr = sorted({float(m.group(1)) / 100 for r in rows
+                     if (m := re.fullmatch(r"arena (\d+(?:\.\d+)?)%", str(r.get("point", ""))))})
         cmd = f"epqlab ablate topk {q(str(p.get('model')))} --ks {','.join(str(k) for k in p.get('ks') or [])}"
         if fr:
             cmd += f" --arenas {','.join(f'{x:g}' for x in fr)}"

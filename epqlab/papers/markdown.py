@@ -32,7 +32,9 @@ def table(records, columns: dict, floatfmt: str = ".3g") -> str:
     df = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
     keep = [c for c in columns if c in df.columns]
     out = pd.DataFrame({columns[c]: [_cell(v, columns[c].endswith("%"), floatfmt) for v in df[c]] for c in keep})
-    return out.to_markdown(index=False, disable_numparse=True)
+    align = ["right" if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) else "left"
+             for c in keep]
+    return out.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
 def _shrink_png(src: Path, dst: Path, max_bytes: int) -> None:

@@ -62,14 +62,20 @@ def machine_lines(doc: dict, json_path: Path) -> list[str]:
 
 
 def notebook_parameter_names(notebook: str) -> list[str] | None:
-    """Names in the ``parameters`` cell of ``notebooks/<notebook>.ipynb`` (papermill's inspection), or None
-    when the notebook is not in this tree."""
+    """Names assigned in the cell tagged ``parameters`` of ``notebooks/<notebook>.ipynb`` (parsed with
+    :mod:`ast`; papermill's own inspection misreads comments holding ``:`` or ``;``), or None when the notebook
+    is not in this tree."""
+    import ast
+
     path = NOTEBOOKS / f"{notebook}.ipynb"
     if not path.is_file():
         return None
-    import papermill as pm
-
-    return list(pm.inspect_notebook(str(path)))
+    for cell in json.loads(path.read_text())["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)]
+    return None
 
 
 def parameters(doc: dict) -> dict:

@@ -40,7 +40,7 @@ def route_overlap(doc: dict) -> str:
     parts = ["**Hit rate (%) per capacity and policy** (simulated on the route log).",
              table(hit, {"capacity": "capacity", **pct}),
              "**U(k): distinct experts per layer over k tokens.**",
-             table(doc["union"], {"k": "k", "union": "U(k)", "saving": "saving %"}),
+             table(doc["union"], {"k": "k", "union": "U(k)", "saving": "saving %"}, floatfmt=".2f"),
              "**Popularity: share of requests served by each layer's N most requested experts.**",
              table(doc["popularity"], {"n": "N", "top_share": "in sample %",
                                        "hot_set_hit_rate": "1st half → 2nd half %"}),
@@ -81,10 +81,12 @@ def topk(doc: dict) -> str:
     skip = None
     if doc.get("skip_cold"):
         skip = _frame(doc["skip_cold"]["rows"], doc["skip_cold"].get("parameters"))
-        sp = {c: c.replace("ppl_", "ppl ") for c in skip.columns if c.startswith("ppl_")}
+        sp = {f"ppl_{t}": f"ppl {t}" for t in skip.attrs.get("texts") or []}
         parts += ["**Skip-cold (lossy) against τ.**",
-                  table(skip, {"tau": "τ", **sp, "ssd_mb_per_token": "SSD MB/token", "cold_skipped": "skipped",
-                               "decode_tok_s": "decode tok/s"})]
+                  table(skip, {"tau": "τ", **sp, "ppl_ssd_mb_per_token": "SSD MB/token (perplexity)",
+                               "ppl_skipped_per_token": "skipped/token (perplexity)", "decode_tok_s": "decode tok/s",
+                               "ssd_mb_per_token": "SSD MB/token (generation)",
+                               "skipped_per_token": "skipped/token (generation)"})]
     parts.append(reading(df, skip))
     return "\n\n".join(parts)
 
