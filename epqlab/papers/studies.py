@@ -73,6 +73,9 @@ def topk(doc: dict) -> str:
     from ..ablation.topk_report import reading
 
     df = _frame(doc["rows"], {**(doc.get("parameters") or {}), "divergence": doc.get("divergence") or []})
+    for c in ("k", "own_k"):  # older JSON wrote them as floats (2.0): the reading names top-k by integer
+        if c in df and df[c].notna().all() and (df[c] % 1 == 0).all():
+            df[c] = df[c].astype(int)
     ppl = {c: c.replace("ppl_", "ppl ") for c in df.columns if c.startswith("ppl_") and c != "ppl_mean"}
     parts = ["**Top-k per memory point.**",
              table(df, {"k": "k", "point": "point", **ppl, "decode_tok_s": "decode tok/s",
