@@ -12,17 +12,9 @@ import types
 
 import llama_cpp  # noqa: F401  (must precede _core; see module docstring)
 
-from ._pager_native import pager_core
+from ._pager_native import import_extension, pager_core
 
-try:
-    from . import _core  # type: ignore[attr-defined]
-except ImportError as e:  # pragma: no cover - only when the build is missing
-    raise ImportError(
-        f"epqlab's C++ extension is not built ({e}). Run `bash scripts/setup` from the repository root "
-        "(or `pip install --no-build-isolation -e .` in an environment that has llama-cpp-python==0.3.36)."
-    ) from e
-
-engine_core = _core
+engine_core = import_extension("_core")
 
 # One namespace with both modules' names (Pager, IoProbe, POLICIES, PAGER_COUNTERS from the pager module;
 # Engine, HOOK_COUNTERS, malloc_bytes, set_verbose, lazy_load_check from the engine module).

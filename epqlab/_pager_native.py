@@ -5,14 +5,20 @@ neither imports ``llama_cpp`` nor maps libllama, so the pager and the probe load
 """
 from __future__ import annotations
 
-try:
-    from . import _pager_core  # type: ignore[attr-defined]
-except ImportError as e:  # pragma: no cover - only when the build is missing
-    raise ImportError(
-        f"epqlab's C++ pager extension is not built ({e}). Run `bash scripts/setup` from the repository root "
-        "(or `pip install --no-build-isolation -e .` in an environment that has llama-cpp-python==0.3.36)."
-    ) from e
+import importlib
 
-pager_core = _pager_core
 
-__all__ = ["pager_core"]
+def import_extension(name: str):
+    """``epqlab.<name>``, one of the compiled modules, or an ImportError that says how to build it."""
+    try:
+        return importlib.import_module(f"epqlab.{name}")
+    except ImportError as e:  # pragma: no cover - only when the build is missing
+        raise ImportError(
+            f"epqlab's C++ extension {name} is not built ({e}). Run `bash scripts/setup` from the repository root "
+            "(or `pip install --no-build-isolation -e .` in an environment that has llama-cpp-python==0.3.36)."
+        ) from e
+
+
+pager_core = import_extension("_pager_core")
+
+__all__ = ["pager_core", "import_extension"]
