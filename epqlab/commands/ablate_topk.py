@@ -2,8 +2,6 @@
 (:func:`epqlab.ablation.topk.topk`), optionally with the lossy skip-cold sweep (``--taus``)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def register(sub) -> None:
     p = sub.add_parser("topk", help="perplexity, speed and SSD I/O per top-k and arena; greedy divergence; skip-cold")
