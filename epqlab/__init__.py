@@ -6,8 +6,9 @@ Public API: :func:`inspect` (GGUF expert layout), :class:`Pager` (native expert 
 """
 from __future__ import annotations
 
-import llama_cpp  # noqa: F401  -- import before the extension (one copy of libllama); see _native.py
-
+# No llama_cpp here: `import epqlab` loads neither libllama nor the engine extension; they load with the first
+# Session (epqlab._native imports llama_cpp before the engine module: one copy of libllama). The pager and the
+# I/O probe (epqlab._pager_core) never need them (docs/DESIGN.md, "Native modules").
 from .errors import (
     ArenaTooSmall,
     EpqlabError,

@@ -15,7 +15,7 @@ ONLINE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu
 OFFLINE_POLICIES: tuple[str, ...] = ("belady",)
 """Policies that need the future: :meth:`epqlab.Pager.replay` of a route log only."""
 PAGER_POLICIES: tuple[str, ...] = ONLINE_POLICIES + OFFLINE_POLICIES
-"""Every policy the native pager accepts (``epqlab._core.POLICIES``; a test checks they agree)."""
+"""Every policy the native pager accepts (``epqlab._pager_core.POLICIES``; a test checks they agree)."""
 SIMULATOR_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "belady")
 """Policies of the route-log cache simulators (:func:`epqlab.routes.simulate`, ``simulate_reference``)."""
 EVICTION_GROUPS: tuple[str, ...] = ("stale_left", "current_left", "stale_right", "current_right")

@@ -88,7 +88,7 @@ class Pager:
     def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
                  io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None,
                  fnu_alpha: float = 0.3):
-        from ._native import core
+        from ._pager_native import pager_core as core
 
         if policy not in POLICIES + OFFLINE_POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES + OFFLINE_POLICIES)}")
@@ -119,7 +119,7 @@ class Pager:
     @staticmethod
     def unit_slot_bytes(layout: ModelLayout) -> list[int]:
         """Slot bytes one (layer, expert) unit of each MoE layer needs (whole pages, mirror layout)."""
-        from ._native import core
+        from ._pager_native import pager_core as core
 
         return list(core.Pager.unit_slot_bytes(_layer_specs(layout), layout.n_expert))
 
@@ -349,7 +349,7 @@ class Pager:
 
     @property
     def native(self):
-        """The underlying ``epqlab._core.Pager`` (used by the llama.cpp hook)."""
+        """The underlying ``epqlab._pager_core.Pager`` (the llama.cpp hook in ``epqlab._core`` takes it)."""
         return self._p
 
     def __repr__(self) -> str:

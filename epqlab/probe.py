@@ -187,7 +187,7 @@ def probe_io(
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ._native import core
+    from ._pager_native import pager_core as core
     from .units import parse_bytes
 
     conc = [int(c) for c in concurrency]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .probe import REFERENCE_EXPERT_BYTES, DEFAULT_REQUEST_BYTES, reading, summary_line, to_json
-from .results import save_figures, write_json
+from .results import run_info, save_figures, write_json
 
 
 def probe_defaults(model, sizes=None, top_k=None) -> tuple[int, int, list[int] | None]:
@@ -66,7 +66,7 @@ def save_probe_results(df, out_dir: str | os.PathLike, run_name: str, *, paramet
         "notebook": "01_io_probe", "run_name": run_name, "python": sys.executable, "elapsed_s": float(elapsed_s),
         "parameters": parameters, "expert_bytes": int(expert_bytes), "top_k": int(top_k),
         "summary_line": summary_line(df), "reading": reading(df, expert_bytes=expert_bytes, top_k=top_k),
-        "csv": csv, "figures": save_figures({"probe": figure}, out_dir, run_name, dpi=120) if figure else {},
+        "run": run_info(parameters.get("model")), "csv": csv, "figures": save_figures({"probe": figure}, out_dir, run_name, dpi=120) if figure else {},
     })
     write_json(result, out_dir / f"{run_name}.json")
     return result

@@ -62,4 +62,58 @@ def save_figures(figures: dict, out_dir: str | os.PathLike, prefix: str, dpi: in
     return out
 
 
-__all__ = ["clean_json", "write_json", "study_dir", "save_figures"]
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in ``chunk``-byte pieces, so any size works)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def machine_info() -> dict:
+    """This machine in a few fields: ``platform`` (kernel and architecture), ``cpu`` (processor name from
+    /proc/cpuinfo where readable), ``logical_cpus``, ``physical_cpus``, ``ram_bytes`` (bytes, psutil)."""
+    import platform
+
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "logical_cpus": psutil.cpu_count(),
+            "physical_cpus": psutil.cpu_count(logical=False), "ram_bytes": int(psutil.virtual_memory().total)}
+
+
+def run_info(model: str | os.PathLike | None = None) -> dict:
+    """Provenance for a results JSON (key ``"run"``): ``date`` (UTC, ISO 8601), ``machine``
+    (:func:`machine_info`), ``python`` and ``epqlab`` versions, ``argv`` (the command line of the process), and
+    for an existing ``model`` file its ``model_path``, ``model_bytes`` and ``model_sha256``
+    (:func:`file_sha256`). :func:`epqlab.papers.write_papers` renders it."""
+    import datetime
+    import platform
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("epqlab")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        ver = None
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine_info(), "python_version": platform.python_version(), "epqlab": ver,
+           "argv": list(sys.argv)}
+    if model is not None and os.path.isfile(model):
+        out.update(model_path=os.path.abspath(model), model_bytes=os.path.getsize(model),
+                   model_sha256=file_sha256(model))
+    return out
+
+
+__all__ = ["clean_json", "write_json", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]

@@ -39,4 +39,16 @@ def obtain_log(route_log=None, *, model=None, prompt: str = "", n_tokens: int = 
     return record_route_log(model, prompt, n_tokens, path), f"recorded with a Session to {path}"
 
 
-__all__ = ["record_route_log", "obtain_log"]
+def recording_model(model=None, route_log=None, synthetic: bool = False) -> str | None:
+    """The model file :func:`obtain_log` with these arguments records from (``model``, or the default model's
+    path when ``model`` is None), or None when it records nothing (a given ``route_log`` or a synthetic log)."""
+    if route_log is not None or synthetic:
+        return None
+    if model is not None:
+        return os.fspath(model)
+    from .models import default_model
+
+    return str(default_model())
+
+
+__all__ = ["record_route_log", "obtain_log", "recording_model"]

@@ -415,23 +415,28 @@ def plot(df):
 
 
 def to_json(df) -> dict:
-    """``{"parameters": ..., "rows": [...], "runs": [...], "reading": str}`` (JSON-serializable)."""
+    """``{"parameters": ..., "rows": [...], "runs": [...], "reading": str, "run": ...}`` (JSON-serializable;
+    ``run`` is :func:`epqlab.results.run_info`: date, machine, model hash, command line)."""
+    from .results import run_info
+
     attrs = dict(df.attrs)
     runs = attrs.pop("runs", [])
     rows = json.loads(df.to_json(orient="records"))
-    return {"parameters": attrs, "rows": rows, "runs": runs, "reading": reading(df)}
+    return {"parameters": attrs, "rows": rows, "runs": runs, "reading": reading(df), "run": run_info(attrs.get("model"))}
 
 
 def save(df, results_dir, name: str = "strict", figure: bool = True, extra: dict | None = None) -> dict:
     """Write ``<results_dir>/<name>.json`` (:func:`to_json`, updated with ``extra``), ``.csv`` (the
     table) and ``.png`` (:func:`plot`, unless ``figure=False``). Returns ``{"json": path, "csv":
     path, "png": path}`` (str)."""
+    from .results import write_json
+
     d = Path(results_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
     doc = to_json(df)
     doc.update(extra or {})
-    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    write_json(doc, paths["json"])
     df.drop(columns=["tokens"], errors="ignore").to_csv(paths["csv"], index=False)
     if figure:
         import matplotlib.pyplot as plt

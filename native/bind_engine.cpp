@@ -1,16 +1,55 @@
-// Python bindings of the llama.cpp engine and its expert hook (epqlab._core.Engine).
+// Python bindings of the llama.cpp engine and its expert hook (epqlab._core.Engine, linked against libllama).
+// Pager arguments are epqlab._pager_core.Pager objects: the pager class is registered once, by that
+// module, in pybind11's shared type registry, and both modules link the one libepqlab_pager.so.
 // Invariant: decode releases the GIL and returns a fresh NumPy array; the engine keeps its
 // pager alive (keep_alive), since the hook and the rebinding tensors point into its region.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_common.h"
 #include "engine.h"
 #include "registry.h"
 
 namespace py = pybind11;
 
+// The hook's counters (hook_stats): Engine.hook_stats() and HOOK_COUNTERS come from this table.
+static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
+    static const std::vector<epq_bind::field<hook_stats>> f = {
+        EPQ_FIELD(hook_stats, "ubatches", s.ubatches),
+        EPQ_FIELD(hook_stats, "layer_loads", s.layer_loads),
+        EPQ_FIELD(hook_stats, "staged_layers", s.staged_layers),
+        EPQ_FIELD(hook_stats, "staged_tokens", s.staged_tokens),
+        EPQ_FIELD(hook_stats, "tokens_routed", s.tokens),
+        EPQ_FIELD(hook_stats, "dropped_bytes", s.dropped_bytes),
+        EPQ_FIELD(hook_stats, "cold_skipped", s.cold_skipped),
+        EPQ_FIELD(hook_stats, "pred_layers", s.pred_layers),
+        EPQ_FIELD(hook_stats, "pred_experts", s.pred_experts),
+        EPQ_FIELD(hook_stats, "pred_actual", s.pred_actual),
+        EPQ_FIELD(hook_stats, "pred_correct", s.pred_correct),
+    };
+    return f;
+}
+
+// What loading the model did (engine_load_report): Engine.load_report().
+static const std::vector<epq_bind::field<engine_load_report>> & load_fields() {
+    static const std::vector<epq_bind::field<engine_load_report>> f = {
+        EPQ_FIELD(engine_load_report, "lazy_load", s.lazy),
+        EPQ_FIELD(engine_load_report, "populates_stripped", s.populates_stripped),
+        EPQ_FIELD(engine_load_report, "willneeds_skipped", s.willneeds_skipped),
+        EPQ_FIELD(engine_load_report, "dense_bytes", s.dense_bytes),
+        EPQ_FIELD(engine_load_report, "dense_bytes_read", s.dense_bytes_read),
+        EPQ_FIELD(engine_load_report, "dense_direct", s.dense_direct),
+        EPQ_FIELD(engine_load_report, "dense_locked", s.dense_locked),
+        EPQ_FIELD(engine_load_report, "dense_s", s.dense_s),
+        EPQ_FIELD(engine_load_report, "model_load_s", s.model_s),
+    };
+    return f;
+}
+
 void register_engine(py::module_ & m) {
+    epq_bind::register_error_translator();
+    m.attr("HOOK_COUNTERS") = epq_bind::names(hook_fields());
     m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
     m.def("lazy_load_check", [] { return lazy_load_check(); },
@@ -43,20 +82,7 @@ void register_engine(py::module_ & m) {
              py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = 0,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
              py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{})
-        .def("load_report", [](const engine & e) {
-            const auto & r = e.load_report();
-            py::dict d;
-            d["lazy_load"] = r.lazy;
-            d["populates_stripped"] = r.populates_stripped;
-            d["willneeds_skipped"] = r.willneeds_skipped;
-            d["dense_bytes"] = r.dense_bytes;
-            d["dense_bytes_read"] = r.dense_bytes_read;
-            d["dense_direct"] = r.dense_direct;
-            d["dense_locked"] = r.dense_locked;
-            d["dense_s"] = r.dense_s;
-            d["model_load_s"] = r.model_s;
-            return d;
-        })
+        .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
         .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
         .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
         .def("decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks, int pos0, bool all) {
@@ -81,21 +107,7 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("n_batch", &engine::n_batch)
         .def_property_readonly("n_threads", &engine::n_threads)
         .def("hook_stats", [](engine & e) {
-            py::dict d;
-            if (!e.hook()) return d;
-            const auto & s = e.hook()->stats();
-            d["ubatches"] = s.ubatches;
-            d["layer_loads"] = s.layer_loads;
-            d["staged_layers"] = s.staged_layers;
-            d["staged_tokens"] = s.staged_tokens;
-            d["tokens_routed"] = s.tokens;
-            d["dropped_bytes"] = s.dropped_bytes;
-            d["cold_skipped"] = s.cold_skipped;
-            d["pred_layers"] = s.pred_layers;
-            d["pred_experts"] = s.pred_experts;
-            d["pred_actual"] = s.pred_actual;
-            d["pred_correct"] = s.pred_correct;
-            return d;
+            return e.hook() ? epq_bind::to_dict(e.hook()->stats(), hook_fields()) : py::dict();
         })
         .def("set_skip_cold", [](engine & e, double tau) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");

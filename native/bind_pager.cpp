@@ -1,4 +1,4 @@
-// Python bindings of the pager (epqlab._core.Pager). Invariant: every C++ error crosses into
+// Python bindings of the pager (epqlab._pager_core.Pager; no llama.cpp here). Invariant: every C++ error crosses into
 // Python as an epqlab.errors exception (PagerIOError with errno/filename/offset, ArenaTooSmall
 // for capacity), and every call that may block on I/O releases the GIL.
 #include <cstring>
@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bind_common.h"
 #include "pager.h"
 #include "registry.h"
 
@@ -25,53 +26,48 @@ static std::vector<pager_layer_spec> to_specs(const layer_list & layers) {
     return out;
 }
 
+// The pager's counters (pager_stats), one row each: Pager.stats() and PAGER_COUNTERS come from this table.
+static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
+    static const std::vector<epq_bind::field<pager_stats>> f = {
+        EPQ_FIELD(pager_stats, "requests", s.requests),
+        EPQ_FIELD(pager_stats, "hits", s.hits),
+        EPQ_FIELD(pager_stats, "misses", s.misses),
+        EPQ_FIELD(pager_stats, "evictions", s.evictions),
+        EPQ_FIELD(pager_stats, "evictions_stale_left", s.evictions_by_group[0]),
+        EPQ_FIELD(pager_stats, "evictions_current_left", s.evictions_by_group[1]),
+        EPQ_FIELD(pager_stats, "evictions_stale_right", s.evictions_by_group[2]),
+        EPQ_FIELD(pager_stats, "evictions_current_right", s.evictions_by_group[3]),
+        EPQ_FIELD(pager_stats, "bytes_read", s.bytes_read),
+        EPQ_FIELD(pager_stats, "read_us", s.read_us),
+        EPQ_FIELD(pager_stats, "io_wait_us", s.io_wait_us),
+        EPQ_FIELD(pager_stats, "map_us", s.map_us),
+        EPQ_FIELD(pager_stats, "load_calls", s.load_calls),
+        EPQ_FIELD(pager_stats, "passes", s.passes),
+        EPQ_FIELD(pager_stats, "staged_bytes", s.staged_bytes),
+        EPQ_FIELD(pager_stats, "staged_reads", s.staged_reads),
+        EPQ_FIELD(pager_stats, "staged_copies", s.staged_copies),
+        EPQ_FIELD(pager_stats, "prefetch_units", s.prefetch_units),
+        EPQ_FIELD(pager_stats, "prefetch_bytes", s.prefetch_bytes),
+        EPQ_FIELD(pager_stats, "prefetch_used", s.prefetch_used),
+        EPQ_FIELD(pager_stats, "prefetch_used_bytes", s.prefetch_used_bytes),
+        EPQ_FIELD(pager_stats, "prefetch_failed", s.prefetch_failed),
+        EPQ_FIELD(pager_stats, "prefetch_wait_us", s.prefetch_wait_us),
+        EPQ_FIELD(pager_stats, "prefetch_cancelled", s.prefetch_cancelled),
+    };
+    return f;
+}
+
 static py::dict stats_dict(const pager & p) {
-    const auto & s = p.stats();
-    py::dict d;
-    d["requests"] = s.requests;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["evictions"] = s.evictions;
-    d["evictions_stale_left"] = s.evictions_by_group[0];
-    d["evictions_current_left"] = s.evictions_by_group[1];
-    d["evictions_stale_right"] = s.evictions_by_group[2];
-    d["evictions_current_right"] = s.evictions_by_group[3];
-    d["bytes_read"] = s.bytes_read;
-    d["read_us"] = s.read_us;
-    d["io_wait_us"] = s.io_wait_us;
-    d["map_us"] = s.map_us;
-    d["load_calls"] = s.load_calls;
-    d["passes"] = s.passes;
-    d["staged_bytes"] = s.staged_bytes;
-    d["staged_reads"] = s.staged_reads;
-    d["staged_copies"] = s.staged_copies;
-    d["prefetch_units"] = s.prefetch_units;
-    d["prefetch_bytes"] = s.prefetch_bytes;
-    d["prefetch_used"] = s.prefetch_used;
-    d["prefetch_used_bytes"] = s.prefetch_used_bytes;
-    d["prefetch_failed"] = s.prefetch_failed;
-    d["prefetch_wait_us"] = s.prefetch_wait_us;
-    d["prefetch_cancelled"] = s.prefetch_cancelled;
-    d["layer_requests"] = s.layer_requests;
-    d["layer_hits"] = s.layer_hits;
+    py::dict d = epq_bind::to_dict(p.stats(), stat_fields());
+    d["layer_requests"] = p.stats().layer_requests;
+    d["layer_hits"] = p.stats().layer_hits;
     d["resident"] = p.n_resident();
     return d;
 }
 
 void register_pager(py::module_ & m) {
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const pager_io_error & e) {
-            py::object cls = py::module_::import("epqlab.errors").attr("PagerIOError");
-            py::object exc = cls(e.err, e.what(), e.path);
-            exc.attr("offset") = e.offset;
-            PyErr_SetObject(cls.ptr(), exc.ptr());
-        } catch (const pager_capacity_error & e) {
-            py::object cls = py::module_::import("epqlab.errors").attr("ArenaTooSmall");
-            PyErr_SetObject(cls.ptr(), py::str(e.what()).ptr());
-        }
-    });
+    epq_bind::register_error_translator();
+    m.attr("PAGER_COUNTERS") = epq_bind::names(stat_fields());
 
     py::tuple names(N_POLICIES);
     for (int i = 0; i < N_POLICIES; i++) names[i] = py::str(POLICY_NAMES[i]);

@@ -1,4 +1,4 @@
-// pybind11 binding of the device I/O probe (io_probe.h) as epqlab._core.IoProbe.
+// pybind11 binding of the device I/O probe (io_probe.h) as epqlab._pager_core.IoProbe.
 //
 // Invariant: the GIL is released for the whole of a cell's I/O (threads read while Python may run
 // a progress bar), and re-taken only to build the result; every C++ error crosses into Python as an
@@ -7,24 +7,27 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "bind_common.h"
 #include "io_probe.h"
 #include "registry.h"
 
 namespace py = pybind11;
 
+// The scalar fields of one probe cell (the latency samples are added as a NumPy array).
+static const std::vector<epq_bind::field<IoProbeCell>> & cell_fields() {
+    static const std::vector<epq_bind::field<IoProbeCell>> f = {
+        EPQ_FIELD(IoProbeCell, "request_bytes", s.request_bytes),
+        EPQ_FIELD(IoProbeCell, "read_bytes", s.read_bytes),
+        EPQ_FIELD(IoProbeCell, "concurrency", s.concurrency),
+        EPQ_FIELD(IoProbeCell, "n_requests", s.n_requests),
+        EPQ_FIELD(IoProbeCell, "total_bytes", s.total_bytes),
+        EPQ_FIELD(IoProbeCell, "wall_s", s.wall_s),
+    };
+    return f;
+}
+
 void register_probe(py::module_ & m) {
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) {
-                std::rethrow_exception(p);
-            }
-        } catch (const IoProbeError & e) {
-            // OSError(errno, strerror, filename) picks the errno subclass (FileNotFoundError, ...).
-            py::object exc = py::module_::import("builtins").attr("OSError")(e.errno_value, e.detail, e.path);
-            exc.attr("offset") = e.offset;
-            PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
-        }
-    });
+    epq_bind::register_error_translator();
 
     py::class_<IoProbe>(m, "IoProbe",
                         "An open file for the device I/O probe. Use epqlab.probe_io(); this is its native core.\n\n"
@@ -48,13 +51,7 @@ void register_probe(py::module_ & m) {
                 }
                 py::array_t<double> lat((py::ssize_t) cell.latency_us.size());
                 std::copy(cell.latency_us.begin(), cell.latency_us.end(), lat.mutable_data());
-                py::dict d;
-                d["request_bytes"] = cell.request_bytes;
-                d["read_bytes"]    = cell.read_bytes;
-                d["concurrency"]   = cell.concurrency;
-                d["n_requests"]    = cell.n_requests;
-                d["total_bytes"]   = cell.total_bytes;
-                d["wall_s"]        = cell.wall_s;
+                py::dict d = epq_bind::to_dict(cell, cell_fields());
                 d["latency_us"]    = lat;
                 d["mode"]          = self.mode();
                 return d;

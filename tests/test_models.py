@@ -148,12 +148,12 @@ def test_experts_partition_the_dense_ffn(default_model_path, layer):
 
 
 def test_moe_ffn_reference_partial_sum(default_model_path):
-    """epqlab.models.moefy.moe_ffn (the bench's replica of llama.cpp's gating) at k < E is the shared
+    """epqlab.models.reference.moe_ffn (the bench's replica of llama.cpp's gating) at k < E is the shared
     expert plus the k top-ranked routed experts, each weighted by w_scale x its softmax probability
     (computed here by hand from the router)."""
     from gguf import GGUFReader
 
-    from epqlab.models.moefy import moe_ffn
+    from epqlab.models.reference import moe_ffn
 
     moe = GGUFReader(default_model_path)
     p = "blk.5."
@@ -181,7 +181,7 @@ def test_moe_ffn_reference_partial_sum(default_model_path):
 
 def test_numpy_forward_matches_llama_cpp():
     """The NumPy forward pass that captures calibration activations agrees with llama.cpp."""
-    from epqlab.models.moefy import DenseLlama
+    from epqlab.models.reference import DenseLlama
     from epqlab.models.smollm2 import source_gguf
 
     path = source_gguf()

@@ -113,7 +113,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
 
     from ..data import prompts as shipped_prompts
     from ..layout import inspect
-    from ..pager import POLICIES
+    from ..pager import POLICIES, Pager
     from ..session import Session
 
     bad = [p for p in policies if p not in POLICIES]
@@ -149,7 +149,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
                             used, direct = s.pager.arena_bytes, s.pager.direct_io
                     bar.update(1)
                 row = {**pt.as_dict(), "policy": pol, "arena_bytes": used, "slots": slots,
-                       "arena_fraction_of_experts": used / max(1, _all_bytes(layout)), **summarize(runs)}
+                       "arena_fraction_of_experts": used / max(1, Pager.all_experts_bytes(layout)), **summarize(runs)}
                 rep, _ = _replay(layout, arena, pol, log, hot, k, direct)
                 row["replay_equal"] = all(rep[c] == runs[0][c] for c in _COUNTS)
                 row["replay_hits"] = rep["hits"]
@@ -169,8 +169,3 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
                     route_log=first_log)
     return df
 
-
-def _all_bytes(layout) -> int:
-    from ..pager import Pager
-
-    return Pager.all_experts_bytes(layout)

@@ -196,14 +196,17 @@ def summarize(runs: Sequence[dict]) -> dict:
 def save(df, out_dir, stem: str, meta: dict | None = None) -> dict:
     """Write a result table as ``<stem>.csv`` and ``<stem>.json`` (``{**meta, "rows": [...]}``, strict
     JSON through :func:`epqlab.results.write_json`: NaN becomes null) in ``out_dir`` (created);
-    returns the paths written."""
+    ``meta`` gains ``run`` (:func:`epqlab.results.run_info` of ``df.attrs["model"]``) unless it has one.
+    Returns the paths written."""
     from pathlib import Path
 
-    from ..results import write_json
+    from ..results import run_info, write_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv, js = out / f"{stem}.csv", out / f"{stem}.json"
     df.to_csv(csv, index=False)
-    write_json({**(meta or {}), "rows": df.to_dict(orient="records")}, js)
+    meta = dict(meta or {})
+    meta.setdefault("run", run_info(df.attrs.get("model")))
+    write_json({**meta, "rows": df.to_dict(orient="records")}, js)
     return {"csv": str(csv), "json": str(js)}

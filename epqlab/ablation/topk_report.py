@@ -5,7 +5,6 @@ Inputs are the DataFrames of :func:`epqlab.ablation.topk.topk` and
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -163,13 +162,16 @@ def reading(df, skip=None) -> str:
 
 def to_json(df, skip=None) -> dict:
     """JSON-ready dict: ``parameters`` (df.attrs without raw runs), ``rows`` (the table),
-    ``divergence``, ``runs``, ``skip_cold`` (rows and parameters, or None) and ``reading``."""
+    ``divergence``, ``runs``, ``skip_cold`` (rows and parameters, or None), ``reading`` and ``run``
+    (:func:`epqlab.results.run_info`: date, machine, model hash, command line)."""
+    from ..results import run_info
+
     params = {k: v for k, v in df.attrs.items() if k not in ("divergence", "runs")}
     clean = lambda recs: [{k: _num(v) for k, v in r.items()} for r in recs]  # noqa: E731
     return {"parameters": params, "rows": clean(df.to_dict("records")), "divergence": df.attrs.get("divergence", []),
             "runs": clean(df.attrs.get("runs", [])),
             "skip_cold": None if skip is None else {"parameters": dict(skip.attrs), "rows": clean(skip.to_dict("records"))},
-            "reading": reading(df, skip)}
+            "reading": reading(df, skip), "run": run_info(df.attrs.get("model"))}
 
 
 def save(df, results_dir, name: str = "topk", skip=None, figure: bool = True, extra: dict | None = None) -> dict:
@@ -178,12 +180,14 @@ def save(df, results_dir, name: str = "topk", skip=None, figure: bool = True, ex
     (:func:`plot`). Returns ``{kind: path}`` (str)."""
     import pandas as pd
 
+    from ..results import write_json
+
     d = Path(results_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv", "divergence_csv": d / f"{name}_divergence.csv"}
     doc = to_json(df, skip)
     doc.update(extra or {})
-    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    write_json(doc, paths["json"])
     df.to_csv(paths["csv"], index=False)
     pd.DataFrame(df.attrs.get("divergence", [])).to_csv(paths["divergence_csv"], index=False)
     if skip is not None:

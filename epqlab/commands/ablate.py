@@ -42,7 +42,6 @@ def register(sub) -> None:
 
 
 def run_eviction(args) -> int:
-    import json
     from pathlib import Path
 
     import pandas as pd

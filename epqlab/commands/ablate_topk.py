@@ -2,9 +2,6 @@
 (:func:`epqlab.ablation.topk.topk`), optionally with the lossy skip-cold sweep (``--taus``)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 
 def register(sub) -> None:
     p = sub.add_parser("topk", help="perplexity, speed and SSD I/O per top-k and arena; greedy divergence; skip-cold")
@@ -56,8 +53,9 @@ def run(args) -> int:
     print()
     print(topk_report.reading(df, skip))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(topk_report.to_json(df, skip), indent=1, default=str))
+        from ..results import write_json
+
+        write_json(topk_report.to_json(df, skip), args.json)
     if args.out_dir:
         paths = topk_report.save(df, args.out_dir, "topk", skip=skip)
         print("wrote", ", ".join(paths.values()))

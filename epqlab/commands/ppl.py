@@ -4,7 +4,6 @@
 lossy knob (decodes one token per step so that it applies)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -76,6 +75,8 @@ def run(args) -> int:
         out = {"model": str(args.model), "text": name, "n_expert_used": k, "paged": paged, "skip_cold": args.skip_cold,
                "ppl": r.ppl, "nll": r.nll, "n_scored": r.n_scored, "n_windows": r.n_windows, "n_ctx": r.n_ctx,
                "stride": r.stride, "stats": {x: v for x, v in st.items() if isinstance(v, (int, float, str))}}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        from ..results import run_info, write_json
+
+        out["run"] = run_info(args.model)
+        write_json(out, args.json)
     return 0

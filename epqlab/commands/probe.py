@@ -38,8 +38,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import json
-
     from ..probe import format_table, probe_io, summary_line, to_json
 
     df = probe_io(args.path, request_bytes=args.sizes, concurrency=args.concurrency, n_requests=args.requests,
@@ -52,6 +50,7 @@ def run(args) -> int:
     if args.csv:
         df.to_csv(args.csv, index=False)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(to_json(df), fh, indent=1)
+        from ..results import run_info, write_json
+
+        write_json({**to_json(df), "run": run_info(args.path)}, args.json)
     return 0

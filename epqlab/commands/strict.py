@@ -37,8 +37,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import json
-
     from .. import strict
 
     kw = {}
@@ -55,8 +53,9 @@ def run(args) -> int:
     print()
     print(strict.reading(df))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(strict.to_json(df), fh, indent=1, default=str)
+        from ..results import write_json
+
+        write_json(strict.to_json(df), args.json)
     if args.csv:
         df.drop(columns=["tokens"], errors="ignore").to_csv(args.csv, index=False)
     return 0  # a FAIL level is a result (the table says why), not an error of the command

@@ -108,11 +108,10 @@ class TinySpec:
 
     def expert_types_of(self, il: int) -> tuple[str, str, str] | None:
         """(gate, up, down) ggml types of block ``il``'s routed experts; None for a dense block."""
-        if il < self.n_dense_lead:
-            return None
-        if self.late_expert_types and il >= self.n_layer - self.n_late_layers:
-            return self.late_expert_types
-        return self.expert_types
+        from .synth import per_block
+
+        return per_block(il, self.n_layer, self.n_dense_lead, self.n_late_layers, self.expert_types,
+                         self.late_expert_types)
 
 
 DEFAULTS: dict[str, dict] = {

@@ -26,6 +26,17 @@ from ..constants import (KEY_BLOCK_COUNT, KEY_CONTEXT_LENGTH, KEY_EXPERT_COUNT, 
                          KEY_LEADING_DENSE_BLOCK_COUNT, arch_key, ggml_block, ggml_row_bytes)
 
 
+def per_block(il: int, n_layer: int, n_dense_lead: int, n_late_layers: int, main, late=None):
+    """The setting of block ``il`` in a stack of ``n_layer`` blocks: None for the ``n_dense_lead`` leading dense
+    blocks, ``late`` for the last ``n_late_layers`` blocks when ``late`` is set, else ``main`` (how
+    :class:`SynthSpec` and :class:`epqlab.models.archs.ArchSpec` type their experts)."""
+    if il < n_dense_lead:
+        return None
+    if late and il >= n_layer - n_late_layers:
+        return late
+    return main
+
+
 @dataclass(frozen=True)
 class SynthSpec:
     """Shape and types of a synthetic model. Use a preset from :data:`PRESETS` and override fields.
@@ -65,11 +76,8 @@ class SynthSpec:
 
     def expert_type_of(self, il: int) -> str | None:
         """ggml type of block ``il``'s routed experts, None for a dense block."""
-        if il < self.n_dense_lead:
-            return None
-        if self.late_expert_type and il >= self.n_layer - self.n_late_layers:
-            return self.late_expert_type
-        return self.expert_type
+        return per_block(il, self.n_layer, self.n_dense_lead, self.n_late_layers, self.expert_type,
+                         self.late_expert_type)
 
 
 PRESETS: dict[str, SynthSpec] = {

@@ -93,3 +93,43 @@ def make_figures(summary: dict) -> dict:
     ax.legend()
     figs["popularity"] = fig
     return figs
+
+
+def reading(summary: dict) -> str:
+    """A short Markdown reading of :func:`summarize`'s output; every number in it is computed from ``summary``.
+    Per capacity it names the best online policy and its share of Belady's hit rate (the bound no online policy
+    beats, Belady 1966); then the one-off share, what batching k tokens saves (U(k)) and how much a static pin
+    list of the k most popular experts holds out of sample."""
+    sim = pd.DataFrame(summary["simulation"])
+    log = summary["log"]
+    unit = "slots per layer" if summary["capacity_mode"] == "per_layer" else "slots in all"
+    out = [f"**Reading** ({log['n_tokens']} tokens, {log['n_layers']} layers, top-{log['k']} of {log['n_expert']} "
+           f"experts, {log['requests']} requests).", ""]
+    online = [p for p in POLICIES if p != "belady" and p in set(sim.policy)]
+    for cap, g in sim.groupby("capacity"):
+        g = g.set_index("policy")
+        if not online:
+            break
+        best = max(online, key=lambda p: (g.loc[p, "hit_rate"], -online.index(p)))
+        b = float(g.loc[best, "hit_rate"])
+        line = f"- {int(cap)} {unit}: best online policy {best}, hit rate {b:.1%}"
+        if "belady" in g.index:
+            bel = float(g.loc["belady", "hit_rate"])
+            line += f"; Belady {bel:.1%}" + (f" ({b / bel:.0%} of the bound)" if bel > 0 else "")
+        if "lru" in g.index and best != "lru":
+            line += f"; LRU {float(g.loc['lru', 'hit_rate']):.1%}"
+        out.append(line + ".")
+    out.append(f"- {summary['one_off_share']:.1%} of requests in {summary['window']}-token windows are one-offs "
+               f"(the expert is not requested again in the window): no cache can hit them within it.")
+    u = pd.DataFrame(summary["union"])
+    if len(u) > 1:
+        last = u.iloc[-1]
+        out.append(f"- A batch of {int(last.k)} tokens needs {last.union:.1f} distinct experts per layer (U(1) = "
+                   f"{u.iloc[0].union:.1f}): loading each once saves {last.saving:.0%} of the reads.")
+    pop = pd.DataFrame(summary["popularity"])
+    row = pop[pop.n == log["k"]]
+    if len(row):
+        r = row.iloc[0]
+        out.append(f"- The {log['k']} most requested experts per layer take {r.top_share:.1%} of requests in sample; "
+                   f"pinned from the first half of the log they serve {r.hot_set_hit_rate:.1%} of the second half.")
+    return "\n".join(out)

@@ -1,0 +1,137 @@
+"""Per study: the tables and the reading of one results JSON, rebuilt from the JSON's rows with the same
+library functions the notebooks use (so the paper's numbers are the JSON's, none typed by hand).
+
+Each renderer takes the parsed JSON and returns Markdown (tables, then the reading); figures are added by
+:func:`epqlab.papers.write_papers`.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..units import fmt_bytes
+from .markdown import table
+
+
+def _frame(rows, attrs: dict | None = None) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    df.attrs.update(attrs or {})
+    return df
+
+
+def io_probe(doc: dict) -> str:
+    """01: latency and bandwidth per (request size, reads in flight), and :func:`epqlab.probe.reading`."""
+    from ..probe import reading
+
+    df = _frame(doc["rows"], doc.get("attrs"))
+    rows = df.assign(size=[f"{fmt_bytes(b)}" for b in df.request_bytes])
+    t = table(rows, {"size": "request", "source": "size of", "concurrency": "in flight",
+                     "lat_median_us": "median µs", "lat_p99_us": "p99 µs", "mb_s": "MB/s", "mode": "mode"},
+              floatfmt=".0f")
+    note = reading(df, expert_bytes=doc.get("expert_bytes"), top_k=doc.get("top_k"))
+    return "\n\n".join(["**Latency and bandwidth.**", t, note])
+
+
+def route_overlap(doc: dict) -> str:
+    """02: hit rate per capacity and policy, U(k), popularity, and :func:`epqlab.routes.report.reading`."""
+    from ..routes.report import reading, summary_table
+
+    hit = summary_table(doc).reset_index()
+    pct = {c: f"{c} %" for c in hit.columns if c != "capacity"}
+    parts = ["**Hit rate (%) per capacity and policy** (simulated on the route log).",
+             table(hit, {"capacity": "capacity", **pct}),
+             "**U(k): distinct experts per layer over k tokens.**",
+             table(doc["union"], {"k": "k", "union": "U(k)", "saving": "saving %"}, floatfmt=".2f"),
+             "**Popularity: share of requests served by each layer's N most requested experts.**",
+             table(doc["popularity"], {"n": "N", "top_share": "in sample %",
+                                       "hot_set_hit_rate": "1st half → 2nd half %"}),
+             reading(doc)]
+    return "\n\n".join(parts)
+
+
+def least_stale(doc: dict) -> str:
+    """03: hit rates, SSD MB/token and decode speed per (memory point, policy), and
+    :func:`epqlab.ablation.eviction_reading`."""
+    from ..ablation import eviction_reading
+
+    df = _frame(doc["rows"])
+    t = table(df, {"point": "point", "policy": "policy", "slots": "slots", "hit_rate": "hit %",
+                   "decode_hit_rate": "decode hit %", "steady_hit_rate": "steady hit %",
+                   "belady_steady_hit_rate": "Belady steady %", "ssd_mb_per_token": "SSD MB/token",
+                   "decode_tok_s": "decode tok/s", "io_wait_share": "I/O wait %", "replay_equal": "replay = live"})
+    parts = ["**Eviction policies** (live runs; Belady replayed on the same route log).", t]
+    if doc.get("simulate"):
+        sim = pd.DataFrame(doc["simulate"]).pivot(index="capacity", columns="policy", values="hit_rate").reset_index()
+        parts += ["**Idealised simulator** (one shared pool, no live constraints): hit rate %.",
+                  table(sim, {"capacity": "slots", **{c: f"{c} %" for c in sim.columns if c != "capacity"}})]
+    parts.append("\n\n".join(eviction_reading(df).splitlines()))
+    return "\n\n".join(parts)
+
+
+def topk(doc: dict) -> str:
+    """04: perplexity, speed and SSD reads per (k, memory point), greedy divergence, skip-cold, and
+    :func:`epqlab.ablation.topk_report.reading`."""
+    from ..ablation.topk_report import reading
+
+    df = _frame(doc["rows"], {**(doc.get("parameters") or {}), "divergence": doc.get("divergence") or []})
+    for c in ("k", "own_k"):  # older JSON wrote them as floats (2.0): the reading names top-k by integer
+        if c in df and df[c].notna().all() and (df[c] % 1 == 0).all():
+            df[c] = df[c].astype(int)
+    ppl = {c: c.replace("ppl_", "ppl ") for c in df.columns if c.startswith("ppl_") and c != "ppl_mean"}
+    parts = ["**Top-k per memory point.**",
+             table(df, {"k": "k", "point": "point", **ppl, "decode_tok_s": "decode tok/s",
+                        "prefill_tok_s": "prefill tok/s", "ssd_mb_per_token": "SSD MB/token", "hit_rate": "hit %",
+                        "greedy_common_prefix_mean": "greedy prefix (tokens)"})]
+    skip = None
+    if doc.get("skip_cold"):
+        skip = _frame(doc["skip_cold"]["rows"], doc["skip_cold"].get("parameters"))
+        sp = {f"ppl_{t}": f"ppl {t}" for t in skip.attrs.get("texts") or []}
+        parts += ["**Skip-cold (lossy) against τ.**",
+                  table(skip, {"tau": "τ", **sp, "ppl_ssd_mb_per_token": "SSD MB/token (perplexity)",
+                               "ppl_skipped_per_token": "skipped/token (perplexity)", "decode_tok_s": "decode tok/s",
+                               "ssd_mb_per_token": "SSD MB/token (generation)",
+                               "skipped_per_token": "skipped/token (generation)"})]
+    parts.append(reading(df, skip))
+    return "\n\n".join(parts)
+
+
+def memory_levels(doc: dict) -> str:
+    """05: one row per (memory level, paged or mmap), and :func:`epqlab.strict.reading`."""
+    from .. import strict
+
+    df = _frame(doc["rows"], doc.get("parameters"))
+    shown = df.assign(level_=[fmt_bytes(v) for v in df.level],
+                      arena_=[("-" if v is None or v != v else fmt_bytes(v)) for v in df.get("arena_bytes", [None] * len(df))],
+                      peak_=[("-" if v is None or v != v else fmt_bytes(v)) for v in df.get("peak_rss_anon", [None] * len(df))])
+    t = table(shown, {"level_": "limit", "mode": "mode", "limit_mode": "enforced by", "arena_": "arena",
+                      "coverage": "coverage %", "peak_": "peak anon RSS", "decode_tok_s": "decode tok/s",
+                      "prefill_tok_s": "prefill tok/s", "ssd_mb_per_token": "SSD MB/token", "hit_rate": "hit %",
+                      "status": "status"})
+    return "\n\n".join(["**Runs under a hard memory limit.**", t, strict.reading(df)])
+
+
+# study folder -> renderer; the folder name is also the notebook's name and the paper's file name
+STUDIES = {"01_io_probe": io_probe, "02_route_overlap": route_overlap, "03_least_stale": least_stale,
+           "04_topk": topk, "05_memory_levels": memory_levels}
+
+
+def study_of(doc: dict) -> str | None:
+    """Which study a results JSON belongs to: its ``notebook`` field, else recognised by its columns (JSON
+    written by ``epqlab ablate eviction|topk --json``, ``epqlab strict --json``, ``epqlab probe --json``)."""
+    if doc.get("notebook") in STUDIES:
+        return doc["notebook"]
+    rows = doc.get("rows") or [{}]
+    cols = set(rows[0]) if isinstance(rows[0], dict) else set()
+    if "divergence" in doc and "k" in cols:
+        return "04_topk"
+    if {"policy", "belady_hit_rate"} <= cols:
+        return "03_least_stale"
+    if {"level", "mode", "status"} <= cols:
+        return "05_memory_levels"
+    if {"request_bytes", "concurrency"} <= cols:
+        return "01_io_probe"
+    if "simulation" in doc and "union" in doc:
+        return "02_route_overlap"
+    return None
+
+
+__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels"]
