@@ -86,14 +86,15 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
             print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
         else:
             print(prompt, end="", flush=True)
-        res: dict = {}
-        for piece in s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat, _result=res):
+        stream = s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat)
+        for piece in stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
         print("\n")
-        print(stats_table(res["stats"], s))
+        print(stats_table(stream.stats, s))
         if result is not None:
-            result.update(res)
+            g = stream.result
+            result.update(text=g.text, tokens=g.tokens, prompt_tokens=g.prompt_tokens, stats=g.stats)
     return 0
 
 
