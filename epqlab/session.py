@@ -62,7 +62,10 @@ class Session:
     Args:
         model: path to a MoE GGUF, or to the first (or any) shard of a split one (``NAME-00001-of-0000N.gguf``:
             every shard is paged from its own file, see :func:`epqlab.inspect`).
-        ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
+        ram_budget: ``None`` (arena holds every routed expert, unless the model file is larger than
+            ``"auto"`` allows: then ``"auto"``), bytes, a string like ``"4GiB"``, or ``"auto"``: the
+            cgroup limit or MemAvailable minus a margin (:mod:`epqlab.auto_budget` states the
+            rule; ``session.auto_budget`` says what it chose, None when not used).
             The budget bounds the whole resident set of the process, RssAnon + RssShmem +
             RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
             memory cgroup charges. The arena is sized after the model, its dense weights and the
@@ -121,7 +124,7 @@ class Session:
             lines in the message), or the lazy load could not start (see ``dense_weights``).
     """
 
-    def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
+    def __init__(self, model, *, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
@@ -170,6 +173,16 @@ class Session:
         self.n_batch = int(n_batch)
         self.route_log_path = Path(route_log) if route_log else None
         self.stats_file = Path(stats_file) if stats_file else None
+        # "auto" (and None for a model larger than what auto allows): epqlab.auto_budget's rule
+        self.auto_budget = None
+        if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto" or (
+                ram_budget is None and arena_bytes is None and self.paged):
+            from .auto_budget import auto_budget
+
+            ab = auto_budget()
+            if ram_budget is not None or sum(os.path.getsize(f) for f in lay.files) > ab.budget:
+                self.auto_budget = ab
+                ram_budget = ab.budget
         self.budget_bytes = parse_bytes(ram_budget) if ram_budget is not None else None
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._closed = False

@@ -10,7 +10,9 @@ def add_session_args(p) -> None:
     p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--ram-budget", default=None,
-                   help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB (default: all experts fit)")
+                   help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB, or 'auto' "
+                        "(cgroup limit or MemAvailable minus a margin; default: all experts fit, or auto when the "
+                        "model is larger than that)")
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
@@ -80,6 +82,8 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
                  dense_weights=getattr(args, "dense_weights", None)) as s:
+        if s.auto_budget is not None:
+            print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt
         if args.chat:
             prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])
