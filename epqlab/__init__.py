@@ -34,7 +34,7 @@ __version__ = _version("epqlab")  # pyproject.toml's, the one place it is writte
 del _version
 
 # name -> module that defines it, imported on first access (PEP 562)
-_LAZY = {"Session": ".session", "Generation": ".generation", "Stream": ".generation"}
+_LAZY = {"Session": ".session", "Generation": ".generation", "Stream": ".generation", "sweep": ".sweeps"}
 
 
 def __getattr__(name: str):
@@ -51,5 +51,5 @@ def __getattr__(name: str):
 __all__ = [
     "ArenaTooSmall", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
-    "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "fmt_bytes", "parse_bytes", "__version__",
+    "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "fmt_bytes", "parse_bytes", "__version__",
 ]
