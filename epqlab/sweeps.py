@@ -126,6 +126,26 @@ def sweep(fn: Callable, grid, executor: Executor | None = None, *, max_workers: 
     return pd.DataFrame([r for i in sorted(rows) for r in rows[i]])
 
 
+def _locked_call(fn: Callable, point: dict):
+    with _ONE_AT_A_TIME:
+        return fn(**point)
+
+
+def map_points(fn: Callable, points: list[dict], executor: Executor | None = None) -> list:
+    """``[fn(**p) for p in points]``, in this process (``executor`` None: serially, in order) or on
+    ``executor`` (one point per process at a time; results in the order of ``points``). The
+    ablation functions' ``executor=`` goes through here."""
+    if executor is None:
+        return [fn(**p) for p in points]
+    futs = [executor.submit(_locked_call, fn, p) for p in points]
+    try:
+        return [f.result() for f in futs]
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        raise
+
+
 def generation_point(model=None, prompt: str = "A CPU cache is a small, fast memory that", n_predict: int = 8,
                      arena: float = 0.5, policy: str = "lru", n_threads: int = 1) -> dict:
     """One greedy generation with an arena of ``arena`` x all expert slots (a fraction) under
@@ -150,4 +170,4 @@ def generation_point(model=None, prompt: str = "A CPU cache is a small, fast mem
             "decode_tok_s": st["decode_tok_s"]}
 
 
-__all__ = ["sweep", "grid_points", "run_point", "generation_point", "META"]
+__all__ = ["sweep", "grid_points", "run_point", "map_points", "generation_point", "META"]
