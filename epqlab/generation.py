@@ -44,6 +44,7 @@ class Stream:
     def __init__(self, session, toks: list[int], n_predict: int, sampler, stop: Sequence[str] | None,
                  reuse_kv: bool = False):
         self.result: Generation | None = None
+        self.tokens: list[int] = []  # generated ids so far (grows while the stream runs)
         self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self)
 
     def __iter__(self):
@@ -84,7 +85,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     logits = s._prefill(toks, epoch, pos0=reused)
     t_prefill = time.perf_counter() - t0
     c1 = counters(s)
-    out: list[int] = []
+    out: list[int] = holder.tokens
     text = b""
     emitted = 0
     reason = "length"
