@@ -146,6 +146,31 @@ def map_points(fn: Callable, points: list[dict], executor: Executor | None = Non
         raise
 
 
+def executor_from(spec: str | None) -> Executor | None:
+    """An executor from a plain value (for papermill parameters and the CLI): None -> None (serial,
+    in this process); ``"local"`` or ``"local:N"`` -> N spawned local processes (default 1);
+    ``"tcp://HOST:PORT"`` (or any Dask scheduler address) -> that cluster's
+    ``Client(address).get_executor()``. Raises ValueError for anything else."""
+    if spec is None or spec == "":
+        return None
+    if not isinstance(spec, str):
+        raise ValueError(f"executor must be None, 'local[:N]' or a Dask scheduler address, got {spec!r}")
+    if spec == "local" or spec.startswith("local:"):
+        import multiprocessing
+
+        n = int(spec.split(":", 1)[1]) if ":" in spec else 1
+        if n < 1:
+            raise ValueError(f"executor {spec!r}: the number of processes must be >= 1")
+        return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+    if "://" in spec:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise ValueError(f"executor {spec!r} needs Dask: pip install 'epqlab[dask]'") from None
+        return Client(spec).get_executor()
+    raise ValueError(f"executor must be None, 'local[:N]' or a Dask scheduler address (tcp://host:port), got {spec!r}")
+
+
 def generation_point(model=None, prompt: str = "A CPU cache is a small, fast memory that", n_predict: int = 8,
                      arena: float = 0.5, policy: str = "lru", n_threads: int = 1) -> dict:
     """One greedy generation with an arena of ``arena`` x all expert slots (a fraction) under
@@ -170,4 +195,4 @@ def generation_point(model=None, prompt: str = "A CPU cache is a small, fast mem
             "decode_tok_s": st["decode_tok_s"]}
 
 
-__all__ = ["sweep", "grid_points", "run_point", "map_points", "generation_point", "META"]
+__all__ = ["sweep", "grid_points", "run_point", "map_points", "executor_from", "generation_point", "META"]
