@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 
-COLORS = {"free": "#e5e7eb", "resident": "#16a34a", "pinned": "#f59e0b", "hot": "#2563eb"}
+COLORS = {"absent": "#e5e7eb", "resident": "#16a34a", "pinned": "#f59e0b", "hot": "#2563eb"}
+LEGEND = {"absent": "not in the arena", "resident": "resident", "pinned": "pinned", "hot": "hot (static policy)"}
 
 
 class ArenaView:
@@ -12,7 +13,7 @@ class ArenaView:
 
     One row per MoE layer (GGUF block): one cell per expert, coloured by its state — resident
     (green), pinned (amber: held by the layer being computed), hot (blue: a ``static`` policy hot
-    expert), or not in the arena (grey) — and a summary line: slots resident / pinned / free,
+    expert), or not in the arena (grey, ``"absent"``) — and a summary line: slots resident / pinned / free,
     hit rate and SSD MB/token (1e6 bytes) of the expert reads since the view started or was last
     :meth:`reset`, per generated token while :meth:`watch` runs.
 
@@ -56,7 +57,7 @@ class ArenaView:
         st = pg.stats
         lay = self.session.layout
         used = ss["layer"] >= 0
-        layers = {int(b): ["free"] * lay.n_expert for b in lay.moe_layers}
+        layers = {int(b): ["absent"] * lay.n_expert for b in lay.moe_layers}
         for b, e, pin, hot in zip(ss["layer"][used], ss["expert"][used], ss["pinned"][used], ss["hot"][used]):
             layers[int(b)][int(e)] = "pinned" if pin else ("hot" if hot else "resident")
         h0, r0, b0 = self._base
@@ -85,8 +86,8 @@ class ArenaView:
         rows = []
         for b, states in s["layers"].items():
             cells = "".join(cell.format(e=e, st=x, c=COLORS[x]) for e, x in enumerate(states))
-            rows.append(f'<div style="font:11px monospace;line-height:14px">blk.{b:<3d} {cells}</div>')
-        legend = " ".join(f'<span style="background:{c};padding:0 6px">&nbsp;</span> {k}' for k, c in COLORS.items())
+            rows.append(f'<div style="font:11px monospace;line-height:14px;white-space:pre">blk.{b:<3d} {cells}</div>')
+        legend = " ".join(f'<span style="background:{c};padding:0 6px">&nbsp;</span> {LEGEND[k]}' for k, c in COLORS.items())
         self.grid.value = "".join(rows) + f'<div style="font:11px sans-serif;margin-top:4px">{legend}</div>'
 
     # -- live --------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_arena_view_follows_the_pager(default_model_path):
             st = view.state
             snaps.append((st["requests"], st["resident"], view.grid.value))
             # the picture is the pager's: every expert drawn in the arena is resident there, and no other
-            drawn = {(b, e) for b, row in st["layers"].items() for e, x in enumerate(row) if x != "free"}
+            drawn = {(b, e) for b, row in st["layers"].items() for e, x in enumerate(row) if x != "absent"}
             truth = {(b, e) for b in lay.moe_layers for e in range(lay.n_expert) if pg.is_resident(b, e)}
             assert drawn == truth
             assert st["resident"] == len(truth) == pg.stats["resident"]
