@@ -41,8 +41,8 @@ def hot_experts(route_log, n: int) -> np.ndarray:
     return np.stack([layers[order // n_expert], order % n_expert], axis=1).astype(np.int32)
 
 
-def calibration_route_log(model, text: str | None = None, n_tokens: int = 512) -> dict:
-    """Route log of a calibration text read teacher-forced (all logits) with every expert resident.
+def calibration_route_log(model, text: str | None = None, n_tokens: int = 512):
+    """Route log (:class:`epqlab.routes.RouteLog`) of a calibration text read teacher-forced (all logits) with every expert resident.
 
     Args:
         model: MoE GGUF path.
