@@ -173,6 +173,12 @@ def test_notebook_03(default_model_path, tmp_path):
         assert x["belady_gap"] == pytest.approx(x["hit_rate"] / x["belady_hit_rate"])
     assert r["python"] == sys.executable
     assert len(r["figures"]) == 4 and all(__import__("os").path.getsize(p) > 1000 for p in r["figures"])
+    cap = r["routing_cap"]
+    assert len(cap) == 2
+    for c in cap:  # the uniform reference obeys its bound; the model's numbers are the live table's
+        assert c["uniform_best_online"] <= c["uniform_bound"] + 0.05 < c["uniform_belady"] + 0.05
+        live = [x["hit_rate"] for x in rows if x["point"] == c["point"]]
+        assert c["model_best_online"] == pytest.approx(max(live))
 
 
 def test_cli_ablate_eviction(default_model_path, tmp_path):
@@ -191,3 +197,42 @@ def test_cli_ablate_eviction(default_model_path, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "eviction", str(default_model_path),
                           "--policies", "belady"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "epqlab: error:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_uniform_routes_shape():
+    from epqlab.ablation.routing_cap import uniform_routes
+
+    ex = np.zeros((50, 3, 2), np.int32)
+    ex[7, 1] = -1
+    u = uniform_routes(ex, 5, seed=1)
+    assert u.shape == ex.shape and u.dtype == np.int32
+    assert (u[7, 1] == -1).all() and (np.delete(u.reshape(-1, 2), 7 * 3 + 1, axis=0) >= 0).all()
+    rows = u.reshape(-1, 2)
+    ok = rows[:, 0] >= 0
+    assert (rows[ok, 0] != rows[ok, 1]).all() and rows.max() < 5
+    # every id about equally often: 149 routed rows x 2 picks over 5 ids (expected 59.6 each)
+    assert np.bincount(rows[ok].ravel(), minlength=5).min() > 35
+    with pytest.raises(ValueError, match="exceeds n_expert"):
+        uniform_routes(ex, 1)
+
+
+def test_online_policies_capped_on_uniform_routes(default_model_path, fraction=0.3):
+    """On i.i.d. uniform routes no online policy can beat slots / (L x E) in expectation (each requested
+    expert is resident with probability r_l / E, and the r_l sum to at most the slot count; see
+    epqlab.ablation.routing_cap). Belady, which sees the future, must beat it clearly."""
+    from epqlab.ablation.routing_cap import uniform_routes
+
+    lay = epqlab.inspect(default_model_path)
+    L, E, k = len(lay.moe_layers), lay.n_expert, lay.n_expert_used
+    log = {"experts": uniform_routes(np.zeros((150, L, k), np.int32), E, seed=3), "layers": np.array(lay.moe_layers)}
+    arena = int(fraction * epqlab.Pager.all_experts_bytes(lay))
+    rate = {}
+    for pol in ("lru", "ls_pos", "lfu", "fnu", "belady"):
+        p = epqlab.Pager(lay, arena, policy=pol)
+        st = p.replay(log)
+        rate[pol] = st["hits"] / st["requests"]
+    bound = p.n_slots / (L * E)
+    for pol, r in rate.items():
+        if pol != "belady":
+            assert r <= bound + 0.02, (pol, r, bound)  # 13500 requests: sampling sd ~0.4 %
+    assert rate["belady"] > bound + 0.15, (rate, bound)
