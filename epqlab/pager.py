@@ -330,6 +330,18 @@ class Pager:
     def n_slots(self) -> int:
         return int(sum(self._p.class_n_slots))
 
+    def slot_states(self) -> dict:
+        """What every arena slot holds now, as arrays of length ``n_slots`` (slots in arena order,
+        largest class first): ``slot_class`` (index into ``stats["slot_classes"]``), ``layer`` (GGUF
+        block of the resident expert, -1 for a free slot), ``expert`` (-1 free), ``pinned`` (bool:
+        in use by the layer being computed, not evictable), ``hot`` (bool: a ``static`` policy hot
+        expert). Call it between decode calls (e.g. between a stream's tokens)."""
+        a = np.asarray(self._p.slot_states(), dtype=np.int32).reshape(-1, 5)
+        blocks = np.asarray(self.layout.moe_layers, dtype=np.int32)
+        li = a[:, 1]
+        return {"slot_class": a[:, 0].copy(), "layer": np.where(li >= 0, blocks[np.clip(li, 0, None)], -1),
+                "expert": a[:, 2].copy(), "pinned": a[:, 3].astype(bool), "hot": a[:, 4].astype(bool)}
+
     @property
     def policy(self) -> str:
         return self._p.policy

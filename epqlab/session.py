@@ -6,50 +6,33 @@ budget, policy and I/O thread count. See docs/DESIGN.md (paging mechanism, memor
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import numbers
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ArenaTooSmall, EpqlabError, LlamaCppError, ModelChangedError
+from . import run_stats
+from .arena_sizing import plan_arena
+from .errors import EpqlabError, LlamaCppError, ModelChangedError
+from .generation import Generation, Stream
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import MAX_IO_THREADS, POLICIES, Pager, default_io_threads
-from .prefetch import PREFETCH_COUNTERS, check_prefetch, prefetch_fields
-from .time_split import TimeSplitLog, decode_summary
-from .units import fmt_bytes, parse_bytes
+from .prefetch import check_prefetch
+from .time_split import TimeSplitLog
+from .tokens import token_array
+from .units import parse_bytes
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
 DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
 LOGITS_BLOCK_BYTES = 16 * 2**20  # largest block of all-token logits one decode produces (bytes)
 
 
-@dataclass
-class Generation:
-    """Result of :meth:`Session.generate`: ``text`` (str), ``tokens`` (generated ids),
-    ``prompt_tokens`` (ids), ``stats`` (dict of this run, docs/DESIGN.md run-stats fields)."""
-
-    text: str
-    tokens: list[int]
-    prompt_tokens: list[int]
-    stats: dict = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return self.text
-
-
-_COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
-             "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
-             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-             "staged_reads", "staged_copies", "tokens_routed", "cold_skipped") + PREFETCH_COUNTERS
 DENSE_MODES = {"mmap": 0, "anon": 1, "mlock": 2}
 
 
@@ -75,32 +58,16 @@ def _prefetch_header(lay: ModelLayout) -> None:
             os.close(fd)
 
 
-def _token_array(tokens) -> np.ndarray:
-    """Token ids as int64 ``[n]``. Raises ValueError for non-integer ids (no silent rounding) and
-    TypeError for something that is not a sequence of ids."""
-    try:
-        a = np.asarray(tokens).ravel()
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"token ids must be a sequence of ints, got {type(tokens).__name__} ({e})") from None
-    if a.size == 0:
-        return a.astype(np.int64)
-    if a.dtype == object and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in a):
-        a = np.array([int(x) for x in a], dtype=object)
-        if any(x < -(2**63) or x >= 2**63 for x in a):
-            raise ValueError("token ids must be in the vocabulary; got an id beyond 64 bits")
-        return a.astype(np.int64)
-    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got {a.dtype} values (e.g. {a[0]!r})")
-    return a.astype(np.int64)
-
-
 class Session:
     """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
 
     Args:
         model: path to a MoE GGUF, or to the first (or any) shard of a split one (``NAME-00001-of-0000N.gguf``:
             every shard is paged from its own file, see :func:`epqlab.inspect`).
-        ram_budget: ``None`` (arena holds every routed expert), bytes, or a string like ``"4GiB"``.
+        ram_budget: ``None`` (arena holds every routed expert, unless the model file is larger than
+            ``"auto"`` allows: then ``"auto"``), bytes, a string like ``"4GiB"``, or ``"auto"``: the
+            cgroup limit or MemAvailable minus a margin (:mod:`epqlab.auto_budget` states the
+            rule; ``session.auto_budget`` says what it chose, None when not used).
             The budget bounds the whole resident set of the process, RssAnon + RssShmem +
             RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
             memory cgroup charges. The arena is sized after the model, its dense weights and the
@@ -165,7 +132,7 @@ class Session:
             lines in the message), or the lazy load could not start (see ``dense_weights``).
     """
 
-    def __init__(self, model, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
+    def __init__(self, model, *, ram_budget=None, reserve=None, policy: str = "lru", expert_used: int | None = None,
                  io_threads: int | None = None, n_threads: int | None = None, n_ctx: int = 2048,
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
@@ -218,6 +185,16 @@ class Session:
         self.n_batch = int(n_batch)
         self.route_log_path = Path(route_log) if route_log else None
         self.stats_file = Path(stats_file) if stats_file else None
+        # "auto" (and None for a model larger than what auto allows): epqlab.auto_budget's rule
+        self.auto_budget = None
+        if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto" or (
+                ram_budget is None and arena_bytes is None and self.paged):
+            from .auto_budget import auto_budget
+
+            ab = auto_budget()
+            if ram_budget is not None or sum(os.path.getsize(f) for f in lay.files) > ab.budget:
+                self.auto_budget = ab
+                ram_budget = ab.budget
         self.budget_bytes = parse_bytes(ram_budget) if ram_budget is not None else None
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._closed = False
@@ -234,6 +211,8 @@ class Session:
         # step, so an interrupt (KeyboardInterrupt) can never leave the three out of step
         self._route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._prompt_hash = ""
+        # token ids whose KV entries the context holds at positions 0.. (those of the current epoch)
+        self._kv: list[int] = []
         self._tsplit = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
 
         names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
@@ -265,28 +244,14 @@ class Session:
         self.used_before_arena = after.total + untouched
         self.stage_reserve = 0
         if self.paged:
-            all_bytes = Pager.all_experts_bytes(lay)
-            if arena_bytes is not None:
-                arena = parse_bytes(arena_bytes)
-            elif self.budget_bytes is None:
-                arena = all_bytes
-            else:
-                arena = self.budget_bytes - self.used_before_arena - self.reserve_bytes
-                if arena < all_bytes:  # some ubatch may overflow a layer's slots: reserve staging
-                    self.stage_reserve = Pager.max_stage_bytes(lay)
-                    arena -= self.stage_reserve
-                need = Pager.min_arena_bytes(lay, k)
-                if arena < need:
-                    smallest = self.used_before_arena + self.reserve_bytes + Pager.max_stage_bytes(lay) + need
-                    self._engine = None
-                    raise ArenaTooSmall(
-                        f"ram_budget {fmt_bytes(self.budget_bytes)} is too small for {lay.path.name}: the process already "
-                        f"holds {fmt_bytes(self.used_before_arena)} (dense weights {fmt_bytes(self.load_report['dense_bytes'])}, "
-                        f"KV cache, compute buffers, heap, libraries), the reserve is {fmt_bytes(self.reserve_bytes)}, "
-                        f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, and one layer's top-{k} experts "
-                        f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
-                        f"({fmt_bytes(smallest)}); or lower n_ctx / reserve / expert_used."
-                    )
+            try:
+                plan = plan_arena(lay, k, budget=self.budget_bytes, used_before_arena=self.used_before_arena,
+                                  reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
+                                  arena_bytes=arena_bytes)
+            except Exception:
+                self._engine = None
+                raise
+            arena, self.stage_reserve = plan.arena, plan.stage_reserve
             self._pager = Pager(lay, arena, policy=policy, io_threads=io_threads or default_io_threads(),
                                 direct_io=direct_io, n_expert_used=k)
             if hot_experts is not None:
@@ -303,10 +268,29 @@ class Session:
         self._peak.update()
 
     # -- tokens --------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Token ids of ``text`` (BOS added when the model asks for it and ``add_special``)."""
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool | None = None, *,
+                 add_bos: bool | None = None, special: bool | None = None) -> list[int]:
+        """Token ids of ``text`` (BOS added when the model asks for it and ``add_special``).
+
+        Also takes llama-cpp-python's form ``tokenize(text: bytes, add_bos=True, special=False)``:
+        positionally the same, ``add_bos`` / ``special`` accepted as names for ``add_special`` /
+        ``parse_special``. ``parse_special`` (special-token text such as ``<|im_start|>`` becomes that
+        token) defaults to True for str and, as in llama-cpp-python, False for bytes. Raises
+        TypeError for anything but str / bytes, UnicodeDecodeError for bytes that are not UTF-8."""
         self._check_open()
-        return list(self._engine.tokenize(text, add_special, parse_special))
+        if add_bos is not None:
+            add_special = add_bos
+        if special is not None:
+            parse_special = special
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+            if parse_special is None:
+                parse_special = False
+        elif not isinstance(text, str):
+            raise TypeError(f"tokenize takes a str or UTF-8 bytes, got {type(text).__name__}")
+        if parse_special is None:
+            parse_special = True
+        return list(self._engine.tokenize(text, bool(add_special), bool(parse_special)))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of token ids (UTF-8, invalid sequences replaced)."""
@@ -318,17 +302,28 @@ class Session:
         if self._closed:
             raise EpqlabError("this Session is closed; create a new one")
 
-    def _begin(self) -> int:
-        """Start an operation on an empty context (call with the lock held); returns its epoch."""
+    def _begin(self, reuse: Sequence[int] | None = None, with_kept: bool = False) -> tuple[int, int] | int:
+        """Start an operation (call with the lock held); returns its epoch. The context is cleared,
+        unless ``reuse`` (the operation's prompt ids) is given: then the KV entries of the previous
+        operation are kept when the tokens they hold are a proper prefix of ``reuse`` (a chat's next
+        turn, a longer prompt; as llama-cpp-python does); ``with_kept`` returns ``(epoch, tokens kept)``.
+        Not while routes are recorded (a log must see every token)."""
         self._check_open()
         self._epoch += 1
-        self._engine.clear()
+        kept = 0
+        if reuse is not None and self.route_log_path is None:
+            kv = self._kv
+            if 0 < len(kv) < len(reuse) and list(reuse[:len(kv)]) == kv:
+                kept = len(kv)
+        if not kept:
+            self._engine.clear()
+            self._kv = []
         if self.route_log_path is not None:
             # routes of a decode whose caller was interrupted before taking them (KeyboardInterrupt
             # as llama_decode returned): they belong to no recorded operation
             self._engine.take_route()
             self._engine.take_route_ubatch()
-        return self._epoch
+        return (self._epoch, kept) if with_kept else self._epoch
 
     def _check_file(self):
         """Refuse to decode if the model file changed on disk since the session opened it: llama's
@@ -352,7 +347,7 @@ class Session:
         return max(1, min(self.n_batch, LOGITS_BLOCK_BYTES // (4 * self.n_vocab)))
 
     def _check_tokens(self, tokens, pos0: int) -> np.ndarray:
-        tokens = _token_array(tokens)
+        tokens = token_array(tokens)
         if len(tokens) == 0:
             raise ValueError("no tokens to decode: pass at least one token id")
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
@@ -378,7 +373,15 @@ class Session:
                         "this generator's context was reset by another call on the same Session (one KV cache per "
                         "Session); finish or discard a stream before starting another operation")
                 self._check_file()
-                out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
+                if pos0 + s != len(self._kv):  # the engine clears the KV on a failed decode
+                    raise EpqlabError("this generator's context was lost (a decode failed or was interrupted); "
+                                      "start a new operation")
+                try:
+                    out = self._engine.decode(chunk, pos0 + s, bool(all_logits))
+                except BaseException:
+                    self._kv = []
+                    raise
+                self._kv.extend(int(t) for t in chunk)
                 if self.route_log_path is not None:
                     self._take_route(len(chunk), phase)
                 self._peak.update()
@@ -397,12 +400,13 @@ class Session:
         outs = list(blocks)
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    def _prefill(self, tokens, epoch: int, phase: int = 0) -> np.ndarray:
-        """Prefill from position 0 and return the last token's logits, float32 [n_vocab]. While
+    def _prefill(self, tokens, epoch: int, phase: int = 0, pos0: int = 0) -> np.ndarray:
+        """Prefill ``tokens[pos0:]`` at positions pos0.. (the KV holds the first pos0) and return the
+        last token's logits, float32 [n_vocab]. While
         routes are recorded every token outputs logits (llama.cpp routes only output tokens
         through the last layer); those blocks are dropped as they come, so memory stays bounded."""
         last = None
-        for last in self._decode_blocks(tokens, 0, self.route_log_path is not None, phase, epoch):
+        for last in self._decode_blocks(list(tokens)[pos0:], pos0, self.route_log_path is not None, phase, epoch):
             pass
         return last[-1]
 
@@ -451,31 +455,38 @@ class Session:
                     pos += 1
             return prompt_logits, np.stack(steps), out
 
-    def _counters(self) -> dict:
-        c = dict(self._pager.stats) if self._pager else {}
-        c.update(self._engine.hook_stats())
-        out = {k: c.get(k, 0) for k in _COUNTERS}
-        # Not differenced with the counters: the pager's pass count and the process's storage reads.
-        out["pass_count"] = len(self._pager.pass_history()[0]) if self._pager else 0
-        out["storage_read_bytes"] = read_bytes()
-        return out
-
-    def _sample(self, logits: np.ndarray, temperature: float, rng) -> int:
-        if temperature <= 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / temperature
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        return int(rng.choice(len(p), p=p))
+    def _prompt_tokens(self, prompt, add_special: bool) -> list[int]:
+        """Prompt ids of a str (tokenized) or a sequence of ids (checked). Raises TypeError for
+        anything else, ValueError when empty."""
+        if isinstance(prompt, str):
+            toks = self.tokenize(prompt, add_special)
+        elif isinstance(prompt, (bytes, bytearray)) or prompt is None or not hasattr(prompt, "__len__"):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        else:
+            toks = [int(t) for t in token_array(prompt)]
+        if not toks:
+            raise ValueError("empty prompt: pass some text or at least one token id")
+        return toks
 
     def stream(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
-               seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,
-               _result: dict | None = None) -> Iterator[str]:
+               seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+               reuse_kv: bool = False) -> Stream:
         """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
 
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
-        one of ``stop`` (the stop string is not yielded)."""
+        one of ``stop`` (the stop string is not yielded). Tokens are picked by llama.cpp's sampler
+        chain (:class:`epqlab.sampling.Sampler`; here top-k/top-p/min-p default to off, so a
+        temperature samples the plain softmax). ``reuse_kv`` keeps the previous call's KV entries
+        when its tokens are a prefix of this prompt (default off: every run starts from an empty
+        context, so its stats are comparable).
+
+        Returns:
+            a :class:`~epqlab.generation.Stream`; once it ends, ``.result`` is the
+            :class:`Generation` and ``.stats`` its run stats (as :meth:`generate` returns them).
+        """
+        from .sampling import Sampler
+
         self._check_open()
         if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
             raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
@@ -487,62 +498,16 @@ class Session:
             raise ValueError(f"temperature must be a number, got {temperature!r}") from None
         if not math.isfinite(temperature):
             raise ValueError(f"temperature must be finite (<= 0 for greedy), got {temperature}")
-        if isinstance(prompt, str):
-            toks = self.tokenize(prompt, add_special)
-        elif isinstance(prompt, (bytes, bytearray)) or prompt is None or not hasattr(prompt, "__len__"):
-            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
-        else:
-            toks = [int(t) for t in _token_array(prompt)]
-        if not toks:
-            raise ValueError("empty prompt: pass some text or at least one token id")
-        self._prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
-        rng = np.random.default_rng(seed)
-        with self._lock:
-            c0 = self._counters()
-            epoch = self._begin()
-        t0 = time.perf_counter()
-        # When routes are recorded, every prompt token outputs logits: llama.cpp then routes all
-        # of them through the last layer too (it skips that layer's FFN for non-output tokens).
-        logits = self._prefill(toks, epoch)
-        t_prefill = time.perf_counter() - t0
-        c1 = self._counters()
-        out: list[int] = []
-        text = b""
-        emitted = 0
-        stops = list(stop or [])
-        t1 = time.perf_counter()
-        pos = len(toks)
-        try:
-            while len(out) < n_predict:
-                tok = self._sample(logits, temperature, rng)
-                if self._engine.is_eog(tok):
-                    break
-                out.append(tok)
-                text += self._engine.piece(tok)
-                s = text.decode("utf-8", "ignore")
-                cut = min((s.find(x) for x in stops if x and x in s), default=-1)
-                if cut >= 0:
-                    if cut > emitted:
-                        yield s[emitted:cut]
-                    emitted = cut
-                    break
-                if len(s) > emitted:
-                    yield s[emitted:]
-                    emitted = len(s)
-                if len(out) >= n_predict:
-                    break
-                logits = self._decode([tok], pos, False, 1, epoch)[-1]
-                pos += 1
-        finally:
-            t_decode = time.perf_counter() - t1
-            st = self._run_stats(len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, self._counters())
-            if _result is not None:
-                s = text.decode("utf-8", "replace")
-                _result.update(text=s[:emitted] if stops else s, tokens=out, prompt_tokens=toks, stats=st)
+        toks = self._prompt_tokens(prompt, add_special)
+        sampler = Sampler(self.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv)
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
-                 seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True) -> Generation:
-        """Generate up to ``n_predict`` tokens after ``prompt`` (greedy when temperature <= 0).
+                 seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,
+                 **sampling) -> Generation:
+        """Generate up to ``n_predict`` tokens after ``prompt`` (greedy when temperature <= 0;
+        ``sampling``: the keyword options of :meth:`stream`).
 
         Returns:
             :class:`Generation` with the text, generated token ids, prompt ids and run stats
@@ -556,11 +521,62 @@ class Session:
             process fetched from storage during the run (``/proc/self/io``: dense-weight page
             faults under ``dense_weights="mmap"`` too), None where unavailable.
         """
-        res: dict = {}
         with self._lock:  # a whole generation at a time: concurrent callers wait their turn
-            for _ in self.stream(prompt, n_predict, temperature, seed, stop, add_special, _result=res):
+            st = self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling)
+            for _ in st:
                 pass
-        return Generation(res["text"], res["tokens"], res["prompt_tokens"], res["stats"])
+        return st.result
+
+    # -- llama-cpp-python's API (epqlab.completion) -------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """The model's file name: the ``model`` field of completion responses."""
+        return self.layout.path.name
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
+                          model: str | None = None):
+        """Complete ``prompt`` as ``llama_cpp.Llama.create_completion`` does (same arguments and
+        defaults, same OpenAI-schema dict: ``choices[0]["text"]``, ``finish_reason`` ``"stop"`` |
+        ``"length"``, ``usage`` token counts), with epqlab's run stats under ``"epqlab"``.
+        ``max_tokens`` None or <= 0: until the context is full. ``stream=True`` returns an
+        iterator of ``text_completion`` chunks, the last with ``finish_reason``, ``usage`` and
+        ``"epqlab"``. KV entries of the previous call are reused when its tokens prefix this prompt.
+
+        Raises:
+            ValueError: a sampling parameter out of range, an empty prompt, a prompt that fills the
+                context, a bad ``stop``. TypeError: a prompt that is neither text nor token ids.
+        """
+        from .completion import create_completion
+
+        return create_completion(self, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, seed=seed,
+                                 stream=stream, model=model)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
+                               seed: int | None = None, stream: bool = False, model: str | None = None):
+        """The assistant's reply to ``messages`` (``[{"role": ..., "content": str}]``, formatted with the
+        GGUF's chat template) as ``llama_cpp.Llama.create_chat_completion`` returns it: an OpenAI
+        ``chat.completion`` dict (``choices[0]["message"]["content"]``, ``finish_reason``, ``usage``)
+        plus ``"epqlab"`` run stats, or with ``stream=True`` ``chat.completion.chunk`` dicts (a first
+        ``{"role": "assistant"}`` delta, ``{"content": ...}`` deltas, a last empty delta with
+        ``finish_reason``). Defaults are llama-cpp-python's; a next turn reuses the KV cache of the
+        previous one.
+
+        Raises:
+            ValueError: malformed messages (the message names the first bad one), no chat template
+                in the GGUF, or the arguments :meth:`create_completion` refuses.
+        """
+        from .completion import create_chat_completion
+
+        return create_chat_completion(self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                      top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop,
+                                      seed=seed, stream=stream, model=model)
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
         """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat
@@ -588,68 +604,24 @@ class Session:
             return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
 
     # -- stats ---------------------------------------------------------------------------------
-    def _scoped_rates(self, c0, c1, c2) -> dict:
-        """decode_hit_rate and steady_hit_rate of one run, by the definitions of
-        :mod:`epqlab.ablation.grid` (steady state: decode passes after the first
-        :data:`~epqlab.ablation.grid.WARMUP_PASSES`)."""
-        from .ablation.grid import WARMUP_PASSES, pass_rates
+    @property
+    def stats(self) -> dict:
+        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory;
+        ``hit_rate`` here is over every pass since that reset (a run's own rates: :meth:`generate`).
+        Built by :func:`epqlab.run_stats.cumulative_stats`."""
+        return run_stats.cumulative_stats(self)
 
-        if not self._pager:
-            return {"decode_hit_rate": 0.0, "steady_hit_rate": 0.0}
-        a, b, c = c0["pass_count"], c1["pass_count"], c2["pass_count"]
-        hist = tuple(h[a:c] for h in self._pager.pass_history())
-        kind = np.zeros(c - a, np.int8)
-        kind[b - a:] = 1
-        kind[b - a + WARMUP_PASSES:] = 2
-        r = pass_rates(hist, kind)
-        return {"decode_hit_rate": r["decode_hit_rate"], "steady_hit_rate": r["steady_hit_rate"]}
+    def memory_parts(self) -> dict:
+        """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
+        measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
+        buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
+        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; and the current
+        reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
+        return run_stats.memory_parts(self)
 
-    def _run_stats(self, n_prompt, n_gen, passes, t_prefill, t_decode, c0, c1, c2) -> dict:
-        """Stats of one generation. ``passes``: single-token decode passes run (the first
-        generated token comes from the prefill, so usually n_gen - 1); decode rates divide by it."""
-        d = {k: c2[k] - c0[k] for k in _COUNTERS}
-        lay = self.layout
-        st = {
-            "model": str(lay.path), "arch": lay.architecture, "pager": self.paged,
-            "budget_bytes": self.budget_bytes, "arena_bytes": self._pager.arena_bytes if self._pager else 0,
-            "slot_classes": self._pager.stats["slot_classes"] if self._pager else [],
-            "policy": self.policy if self._pager else None, "n_expert_used": self.n_expert_used,
-            "io_threads": self._pager.io_threads if self._pager else 0,
-            "direct_io": self._pager.direct_io if self._pager else False,
-            "n_threads": int(self._engine.n_threads), "skip_cold": self.skip_cold,
-            "n_prompt": n_prompt, "n_gen": n_gen,
-            "prefill_s": t_prefill, "decode_s": t_decode,
-            "prefill_tok_s": n_prompt / t_prefill if t_prefill > 0 else 0.0,
-            "decode_passes": passes,
-            "decode_tok_s": passes / t_decode if t_decode > 0 and passes else 0.0,
-            **d,
-            "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
-            **self._scoped_rates(c0, c1, c2),
-            "decode_misses": d["misses"] - (c1["misses"] - c0["misses"]),
-            "ssd_bytes": d["bytes_read"],
-            "ssd_bytes_per_token": d["bytes_read"] / max(1, n_prompt + n_gen),
-            "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
-            "io_wait_s": d["io_wait_us"] / 1e6,
-            "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
-            "storage_read_bytes": (c2["storage_read_bytes"] - c0["storage_read_bytes"]
-                                   if c0["storage_read_bytes"] is not None and c2["storage_read_bytes"] is not None else None),
-            "load_s": self.load_s, "load_bytes_read": self.load_report["load_bytes_read"],
-            "dense_weights": self.dense_weights,
-            **self._peak_fields(), "memory": self.memory_parts(),
-            "memory_limit_mode": "sampled",
-            "prefetch": self.prefetch, "read_segment_bytes": self.read_segment_bytes, **prefetch_fields(d),
-            "time_split": self._decode_split(passes),
-        }
-        self._runs.append(st)
-        if self.stats_file:
-            self.stats_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.stats_file, "a") as f:
-                f.write(json.dumps(st) + "\n")
-        return st
-
-    def _decode_split(self, passes: int) -> dict:
-        self._tsplit.take(self._engine)
-        return decode_summary(self._tsplit.frame("token").tail(passes)) if passes else {}
+    def stats_frame(self):
+        """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
+        return run_stats.stats_frame(self._runs)
 
     def time_split(self, per: str = "token"):
         """Time split of every decode call since the last :meth:`reset_stats` as a pandas DataFrame,
@@ -658,45 +630,6 @@ class Session:
         self._check_open()
         self._tsplit.take(self._engine)
         return self._tsplit.frame(per)
-
-    @property
-    def stats(self) -> dict:
-        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory;
-        ``hit_rate`` here is over every pass since that reset (a run's own rates: :meth:`generate`)."""
-        c = self._counters()
-        c["hit_rate"] = c["hits"] / c["requests"] if c["requests"] else 0.0
-        c.update(arena_bytes=self._pager.arena_bytes if self._pager else 0,
-                 slots=self._pager.n_slots if self._pager else 0,
-                 slot_classes=self._pager.stats["slot_classes"] if self._pager else [],
-                 policy=self.policy, n_expert_used=self.n_expert_used, load_s=self.load_s,
-                 budget_bytes=self.budget_bytes, used_before_arena=self.used_before_arena,
-                 load_bytes_read=self.load_report["load_bytes_read"], dense_weights=self.dense_weights,
-                 memory=self.memory_parts(), **self._peak_fields())
-        return c
-
-    def _peak_fields(self) -> dict:
-        p = self._peak.peak
-        return {"peak_rss_anon": p.rss_anon, "peak_rss_shmem": p.rss_shmem, "peak_rss_file": p.rss_file,
-                "peak_arena_resident": p.arena_resident, "peak_total": self._peak.peak_total}
-
-    def memory_parts(self) -> dict:
-        """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
-        measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
-        buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
-        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; and the current
-        reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
-        now = sample(arena_resident=self._pager.arena_resident_bytes if self._pager else 0)
-        return {"budget": self.budget_bytes, "used_before_arena": self.used_before_arena,
-                "dense": int(self.load_report.get("dense_bytes", 0)),
-                "arena": self._pager.arena_bytes if self._pager else 0, "stage_reserve": self.stage_reserve,
-                "reserve": self.reserve_bytes,
-                "now": {"rss_anon": now.rss_anon, "shmem": now.shmem, "rss_file": now.rss_file, "total": now.total}}
-
-    def stats_frame(self):
-        """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
-        import pandas as pd
-
-        return pd.DataFrame([{k: v for k, v in r.items() if k != "slot_classes"} for r in self._runs])
 
     def reset_stats(self) -> None:
         if self._pager:
@@ -714,9 +647,12 @@ class Session:
 
     # -- route log -----------------------------------------------------------------------------
     def route_log(self):
-        """Routes recorded so far as a dict in the route-log layout of docs/DESIGN.md (experts int32 [T, L, k],
-        layers, phase, expert_bytes, n_expert, meta), plus ``ubatch`` int32 [T]: the forward pass
-        (llama.cpp ubatch) each token was computed in. Requires ``route_log=`` at construction."""
+        """Routes recorded so far as an :class:`epqlab.routes.RouteLog` (the owner of the route-log
+        format, docs/DESIGN.md §6): experts int32 [T, L, k], layers, phase, expert_bytes, n_expert,
+        meta, and ``ubatch`` int32 [T] (the forward pass each token was computed in). Requires
+        ``route_log=`` at construction."""
+        from .routes.log import RouteLog
+
         if self.route_log_path is None:
             raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
         lay = self.layout
@@ -726,18 +662,15 @@ class Session:
         phase = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
         ubatch = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
         meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self._prompt_hash}
-        return {"experts": experts.astype(np.int32), "layers": np.array(lay.moe_layers, np.int32), "phase": phase,
-                "ubatch": ubatch,
-                "expert_bytes": np.array([l.expert_bytes for l in lay.layers], np.int64),
-                "n_expert": np.int64(lay.n_expert), "meta": json.dumps(meta)}
+        return RouteLog(experts=experts.astype(np.int32), layers=np.array(lay.moe_layers, np.int32), phase=phase,
+                        expert_bytes=np.array([l.expert_bytes for l in lay.layers], np.int64),
+                        n_expert=int(lay.n_expert), meta=meta, ubatch=ubatch.astype(np.int32))
 
     def save_route_log(self, path=None) -> Path:
         """Write the recorded routes to ``path`` (default: the route_log path) with
         :meth:`epqlab.routes.RouteLog.save`, the one writer of the route-log NPZ (docs/DESIGN.md §6)."""
-        from .routes.log import RouteLog
-
         p = Path(path or self.route_log_path)
-        RouteLog.from_dict(self.route_log()).save(p)
+        self.route_log().save(p)
         return p
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -53,18 +53,19 @@ def main(argv: list[str]) -> int:
             with Session(spec["model"], ram_budget=spec.get("ram_budget"), policy=spec.get("policy", "lru"),
                          pager=bool(spec.get("pager", True)), **spec.get("session_kw", {})) as s:
                 io_loaded = read_bytes()
-                g: dict = {}
                 io_prefilled = None
-                for _ in s.stream(spec["prompt"], int(spec["n_predict"]), _result=g):
+                stream = s.stream(spec["prompt"], int(spec["n_predict"]))
+                for _ in stream:
                     if io_prefilled is None:  # the first piece comes right after the prefill
                         io_prefilled = read_bytes()
                 io_end = read_bytes()
                 if io_prefilled is None:
                     io_prefilled = io_end
                 lay = s.layout
+                g = stream.result
                 res.update(
-                    status="PASS", text=g["text"], tokens=g["tokens"], n_prompt=len(g["prompt_tokens"]),
-                    stats=_jsonable(g["stats"]), session_stats=_jsonable(s.stats),
+                    status="PASS", text=g.text, tokens=g.tokens, n_prompt=len(g.prompt_tokens),
+                    stats=_jsonable(g.stats), session_stats=_jsonable(s.stats),
                     io={"load_read_bytes": _diff(io_loaded, io_start),
                         "prefill_read_bytes": _diff(io_prefilled, io_loaded),
                         "decode_read_bytes": _diff(io_end, io_prefilled)},

@@ -148,6 +148,14 @@ void register_pager(py::module_ & m) {
         })
         .def("tensor_data", [](const pager & p, int li, int ti) { return (uintptr_t) p.tensor_data(li, ti); })
         .def("is_resident", &pager::is_resident)
+        .def("slot_states", [](const pager & p) {
+            const auto st = p.slot_states();
+            py::array_t<int32_t> a({(py::ssize_t) st.size(), (py::ssize_t) 5});
+            auto r = a.mutable_unchecked<2>();
+            for (size_t i = 0; i < st.size(); i++)
+                for (int j = 0; j < 5; j++) r(i, j) = st[i][j];
+            return a;
+        }, "int32 [n_slots, 5]: slot class, MoE layer index (-1 free), expert (-1 free), pinned, hot")
         .def("layer_index", &pager::layer_index)
         .def("arena_resident_bytes", &pager::arena_resident_bytes)
         .def("max_stage_bytes", &pager::max_stage_bytes)

@@ -14,6 +14,8 @@
 // same bytes in the region, so logits do not depend on it.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <algorithm>
 #include <memory>
@@ -175,6 +177,18 @@ public:
     // Data pointer of tensor ti of MoE layer index li inside the region (what ggml should read).
     void * tensor_data(int li, int ti) const;
     bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].mapped; }
+    // Per-slot state, for live views (epqlab.widgets.ArenaView): {slot class, MoE layer index or -1
+    // (free), expert or -1, pinned 0/1, hot 0/1} for each slot in order. Read-only; call it between
+    // passes (as any other accessor, not concurrently with a load).
+    std::vector<std::array<int32_t, 5>> slot_states() const {
+        std::vector<std::array<int32_t, 5>> out(slots_.size());
+        for (size_t i = 0; i < slots_.size(); i++) {
+            const int u = slots_[i].unit;
+            out[i] = {slots_[i].cls, u >= 0 ? u / n_expert_ : -1, u >= 0 ? u % n_expert_ : -1,
+                      u >= 0 && units_[u].pinned ? 1 : 0, u >= 0 && units_[u].hot ? 1 : 0};
+        }
+        return out;
+    }
     int    n_layers() const { return (int) layers_.size(); }
     // Slots large enough for one unit of MoE layer index li: the most experts of that layer
     // one load_layer call can hold when nothing else is pinned.

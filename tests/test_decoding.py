@@ -1,6 +1,7 @@
 """Session decoding features checked against references computed here: ``stream(stop=...)`` against the
-text of the same greedy run without a stop, and temperature sampling against inverse-CDF sampling of a
-float64 softmax at the seed's uniforms. Plain llama.cpp (``pager=False``) on the default model: paging does
+text of the same greedy run without a stop, and temperature sampling (llama.cpp's own sampler chain, reached
+through llama-cpp-python's ctypes API) against inverse-CDF sampling of a float64 softmax at the uniforms of
+std::mt19937 seeded with the seed, computed here with NumPy's MT19937. Plain llama.cpp (``pager=False``) on the default model: paging does
 not change logits (test_session). Perplexity against an independent log-softmax: tests/test_ppl.py."""
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ def test_stream_stop_cuts_before_the_stop_string(session):
 
 def cdf_positions(s, prompt_tokens: list[int], tokens: list[int], temperature: float):
     """For each generated token t_i: the interval [F(t_i - 1), F(t_i)) of the CDF of softmax(logits / T)
-    (float64, vocabulary order) that a uniform draw must fall in to pick t_i (inverse-CDF sampling, what
-    ``numpy.random.Generator.choice(n, p=p)`` does with one ``random()`` per call). Logits come from a fresh
-    teacher-forced decode of prompt + tokens so far."""
+    (float64, vocabulary order) that a uniform draw must fall in to pick t_i (inverse-CDF sampling over the
+    unsorted candidates, what llama.cpp's ``dist`` sampler does). Logits come from a fresh teacher-forced decode
+    of prompt + tokens so far."""
     out = []
     for i, t in enumerate(tokens):
         z = s.logits(prompt_tokens + tokens[:i])[-1].astype(np.float64) / temperature
@@ -54,8 +55,19 @@ def cdf_positions(s, prompt_tokens: list[int], tokens: list[int], temperature: f
     return out
 
 
+def mt19937_uniforms(seed: int, n: int) -> np.ndarray:
+    """The first n draws of ``std::uniform_real_distribution<double>(0, 1)`` on ``std::mt19937(seed)``: with a
+    32-bit engine, libstdc++'s ``generate_canonical<double, 53>`` takes two outputs, (r0 + r1 * 2^32) / 2^64.
+    ``std::mt19937(seed)`` is MT19937's init_genrand, NumPy's legacy seeding."""
+    bg = np.random.MT19937(0)
+    bg._legacy_seeding(seed)
+    r = bg.random_raw(2 * n).astype(np.float64).reshape(n, 2)
+    return (r[:, 0] + r[:, 1] * 2.0**32) / 2.0**64
+
+
 def test_temperature_sampling_is_seeded_and_follows_softmax(session):
-    """Sampling = inverse CDF of softmax(logits / T) at the uniforms of ``default_rng(seed)``. The first token's
+    """Sampling = inverse CDF of softmax(logits / T) at the uniforms of ``std::mt19937(seed)`` (llama.cpp's
+    ``dist`` sampler; top-k/top-p/min-p off, as :meth:`Session.generate` defaults them). The first token's
     logits are the prefill's, exactly those of :meth:`Session.logits`; later ones come from single-token decodes,
     whose logits differ from a teacher-forced batch decode in the last bits (llama.cpp's kernels differ by batch
     size), which moves CDF positions by up to ~2e-3 on this model: later draws get a 0.01 tolerance."""
@@ -66,7 +78,7 @@ def test_temperature_sampling_is_seeded_and_follows_softmax(session):
     for seed in (11, 12, 13):
         a = s.generate(prompt, n, temperature=T, seed=seed)
         assert s.generate(prompt, n, temperature=T, seed=seed).tokens == a.tokens  # reproducible
-        u = np.random.default_rng(seed).random(len(a.tokens))
+        u = mt19937_uniforms(seed, len(a.tokens))
         for i, (lo, hi) in enumerate(cdf_positions(s, ptoks, a.tokens, T)):
             tol = 0.0 if i == 0 else 0.01
             assert lo - tol <= u[i] < hi + tol, (seed, i, a.tokens[i], lo, u[i], hi)
@@ -74,3 +86,5 @@ def test_temperature_sampling_is_seeded_and_follows_softmax(session):
     greedy = s.generate(prompt, n)
     assert s.generate(prompt, n, temperature=1e-4, seed=5).tokens == greedy.tokens  # T -> 0 is argmax
     assert s.generate(prompt, n, temperature=0.0, seed=5).tokens == greedy.tokens
+    # llama.cpp's top-k filter: k = 1 leaves the argmax whatever the temperature
+    assert s.generate(prompt, n, temperature=5.0, seed=5, top_k=1).tokens == greedy.tokens

@@ -143,7 +143,7 @@ def test_live_equals_replay(default_model_path, tmp_path, policy):
         for prompt in ("A CPU cache is a small, fast memory that", "def fibonacci(n):"):
             s.generate(prompt, 6)
         live, hist, log = s.stats, s.pager.pass_history(), s.route_log()
-    assert len(set(log["ubatch"].tolist())) < log["experts"].shape[0]  # multi-token ubatches were logged
+    assert len(set(log.ubatch.tolist())) < log.n_tokens  # multi-token ubatches were logged
     p = epqlab.Pager(lay, arena, policy=policy)
     if hot is not None:
         p.set_hot(hot)

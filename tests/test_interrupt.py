@@ -79,7 +79,7 @@ def test_interrupt_inside_the_decode_loop(mini_gguf, fresh, tmp_path, nth, when)
         with pytest.raises(KeyboardInterrupt):
             s.generate(P, 12)
         s._engine = real
-        n0 = s.route_log()["experts"].shape[0]
+        n0 = s.route_log().n_tokens
         _check_usable(s, fresh)
         log = s.route_log()
     with _open(mini_gguf, route_log=tmp_path / "f.npz") as f:
@@ -88,10 +88,10 @@ def test_interrupt_inside_the_decode_loop(mini_gguf, fresh, tmp_path, nth, when)
         want = f.route_log()
     # the routes recorded after the interrupt are exactly a fresh session's: nothing of the
     # interrupted decode leaks into them
-    got = log["experts"][n0:]
-    assert got.shape == want["experts"].shape and np.array_equal(got, want["experts"])
-    assert np.array_equal(log["phase"][n0:], want["phase"])
-    assert len(log["phase"]) == len(log["experts"]) == len(log["ubatch"])
+    got = log.experts[n0:]
+    assert got.shape == want.experts.shape and np.array_equal(got, want.experts)
+    assert np.array_equal(log.phase[n0:], want.phase)
+    assert len(log.phase) == len(log.experts) == len(log.ubatch)
 
 
 SIGNAL_CHILD = r"""

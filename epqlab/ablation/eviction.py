@@ -41,8 +41,8 @@ def hot_experts(route_log, n: int) -> np.ndarray:
     return np.stack([layers[order // n_expert], order % n_expert], axis=1).astype(np.int32)
 
 
-def calibration_route_log(model, text: str | None = None, n_tokens: int = 512) -> dict:
-    """Route log of a calibration text read teacher-forced (all logits) with every expert resident.
+def calibration_route_log(model, text: str | None = None, n_tokens: int = 512):
+    """Route log (:class:`epqlab.routes.RouteLog`) of a calibration text read teacher-forced (all logits) with every expert resident.
 
     Args:
         model: MoE GGUF path.
@@ -73,7 +73,7 @@ def _replay(layout, arena: int, policy: str, log: dict, hot: np.ndarray | None, 
 def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Sequence[str] = DEFAULT_POLICIES, *,
              prompts: Sequence | None = None, n_predict: int = 32, repeats: int = 3, budgets: Sequence | None = None,
              warmup: int = WARMUP_PASSES, calibration_text: str | None = None, progress: bool = True,
-             session_kwargs: dict | None = None):
+             session_kwargs: dict | None = None, executor=None):
     """Live eviction-policy sweep with replay checks and the Belady bound.
 
     For each memory point (:func:`epqlab.ablation.grid.memory_points`) and policy, a fresh
@@ -94,6 +94,10 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
         repeats: runs per setting; speeds are medians (with min and max).
         warmup: decode passes per prompt left out of the steady-state hit rate.
         session_kwargs: more :class:`epqlab.Session` arguments (e.g. ``n_threads``).
+        executor: a :class:`concurrent.futures.Executor` to run the (point, policy) pairs on (one per
+            process at a time, :func:`epqlab.sweeps.map_points`); default None runs them serially
+            here: the speed columns are timings, which parallel runs on one box (2 cores, one SSD)
+            spoil (see :mod:`epqlab.sweeps`).
 
     Returns:
         pandas.DataFrame, one row per (point, policy): the point (``point``, ``arena_fraction``,
@@ -103,7 +107,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
         reads, s) beside the live ``io_wait_s``, ``belady_hit_rate`` / ``belady_decode_hit_rate`` /
         ``belady_steady_hit_rate``, and ``belady_gap`` = ``hit_rate / belady_hit_rate`` (also
         ``steady_belady_gap``). ``df.attrs`` holds the settings and ``route_log``: the first run's
-        route log (dict; routing does not depend on the policy or the arena: logits are identical).
+        route log (:class:`epqlab.routes.RouteLog`; routing does not depend on the policy or the arena: logits are identical).
 
     Raises:
         ValueError: unknown policy, bad arena, repeats < 1.
@@ -113,8 +117,7 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
 
     from ..data import prompts as shipped_prompts
     from ..layout import inspect
-    from ..pager import POLICIES, Pager
-    from ..session import Session
+    from ..pager import POLICIES
 
     bad = [p for p in policies if p not in POLICIES]
     if bad:
@@ -129,43 +132,57 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
     prompts = list(prompts) if prompts is not None else shipped_prompts()
     ranked = hot_experts(calibration_route_log(model, calibration_text), layout.n_layer * layout.n_expert) \
         if "static" in policies else None
-    rows, first_log = [], None
-    bar = tqdm(total=len(points) * len(policies) * repeats, desc="eviction ablation", disable=not progress)
-    with tempfile.TemporaryDirectory() as tmp:
-        for pt in points:
-            for pol in policies:
-                runs, log, hot = [], None, None
-                for r in range(repeats):
-                    with Session(model, policy=pol, route_log=Path(tmp) / "routes.npz", **pt.session_kwargs(), **kw) as s:
-                        if pol == "static":
-                            hot = ranked[: max(0, s.pager.n_slots - k)]
-                            s.pager.set_hot(hot)
-                        m = measure_prompts(s, prompts, n_predict, warmup)
-                        runs.append(m)
-                        if r == 0:
-                            log = s.route_log()
-                            first_log = first_log or log
-                            arena, slots = s.pager.requested_arena_bytes, s.pager.n_slots
-                            used, direct = s.pager.arena_bytes, s.pager.direct_io
-                    bar.update(1)
-                row = {**pt.as_dict(), "policy": pol, "arena_bytes": used, "slots": slots,
-                       "arena_fraction_of_experts": used / max(1, Pager.all_experts_bytes(layout)), **summarize(runs)}
-                rep, _ = _replay(layout, arena, pol, log, hot, k, direct)
-                row["replay_equal"] = all(rep[c] == runs[0][c] for c in _COUNTS)
-                row["replay_hits"] = rep["hits"]
-                row["replay_io_wait_s"] = rep["io_wait_us"] / 1e6
-                bel, hist = _replay(layout, arena, "belady", log, None, k, direct)
-                b = pass_rates(hist, runs[0]["pass_kind"])
-                row.update(belady_hit_rate=b["hit_rate"], belady_decode_hit_rate=b["decode_hit_rate"],
-                           belady_steady_hit_rate=b["steady_hit_rate"], belady_evictions=bel["evictions"])
-                row["belady_gap"] = row["hit_rate"] / b["hit_rate"] if b["hit_rate"] else float("nan")
-                row["steady_belady_gap"] = (row["steady_hit_rate"] / b["steady_hit_rate"]
-                                            if b["steady_hit_rate"] else float("nan"))
-                rows.append(row)
-    bar.close()
+    from ..sweeps import map_points
+
+    jobs = [dict(model=model, pt=pt, pol=pol, ranked=ranked, k=k, prompts=prompts, n_predict=n_predict,
+                 repeats=repeats, warmup=warmup, kw=kw) for pt in points for pol in policies]
+    if executor is None:  # serial, here, with a progress bar over the runs
+        bar = tqdm(total=len(jobs) * repeats, desc="eviction ablation", disable=not progress)
+        out = [_point_policy(**j, bar=bar) for j in jobs]
+        bar.close()
+    else:
+        out = map_points(_point_policy, jobs, executor)
+    rows = [r for r, _ in out]
+    first_log = out[0][1] if out else None
     df = pd.DataFrame(rows)
     df.attrs.update(model=str(layout.path), n_expert=layout.n_expert, n_expert_used=k, n_layer=len(layout.layers),
                     n_predict=n_predict, repeats=repeats, warmup=warmup, prompts=[getattr(p, "id", str(p)[:40]) for p in prompts],
                     route_log=first_log)
     return df
 
+
+def _point_policy(model, pt, pol, ranked, k, prompts, n_predict, repeats, warmup, kw, bar=None):
+    """One row of :func:`eviction` and its first run's route log (module level: executors pickle it)."""
+    from ..layout import inspect
+    from ..pager import Pager
+    from ..session import Session
+
+    layout = inspect(model)
+    runs, log, hot = [], None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            with Session(model, policy=pol, route_log=Path(tmp) / "routes.npz", **pt.session_kwargs(), **kw) as s:
+                if pol == "static":
+                    hot = ranked[: max(0, s.pager.n_slots - k)]
+                    s.pager.set_hot(hot)
+                m = measure_prompts(s, prompts, n_predict, warmup)
+                runs.append(m)
+                if r == 0:
+                    log = s.route_log()
+                    arena, slots = s.pager.requested_arena_bytes, s.pager.n_slots
+                    used, direct = s.pager.arena_bytes, s.pager.direct_io
+            if bar is not None:
+                bar.update(1)
+    row = {**pt.as_dict(), "policy": pol, "arena_bytes": used, "slots": slots,
+           "arena_fraction_of_experts": used / max(1, Pager.all_experts_bytes(layout)), **summarize(runs)}
+    rep, _ = _replay(layout, arena, pol, log, hot, k, direct)
+    row["replay_equal"] = all(rep[c] == runs[0][c] for c in _COUNTS)
+    row["replay_hits"] = rep["hits"]
+    row["replay_io_wait_s"] = rep["io_wait_us"] / 1e6
+    bel, hist = _replay(layout, arena, "belady", log, None, k, direct)
+    b = pass_rates(hist, runs[0]["pass_kind"])
+    row.update(belady_hit_rate=b["hit_rate"], belady_decode_hit_rate=b["decode_hit_rate"],
+               belady_steady_hit_rate=b["steady_hit_rate"], belady_evictions=bel["evictions"])
+    row["belady_gap"] = row["hit_rate"] / b["hit_rate"] if b["hit_rate"] else float("nan")
+    row["steady_belady_gap"] = (row["steady_hit_rate"] / b["steady_hit_rate"] if b["steady_hit_rate"] else float("nan"))
+    return row, log

@@ -22,7 +22,7 @@ from .topk import resolve_prompts, resolve_texts
 
 def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=None, k: int | None = None,
               texts=None, text_chars: int | None = None, ppl_n_ctx: int = 512, prompts=None, n_predict: int = 32,
-              repeats: int = 1, n_ctx: int = 1024, progress: bool = False, **session_kw):
+              repeats: int = 1, n_ctx: int = 1024, progress: bool = False, executor=None, **session_kw):
     """Perplexity and SSD reads per token at each skip-cold threshold, at one memory point.
 
     Args:
@@ -37,6 +37,9 @@ def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=
         prompts, n_predict, repeats: generation runs per tau (:func:`epqlab.ablation.topk.resolve_prompts`;
             ``repeats`` = 0 skips them), in sessions of ``n_ctx`` tokens.
         progress: one line per (tau, text) on stderr.
+        executor: a :class:`concurrent.futures.Executor` to run the taus on (one per process at a time,
+            :func:`epqlab.sweeps.map_points`); default None runs them serially here: the tok/s columns
+            are timings, which parallel runs on one box spoil (see :mod:`epqlab.sweeps`).
         **session_kw: further :class:`epqlab.Session` arguments.
 
     Returns:
@@ -55,8 +58,6 @@ def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=
 
     import pandas as pd
 
-    from ..session import Session
-
     if model is None:
         from ..models import default_model
 
@@ -72,40 +73,53 @@ def skip_cold(model=None, taus=(0.0, 0.1, 0.3, 0.6, 1.0), *, arena=0.25, budget=
     pt = memory_points(lay, arenas=None if budget is not None else [arena],
                        budgets=[budget] if budget is not None else None, k=k)[0]
     pr = resolve_prompts(prompts) if repeats else []
-    rows = []
-    for tau in [None] + ts:
-        kw = {**session_kw, **pt.session_kwargs()}
-        t0 = time.perf_counter()
-        with Session(model, expert_used=k, skip_cold=tau, n_batch=1, n_ubatch=1, n_ctx=max(256, ppl_n_ctx), **kw) as s:
-            ppl = {}
-            for name, text in txt.items():
-                ppl[name] = perplexity(s, text, n_ctx=ppl_n_ctx).ppl
-                if progress:
-                    print(f"[skip_cold] tau={tau} {name}: PPL {ppl[name]:.4f}", file=sys.stderr, flush=True)
-            st = s.stats
-        n = max(1, st["tokens_routed"])
-        row = {"tau": tau, "point": pt.label, "k": k or lay.n_expert_used, **{f"ppl_{x}": v for x, v in ppl.items()},
-               "ppl_mean": math.exp(sum(math.log(v) for v in ppl.values()) / len(ppl)),
-               "ppl_ssd_mb_per_token": st["bytes_read"] / n / 1e6, "ppl_skipped_per_token": st["cold_skipped"] / n,
-               "ppl_requests_per_token": st["requests"] / n, "ppl_hit_rate": st["hit_rate"],
-               "ppl_tokens": int(st["tokens_routed"])}
-        if pr:
-            rs, skipped, passes = [], 0, 0
-            for _ in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the other sweeps
-                with Session(model, expert_used=k, skip_cold=tau, n_ctx=n_ctx, **kw) as s:
-                    m = measure_prompts(s, pr, n_predict)
-                    rs.append(m)
-                    skipped += s.stats["cold_skipped"]  # only single-token passes skip
-                    passes += m["decode_passes"]
-            row.update(summarize(rs))
-            row["skipped_per_token"] = skipped / max(1, passes)
-        row["seconds"] = time.perf_counter() - t0
-        rows.append(row)
+    from ..sweeps import map_points
+
+    common = dict(model=model, k=k, lay_k=lay.n_expert_used, point=pt.label, point_kw=pt.session_kwargs(), txt=txt,
+                  ppl_n_ctx=ppl_n_ctx, pr=pr, n_predict=n_predict, repeats=repeats, n_ctx=n_ctx, progress=progress,
+                  session_kw=session_kw)
+    rows = map_points(_tau_row, [dict(tau=tau, **common) for tau in [None] + ts], executor)
     df = pd.DataFrame(rows)
     df.attrs.update(model=str(lay.path), point=pt.label, k=k or lay.n_expert_used, texts=list(txt), ppl_n_ctx=ppl_n_ctx,
                     text_chars=text_chars, prompts=[p.id for p in pr], n_predict=int(n_predict),
                     repeats=int(repeats), session_kw=dict(session_kw))
     return df
+
+
+def _tau_row(model, tau, k, lay_k, point, point_kw, txt, ppl_n_ctx, pr, n_predict, repeats, n_ctx, progress,
+             session_kw) -> dict:
+    """One row of :func:`skip_cold` (module level: executors pickle it)."""
+    import math
+
+    from ..session import Session
+
+    kw = {**session_kw, **point_kw}
+    t0 = time.perf_counter()
+    with Session(model, expert_used=k, skip_cold=tau, n_batch=1, n_ubatch=1, n_ctx=max(256, ppl_n_ctx), **kw) as s:
+        ppl = {}
+        for name, text in txt.items():
+            ppl[name] = perplexity(s, text, n_ctx=ppl_n_ctx).ppl
+            if progress:
+                print(f"[skip_cold] tau={tau} {name}: PPL {ppl[name]:.4f}", file=sys.stderr, flush=True)
+        st = s.stats
+    n = max(1, st["tokens_routed"])
+    row = {"tau": tau, "point": point, "k": k or lay_k, **{f"ppl_{x}": v for x, v in ppl.items()},
+           "ppl_mean": math.exp(sum(math.log(v) for v in ppl.values()) / len(ppl)),
+           "ppl_ssd_mb_per_token": st["bytes_read"] / n / 1e6, "ppl_skipped_per_token": st["cold_skipped"] / n,
+           "ppl_requests_per_token": st["requests"] / n, "ppl_hit_rate": st["hit_rate"],
+           "ppl_tokens": int(st["tokens_routed"])}
+    if pr:
+        rs, skipped, passes = [], 0, 0
+        for _ in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the other sweeps
+            with Session(model, expert_used=k, skip_cold=tau, n_ctx=n_ctx, **kw) as s:
+                m = measure_prompts(s, pr, n_predict)
+                rs.append(m)
+                skipped += s.stats["cold_skipped"]  # only single-token passes skip
+                passes += m["decode_passes"]
+        row.update(summarize(rs))
+        row["skipped_per_token"] = skipped / max(1, passes)
+    row["seconds"] = time.perf_counter() - t0
+    return row
 
 
 __all__ = ["skip_cold"]

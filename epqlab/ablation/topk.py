@@ -116,7 +116,7 @@ def divergence(ref: Sequence[int], other: Sequence[int]) -> tuple[int | None, in
 
 def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n_predict: int = 32,
          repeats: int = 3, budgets=None, ppl_n_ctx: int = 512, text_chars: int | None = None,
-         n_ctx: int = 1024, progress: bool = False, **session_kw):
+         n_ctx: int = 1024, progress: bool = False, executor=None, **session_kw):
     """Sweep top-k over memory points.
 
     Args:
@@ -131,6 +131,9 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
             :func:`epqlab.ablation.grid.summarize` (speeds: median, min, max; counts: the first run's).
         n_ctx: the sessions' context (tokens).
         progress: one line per run on stderr.
+        executor: a :class:`concurrent.futures.Executor` to run the ks on (one k per process at a time,
+            :func:`epqlab.sweeps.map_points`); default None runs everything serially here, because the
+            speed columns are timings that parallel runs on one box spoil (see :mod:`epqlab.sweeps`).
         **session_kw: further :class:`epqlab.Session` arguments (policy, n_threads, ...).
 
     Returns:
@@ -161,26 +164,15 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
     txt = resolve_texts(texts, text_chars)
     pr = resolve_prompts(prompts)
     own = lay.n_expert_used
+    from ..sweeps import map_points
+
+    common = dict(model=model, arenas=arenas, budgets=budgets, txt=txt, pr=pr, n_predict=n_predict, repeats=repeats,
+                  ppl_n_ctx=ppl_n_ctx, n_ctx=n_ctx, progress=progress, session_kw=session_kw)
     rows, runs, greedy = [], [], {}
-    for k in ks:
-        ppl = None
-        for pt in memory_points(lay, arenas=arenas, budgets=budgets, k=k):
-            rs = []
-            for r in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the eviction sweep
-                with Session(model, expert_used=k, n_ctx=n_ctx, **{**session_kw, **pt.session_kwargs()}) as s:
-                    t0 = time.perf_counter()
-                    m = measure_prompts(s, pr, n_predict)
-                    rs.append(m)
-                    runs.append({"k": k, "point": pt.label, "repeat": r,
-                                 **{x: v for x, v in m.items() if x != "pass_kind"}})
-                    if progress:
-                        print(f"[topk] k={k} {pt.label} run {r + 1}/{repeats}: {m['decode_tok_s']:.2f} tok/s "
-                              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
-                    if ppl is None:  # once per k: paging is exact, so every point gives the same numbers
-                        ppl = {name: perplexity(s, t, n_ctx=min(ppl_n_ctx, s.n_ctx)).ppl for name, t in txt.items()}
-                        greedy[k] = {p.id: greedy_tokens(s, p, n_predict) for p in pr}
-            rows.append({"k": k, "own_k": own, "point": pt.label, **{f"ppl_{n}": v for n, v in ppl.items()},
-                         **summarize(rs)})
+    for k, (r, ru, g) in zip(ks, map_points(_k_rows, [dict(k=k, **common) for k in ks], executor)):
+        rows += r
+        runs += ru
+        greedy[k] = g
     if own not in greedy:  # the model's own k was not swept: its reference, with plain llama.cpp (exact)
         with Session(model, n_ctx=n_ctx, pager=False) as s:
             greedy[own] = {p.id: greedy_tokens(s, p, n_predict) for p in pr}
@@ -198,6 +190,33 @@ def topk(model=None, ks=None, *, arenas=(0.25, 0.5), texts=None, prompts=None, n
                     ppl_n_ctx=int(ppl_n_ctx), text_chars=text_chars, n_ctx=int(n_ctx),
                     session_kw=dict(session_kw), divergence=div, runs=runs)
     return df
+
+
+def _k_rows(model, k, arenas, budgets, txt, pr, n_predict, repeats, ppl_n_ctx, n_ctx, progress, session_kw):
+    """Rows, speed runs and greedy tokens of one k of :func:`topk` (module level: executors pickle it)."""
+    from ..session import Session
+
+    lay = inspect(model)
+    own = lay.n_expert_used
+    rows, runs, greedy, ppl = [], [], {}, None
+    for pt in memory_points(lay, arenas=arenas, budgets=budgets, k=k):
+        rs = []
+        for r in range(int(repeats)):  # each repeat a fresh session (cold arena), as in the eviction sweep
+            with Session(model, expert_used=k, n_ctx=n_ctx, **{**session_kw, **pt.session_kwargs()}) as s:
+                t0 = time.perf_counter()
+                m = measure_prompts(s, pr, n_predict)
+                rs.append(m)
+                runs.append({"k": k, "point": pt.label, "repeat": r,
+                             **{x: v for x, v in m.items() if x != "pass_kind"}})
+                if progress:
+                    print(f"[topk] k={k} {pt.label} run {r + 1}/{repeats}: {m['decode_tok_s']:.2f} tok/s "
+                          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+                if ppl is None:  # once per k: paging is exact, so every point gives the same numbers
+                    ppl = {name: perplexity(s, t, n_ctx=min(ppl_n_ctx, s.n_ctx)).ppl for name, t in txt.items()}
+                    greedy = {p.id: greedy_tokens(s, p, n_predict) for p in pr}
+        rows.append({"k": k, "own_k": own, "point": pt.label, **{f"ppl_{n}": v for n, v in ppl.items()},
+                     **summarize(rs)})
+    return rows, runs, greedy
 
 
 __all__ = ["topk", "divergence", "greedy_tokens", "parse_ks", "resolve_texts", "resolve_prompts"]

@@ -6,7 +6,7 @@ def register(sub) -> None:
     p = sub.add_parser("info", help="print the routed-expert layout of a MoE GGUF")
     p.add_argument("model", help="path to a .gguf file")
     p.add_argument("--ram-budget", default=None,
-                   help="show how much of the experts a whole-process RAM budget can hold, e.g. 4GiB")
+                   help="show how much of the experts a whole-process RAM budget can hold, e.g. 4GiB, or 'auto'")
     p.set_defaults(func=run)
 
 
@@ -19,7 +19,14 @@ def run(args) -> int:
     if args.ram_budget is not None:
         from ..session import DEFAULT_RESERVE
 
-        budget = parse_bytes(args.ram_budget)
+        if str(args.ram_budget).strip().lower() == "auto":
+            from ..auto_budget import auto_budget
+
+            ab = auto_budget()
+            print(f"\n{ab.describe()}")
+            budget = ab.budget
+        else:
+            budget = parse_bytes(args.ram_budget)
         arena = budget - layout.non_expert_bytes - DEFAULT_RESERVE
         cov = layout.budget_coverage(max(0, arena))
         print(f"\nram_budget {fmt_bytes(budget)} bounds the whole process (RssAnon + RssShmem + RssFile). Of it, "

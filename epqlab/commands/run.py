@@ -10,7 +10,9 @@ def add_session_args(p) -> None:
     p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--ram-budget", default=None,
-                   help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB (default: all experts fit)")
+                   help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB, or 'auto' "
+                        "(cgroup limit or MemAvailable minus a margin; default: all experts fit, or auto when the "
+                        "model is larger than that)")
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
@@ -91,20 +93,23 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),
                  prefetch_budget=getattr(args, "prefetch_budget", None),
                  read_segment_bytes=getattr(args, "read_segment", None)) as s:
+        if s.auto_budget is not None:
+            print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt
         if args.chat:
             prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])
             print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
         else:
             print(prompt, end="", flush=True)
-        res: dict = {}
-        for piece in s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat, _result=res):
+        stream = s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat)
+        for piece in stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
         print("\n")
-        print(stats_table(res["stats"], s))
+        print(stats_table(stream.stats, s))
         if result is not None:
-            result.update(res)
+            g = stream.result
+            result.update(text=g.text, tokens=g.tokens, prompt_tokens=g.prompt_tokens, stats=g.stats)
     return 0
 
 

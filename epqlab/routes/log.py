@@ -172,8 +172,8 @@ class RouteLog:
 
     @classmethod
     def from_dict(cls, d) -> "RouteLog":
-        """A log from a mapping of the NPZ's arrays, e.g. :meth:`epqlab.Session.route_log`'s dict
-        (``meta`` as a dict or a JSON string; ``ubatch`` optional). Raises :class:`RouteLogError` naming a
+        """A log from a mapping of the NPZ's arrays, e.g. a loaded NPZ or arrays built by hand
+        (:meth:`epqlab.Session.route_log` already returns a :class:`RouteLog`; ``meta`` as a dict or a JSON string; ``ubatch`` optional). Raises :class:`RouteLogError` naming a
         missing or malformed entry."""
         missing = [n for n in REQUIRED if n not in d]
         if missing:
