@@ -67,7 +67,7 @@ def test_counter_names_come_from_the_native_tables(mini_gguf):
     from epqlab._native import core
     from epqlab.layout import inspect
     from epqlab.pager import Pager
-    from epqlab.session import _COUNTERS
+    from epqlab.run_stats import COUNTERS as _COUNTERS
 
     lay = inspect(mini_gguf)
     p = Pager(lay, Pager.all_experts_bytes(lay), direct_io=False)
