@@ -8,7 +8,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion`.
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`) and,
-  where the Session has one, its time split.
+  with a pager, ``time_split``: the mean milliseconds per part of its decode calls
+  (:func:`epqlab.time_split.decode_summary`).
 
 Scheduling: one request decodes at a time (a single worker thread owns the Session); others wait in
 arrival order. The KV cache is kept across requests, so a request whose prompt extends the previous
@@ -186,9 +187,10 @@ def create_app(session, *, model_name: str | None = None):
         def read():
             with session._lock:  # between two decode calls: the pager's history is not growing
                 out = {"model": name, "stats": _jsonable(session.stats)}
-                ts = getattr(session, "time_split", None)
-                if callable(ts):
-                    out["time_split"] = _jsonable(ts())
+                if session.paged:  # mean ms per part of every decode call since the last reset_stats
+                    from .time_split import decode_summary
+
+                    out["time_split"] = _jsonable(decode_summary(session.time_split("token")))
                 return out
 
         return JSONResponse(await asyncio.get_running_loop().run_in_executor(None, read))

@@ -120,8 +120,12 @@ def test_server_matches_session_and_survives_bad_requests(server, reference):
     assert j["epqlab"]["n_prompt_reused"] > ref["usage"]["prompt_tokens"]
     assert j["choices"][0]["message"]["content"] == s.create_chat_completion(turn2, max_tokens=4, temperature=0)[
         "choices"][0]["message"]["content"]
-    st = httpx.get(url + "/v1/epqlab/stats").json()["stats"]
+    full = httpx.get(url + "/v1/epqlab/stats").json()
+    st, ts = full["stats"], full["time_split"]
     assert st["requests"] > 0 and 0 <= st["hit_rate"] <= 1
+    # the parts of the time split add up to each call's wall time ("other" is the remainder)
+    parts = ("attn_ms", "expert_ms", "io_ms", "map_ms", "predict_ms", "other_ms")
+    assert ts["calls"] > 0 and sum(ts[p] for p in parts) == pytest.approx(ts["wall_ms"])
 
 
 def test_completion_shapes(reference):
