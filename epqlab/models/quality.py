@@ -66,7 +66,7 @@ def record_prompt_routes(model, path: str | os.PathLike, *, n_predict: int = 48,
                          expert_used: int | None = None, **session_kw):
     """Generate ``n_predict`` greedy tokens for each prompt of :func:`epqlab.data.prompts` (chat prompts in
     the model's chat template) in one plain-llama.cpp :class:`epqlab.Session` recording routes, save the
-    route log (NPZ, DESIGN.md §6) to ``path`` and return it as a :class:`~epqlab.routes.RouteLog`
+    route log (NPZ, docs/DESIGN.md §6) to ``path`` and return it as a :class:`~epqlab.routes.RouteLog`
     (prefill and decode tokens of every prompt, in order). ``session_kw`` go to the Session
     (e.g. ``n_threads``)."""
     from ..data import prompts
