@@ -153,3 +153,20 @@ def test_report_cli_errors(tmp_path, capsys):
     bad.write_text(json.dumps({"rows": [{"x": 1}]}))
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "p"), "--extra", str(bad)]) == 1
     assert "not the results of a known study" in capsys.readouterr().err
+
+
+def test_least_stale_paper_shows_the_routing_cap_table():
+    from epqlab.papers.studies import least_stale
+
+    doc = json.loads((FIXTURES / "03_synth3.json").read_text())
+    # one point: 153 slots of 24 layers x 128 experts -> bound 153 / 3072 = 4.98 %
+    doc["routing_cap"] = [{"point": "arena 5%", "slots": 153, "uniform_bound": 153 / 3072, "uniform_best_online": 0.0451,
+                           "uniform_best_policy": "lfu", "uniform_belady": 0.1, "uniform_ratio": 0.451,
+                           "model_best_online": 0.316, "model_best_policy": "fnu", "model_belady": 0.567,
+                           "model_ratio": 0.316 / 0.567}]
+    md = least_stale(doc)
+    lines = md.splitlines()
+    i = next(i for i, l in enumerate(lines) if "uniform bound %" in l)
+    assert [c.strip() for c in lines[i + 2].strip("|").split("|")][:5] == ["arena 5%", "153", "5.0", "4.5", "10.0"]
+    assert "no online policy can exceed slots / (L x E) = 5.0% there" in md
+    assert "reaches 56% of Belady (31.6% vs 56.7%)" in md

@@ -64,6 +64,16 @@ def least_stale(doc: dict) -> str:
         parts += ["**Idealised simulator** (one shared pool, no live constraints): hit rate %.",
                   table(sim, {"capacity": "slots", **{c: f"{c} %" for c in sim.columns if c != "capacity"}})]
     parts.append("\n\n".join(eviction_reading(df).splitlines()))
+    if doc.get("routing_cap"):
+        from ..ablation import routing_cap_reading
+
+        cap = pd.DataFrame(doc["routing_cap"])
+        parts += ["**What routing allows** (`epqlab.ablation.routing_cap`: i.i.d. uniform routes of the same shape "
+                  "replayed through the pager; no online policy can exceed slots / (L x E) on them).",
+                  table(cap, {"point": "point", "slots": "slots", "uniform_bound": "uniform bound %",
+                              "uniform_best_online": "uniform best online %", "uniform_belady": "uniform Belady %",
+                              "model_best_online": "model best online %", "model_belady": "model Belady %"}),
+                  "\n\n".join(routing_cap_reading(cap).splitlines())]
     return "\n\n".join(parts)
 
 
