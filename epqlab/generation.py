@@ -38,7 +38,7 @@ class Stream:
     Args (built by :meth:`epqlab.Session.stream`):
         session: the Session; toks: prompt token ids; n_predict: most tokens to generate;
         sampler: an :class:`epqlab.sampling.Sampler`; stop: stop strings (not yielded);
-        reuse_kv: keep the KV entries of the longest common prefix of the previous call's tokens and ``toks``.
+        reuse_kv: keep the KV entries of the previous call when its tokens are a prefix of ``toks``.
     """
 
     def __init__(self, session, toks: list[int], n_predict: int, sampler, stop: Sequence[str] | None,

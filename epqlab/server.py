@@ -12,8 +12,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   (:func:`epqlab.time_split.decode_summary`).
 
 Scheduling: one request decodes at a time (a single worker thread owns the Session); others wait in
-arrival order. The KV cache is kept across requests, so a request whose prompt shares a head with the
-previous one (a chat's next turn, the same system prompt) decodes only the rest. A bad request (malformed JSON, a field of the
+arrival order. The KV cache is kept across requests, so a request whose prompt extends the previous
+one (a chat's next turn) decodes only the new tokens. A bad request (malformed JSON, a field of the
 wrong type, a value out of range, messages that are not ``[{"role", "content": str}]``, a prompt
 longer than the context, an unsupported option such as ``n > 1``) gets HTTP 400 (422 for JSON that
 does not match the schema) with an OpenAI-style ``{"error": {"message", "type"}}`` body; the server

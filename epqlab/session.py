@@ -304,23 +304,17 @@ class Session:
 
     def _begin(self, reuse: Sequence[int] | None = None, with_kept: bool = False) -> tuple[int, int] | int:
         """Start an operation (call with the lock held); returns its epoch. The context is cleared,
-        unless ``reuse`` (the operation's prompt ids) is given: then the KV entries of the longest
-        common prefix of the tokens the context holds and ``reuse`` are kept, at most
-        ``len(reuse) - 1`` of them so the last prompt token is decoded again for its logits (a chat's
-        next turn, a repeated or edited prompt; as llama-cpp-python does), and the rest are dropped;
-        ``with_kept`` returns ``(epoch, tokens kept)``. Not while routes are recorded (a log must see
-        every token)."""
+        unless ``reuse`` (the operation's prompt ids) is given: then the KV entries of the previous
+        operation are kept when the tokens they hold are a proper prefix of ``reuse`` (a chat's next
+        turn, a longer prompt; as llama-cpp-python does); ``with_kept`` returns ``(epoch, tokens kept)``.
+        Not while routes are recorded (a log must see every token)."""
         self._check_open()
         self._epoch += 1
         kept = 0
         if reuse is not None and self.route_log_path is None:
-            kv, n = self._kv, min(len(self._kv), len(reuse) - 1)
-            while kept < n and int(reuse[kept]) == kv[kept]:
-                kept += 1
-            if 0 < kept < len(kv) and not self._engine.keep_prefix(kept):
-                kept = 0
-            if kept:
-                del self._kv[kept:]
+            kv = self._kv
+            if 0 < len(kv) < len(reuse) and list(reuse[:len(kv)]) == kv:
+                kept = len(kv)
         if not kept:
             self._engine.clear()
             self._kv = []
@@ -483,8 +477,8 @@ class Session:
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
         one of ``stop`` (the stop string is not yielded). Tokens are picked by llama.cpp's sampler
         chain (:class:`epqlab.sampling.Sampler`; here top-k/top-p/min-p default to off, so a
-        temperature samples the plain softmax). ``reuse_kv`` keeps the KV entries of the longest
-        common prefix of the previous call's tokens and this prompt (default off: every run starts from an empty
+        temperature samples the plain softmax). ``reuse_kv`` keeps the previous call's KV entries
+        when its tokens are a prefix of this prompt (default off: every run starts from an empty
         context, so its stats are comparable).
 
         Returns:

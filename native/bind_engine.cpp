@@ -100,8 +100,6 @@ void register_engine(py::module_ & m) {
         })
         .def("attach_pager", &engine::attach_pager, py::keep_alive<1, 2>())
         .def("clear", &engine::clear)
-        .def("keep_prefix", &engine::keep_prefix, py::arg("n"),
-             "keep the KV entries of positions [0, n) of sequence 0, drop the rest; False if the memory cannot")
         .def("apply_chat_template", &engine::apply_chat_template)
         .def("is_eog", &engine::is_eog)
         .def_property_readonly("n_vocab", &engine::n_vocab)

@@ -218,8 +218,6 @@ void engine::attach_pager(pager * pg) {
 
 void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
-bool engine::keep_prefix(int n) { return llama_memory_seq_rm(llama_get_memory(ctx_), 0, n, -1); }
-
 void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * out) {
     // llama_decode aborts the process (GGML_ASSERT) on these; refuse them here instead.
     if (n < 1 || n > n_batch()) throw std::invalid_argument("decode of " + std::to_string(n) + " tokens: must be 1.." + std::to_string(n_batch()) + " (n_batch)");

@@ -67,9 +67,6 @@ public:
     // aborted decode the context's memory is cleared.
     void decode(const int32_t * tokens, int n, int pos0, bool all, float * out);
     void clear();
-    // Keeps the KV entries of positions [0, n) of sequence 0 and drops the rest (llama_memory_seq_rm);
-    // false when the memory cannot drop a tail (then nothing is assumed kept: call clear()).
-    bool keep_prefix(int n);
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;
 
     int32_t n_vocab() const;

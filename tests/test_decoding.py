@@ -88,26 +88,3 @@ def test_temperature_sampling_is_seeded_and_follows_softmax(session):
     assert s.generate(prompt, n, temperature=0.0, seed=5).tokens == greedy.tokens
     # llama.cpp's top-k filter: k = 1 leaves the argmax whatever the temperature
     assert s.generate(prompt, n, temperature=5.0, seed=5, top_k=1).tokens == greedy.tokens
-
-
-def test_kv_prefix_reuse_keeps_the_common_prefix_and_the_answer(session):
-    """create_completion keeps the KV entries of the longest common prefix of the previous call's tokens
-    and the new prompt (at most all but the last prompt token), drops the rest, and answers exactly as a
-    call that decodes the whole prompt from an empty context (generate() clears it)."""
-    s = session
-    a = "The history of the printing press begins in Mainz, where"
-    b = "The history of the printing press begins in Venice, where"
-    ta, tb = s.tokenize(a), s.tokenize(b)
-    common = next(i for i, (x, y) in enumerate(zip(ta, tb)) if x != y)  # worked out from the tokens alone
-    assert 0 < common < len(tb) - 1
-    fresh_b = s.generate(b, n_predict=6).text
-    fresh_a = s.generate(a, n_predict=6).text
-
-    r1 = s.create_completion(a, max_tokens=6, temperature=0)  # after generate(a): a's tokens are in the KV
-    assert r1["epqlab"]["n_prompt_reused"] == len(ta) - 1 and r1["choices"][0]["text"] == fresh_a
-    r2 = s.create_completion(b, max_tokens=6, temperature=0)  # an edited prompt: only the shared head is kept
-    assert r2["epqlab"]["n_prompt_reused"] == common
-    assert r2["choices"][0]["text"] == fresh_b
-    r3 = s.create_completion(b + r2["choices"][0]["text"] + " and", max_tokens=6, temperature=0)
-    assert r3["epqlab"]["n_prompt_reused"] >= len(tb)  # a continuation keeps the prompt and what was generated
-    assert r3["choices"][0]["text"] == s.generate(b + r2["choices"][0]["text"] + " and", n_predict=6).text
