@@ -12,26 +12,14 @@ of the new prompt (a chat's next turn): only the new tokens are decoded.
 """
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 
+from .results import clean_json
+
 # What these calls accept beyond llama-cpp-python's defaults is refused, not ignored.
 _CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-def _jsonable(x):
-    """Stats as plain JSON values (NaN/inf -> None; numpy scalars -> Python)."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 def _stop_list(stop) -> list[str]:
@@ -86,14 +74,14 @@ def create_completion(session, prompt: str | Sequence[int], *, max_tokens: int |
             finally:
                 st.close()
             g = st.result
-            yield chunk("", g.finish_reason, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": _jsonable(g.stats)})
+            yield chunk("", g.finish_reason, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)})
         return chunks()
     with session._lock:
         for _ in st:
             pass
     g = st.result
     out = chunk(g.text, g.finish_reason)
-    out.update(usage=_usage(len(toks), len(g.tokens)), epqlab=_jsonable(g.stats))
+    out.update(usage=_usage(len(toks), len(g.tokens)), epqlab=clean_json(g.stats))
     return out
 
 
@@ -144,7 +132,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
             finally:
                 st.close()
             g = st.result
-            yield chunk({}, g.finish_reason, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": _jsonable(g.stats)})
+            yield chunk({}, g.finish_reason, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)})
         return chunks()
     with session._lock:
         for _ in st:
@@ -153,7 +141,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
                          "finish_reason": g.finish_reason}],
-            "usage": _usage(len(toks), len(g.tokens)), "epqlab": _jsonable(g.stats)}
+            "usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)}
 
 
 __all__ = ["create_completion", "create_chat_completion", "check_messages"]

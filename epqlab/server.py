@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
-from .completion import _jsonable
+from .results import clean_json
 
 
 def _require():
@@ -186,11 +186,11 @@ def create_app(session, *, model_name: str | None = None):
     async def stats():
         def read():
             with session._lock:  # between two decode calls: the pager's history is not growing
-                out = {"model": name, "stats": _jsonable(session.stats)}
+                out = {"model": name, "stats": clean_json(session.stats)}
                 if session.paged:  # mean ms per part of every decode call since the last reset_stats
                     from .time_split import decode_summary
 
-                    out["time_split"] = _jsonable(decode_summary(session.time_split("token")))
+                    out["time_split"] = clean_json(decode_summary(session.time_split("token")))
                 return out
 
         return JSONResponse(await asyncio.get_running_loop().run_in_executor(None, read))
