@@ -23,7 +23,7 @@ from .units import parse_bytes
 PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3}
 # Counters the pager and the hook keep for prefetch (differenced per run like the others).
 PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefetch_used_bytes", "prefetch_failed",
-                     "prefetch_cancelled", "prefetch_wait_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct")
+                     "prefetch_cancelled", "prefetch_wait_us", "prefetch_map_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct")
 
 
 def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool) -> tuple[int, int]:

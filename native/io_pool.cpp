@@ -98,6 +98,7 @@ void io_pool::worker() {
         } else {
             exec(j);
         }
+        if (after_) after_(j);  // set before the batch was published, cleared after it is done
         lk.lock();
         if (++done_ == batch_->size()) cv_done_.notify_all();
     }
@@ -105,6 +106,7 @@ void io_pool::worker() {
 
 void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     if (jobs.empty()) return;
+    after_ = nullptr;  // no batch is in flight (see submit): no worker reads it now
     fd_       = fd;
     dontneed_ = dontneed;
     if (jobs.size() == 1 || workers_.size() == 1) {
@@ -121,10 +123,11 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     batch_ = nullptr;
 }
 
-void io_pool::submit(int fd, bool dontneed, std::vector<io_job> & jobs) {
+void io_pool::submit(int fd, bool dontneed, std::vector<io_job> & jobs, std::function<void(io_job &)> after) {
     if (batch_) throw std::logic_error("io_pool::submit while a batch is in flight");
     if (jobs.empty()) return;
     std::lock_guard<std::mutex> lk(mu_);
+    after_    = std::move(after);
     fd_       = fd;
     dontneed_ = dontneed;
     batch_    = &jobs;
@@ -138,4 +141,5 @@ void io_pool::wait() {
     std::unique_lock<std::mutex> lk(mu_);
     cv_done_.wait(lk, [&] { return done_ == batch_->size(); });
     batch_ = nullptr;
+    after_ = nullptr;
 }

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -46,7 +47,10 @@ public:
     // blocks until every job of it is done. jobs must stay alive and unresized until wait()
     // returned, and no run() or submit() may be issued meanwhile (the pager finishes a batch
     // before any other read). The invariant above holds at wait().
-    void submit(int fd, bool dontneed, std::vector<io_job> & jobs);
+    // after (optional) runs on the worker right after each job of the batch, outside the pool's
+    // lock and before the job counts as done, so wait() returns only after every call returned;
+    // it must not throw and must not call into the pool.
+    void submit(int fd, bool dontneed, std::vector<io_job> & jobs, std::function<void(io_job &)> after = nullptr);
     void wait();
     // Cancels the submitted jobs no worker has claimed yet whose tag keep(tag) rejects; returns
     // how many. Call between submit() and wait().
@@ -78,6 +82,7 @@ private:
     std::condition_variable  cv_work_;
     std::condition_variable  cv_done_;
     std::vector<io_job> *    batch_    = nullptr;
+    std::function<void(io_job &)> after_;  // the async batch's per-job continuation (submit)
     size_t                   next_     = 0;
     size_t                   done_     = 0;
     int                      fd_       = -1;

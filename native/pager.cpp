@@ -424,24 +424,31 @@ int pager::take_slot(int li, int64_t need) {
 
 // ---- mapping -----------------------------------------------------------------------------
 
-void pager::map_unit(int u) {
+int pager::map_pages(int u, bool populate) const {
     const int li = u / n_expert_, e = u % n_expert_;
     const slot & sl = slots_[units_[u].slot];
-    const int64_t t0 = io_now_us();
     for (const auto & m : maps_[li]) {
         int64_t p0, p1;
         expert_pages(m, e, p0, p1);
         char * addr = m.region + (p0 - m.first_page) * page_;
-        void * r = mmap(addr, (size_t) ((p1 - p0) * page_), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd_,
-                        (off_t) (sl.offset + m.sub_off));
-        if (r == MAP_FAILED) {
-            int err = errno;
-            throw std::runtime_error("mmap of an expert slot failed: " + errstr(err) +
-                                     (err == ENOMEM ? "; vm.max_map_count may be too low for this many resident experts" : ""));
-        }
+        void * r = mmap(addr, (size_t) ((p1 - p0) * page_), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_FIXED | (populate ? MAP_POPULATE : 0), memfd_, (off_t) (sl.offset + m.sub_off));
+        if (r == MAP_FAILED) return errno;
     }
-    units_[u].mapped = true;
+    return 0;
+}
+
+static std::string map_error(int err) {
+    return "mmap of an expert slot failed: " + errstr(err) +
+           (err == ENOMEM ? "; vm.max_map_count may be too low for this many resident experts" : "");
+}
+
+void pager::map_unit(int u) {
+    const int64_t t0 = io_now_us();
+    const int err = map_pages(u, false);
     stats_.map_us += io_now_us() - t0;
+    if (err) throw std::runtime_error(map_error(err));
+    units_[u].mapped = true;
 }
 
 void pager::unmap_unit(int u) {
@@ -929,8 +936,38 @@ int pager::prefetch_start(int li, const int32_t * ids, int n) {
         stats_.prefetch_units++;
     }
     pf_active_ = true;
-    if (!pf_jobs_.empty()) pool_->submit(files_[0].fd, !direct_, pf_jobs_);
+    if (!pf_jobs_.empty()) {
+        // The worker that completes a unit's last read maps it (and prefaults its page tables)
+        // while the compute thread works on the current layer: no other pager operation runs
+        // until prefetch_finish (every one finishes the prefetch first), so these mmaps race
+        // with nothing; the unit becomes resident there, after all of its reads completed.
+        const size_t n_units = pf_units_.size();
+        pf_left_.reset(new std::atomic<int>[n_units]);
+        pf_bad_.reset(new std::atomic<int>[n_units]);
+        pf_mapped_.reset(new std::atomic<int>[n_units]);
+        if (pf_index_.size() != units_.size()) pf_index_.assign(units_.size(), -1);
+        for (size_t i = 0; i < n_units; i++) {
+            pf_left_[i] = 0;
+            pf_bad_[i] = 0;
+            pf_mapped_[i] = 0;
+            pf_index_[pf_units_[i]] = (int) i;
+        }
+        for (int u : pf_job_unit_) pf_left_[pf_index_[u]]++;
+        pool_->submit(files_[0].fd, !direct_, pf_jobs_, [this](io_job & j) { prefetch_job_done(j); });
+    }
     return (int) pf_units_.size();
+}
+
+void pager::prefetch_job_done(io_job & j) {
+    const int i = pf_index_[j.tag];
+    if (j.cancel || j.err != 0 || j.got < j.need) pf_bad_[i] = 1;
+    // The fill mapping's entries of these pages are dropped later, by prefetch_finish on the
+    // compute thread: a madvise here would shoot down the TLB of the core computing (an IPI per
+    // call, measured ~460 per token on the 8 GiB model), not only this worker's.
+    if (pf_left_[i].fetch_sub(1) != 1 || pf_bad_[i]) return;
+    const int64_t t0 = io_now_us();
+    pf_mapped_[i] = map_pages(j.tag, true) == 0 ? 1 : 2;
+    pf_map_us_ += io_now_us() - t0;
 }
 
 void pager::prefetch_finish_for(int li, const int32_t * ids, int n) {
@@ -966,20 +1003,31 @@ void pager::prefetch_finish() {
         if ((j.err != 0 || j.got < j.need) && std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end())
             bad.push_back(pf_job_unit_[i]);
     }
-    for (const auto & j : pf_jobs_) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);
-    for (int u : pf_units_) {
+    const int64_t t_dn = io_now_us();
+    for (const auto & j : pf_jobs_) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);  // see prefetch_job_done
+    stats_.map_us += io_now_us() - t_dn;
+    stats_.prefetch_map_us += pf_map_us_.exchange(0);
+    for (size_t i = 0; i < pf_units_.size(); i++) {
+        const int u = pf_units_[i];
         unit & x = units_[u];
+        pf_index_[u] = -1;
+        if (pf_mapped_[i] == 2) {  // read, but its mmap failed part-way: give its pages back, count it failed
+            x.mapped = true;
+            unmap_unit(u);
+            if (std::find(bad.begin(), bad.end(), u) == bad.end()) bad.push_back(u);
+        }
         if (std::find(bad.begin(), bad.end(), u) != bad.end()) {
             slots_[x.slot].unit = -1;
             free_[slots_[x.slot].cls].push_back(x.slot);
             x.slot = -1;
             bool cancelled = false;
-            for (size_t i = 0; i < pf_jobs_.size(); i++) cancelled |= pf_job_unit_[i] == u && pf_jobs_[i].cancel;
+            for (size_t k = 0; k < pf_jobs_.size(); k++) cancelled |= pf_job_unit_[k] == u && pf_jobs_[k].cancel;
             if (cancelled) stats_.prefetch_cancelled++;
             else stats_.prefetch_failed++;
             continue;
         }
-        map_unit(u);
+        if (pf_mapped_[i] == 1) x.mapped = true;  // by the worker that completed its reads
+        else map_unit(u);
         x.prefetched = true;
         if (!x.pinned) insert_evictable(u);
     }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 
 #include <cstdint>
 #include <algorithm>
@@ -94,6 +95,7 @@ struct pager_stats {
     int64_t prefetch_failed = 0;      // prefetched units whose read failed (slot freed, no error raised)
     int64_t prefetch_wait_us = 0;     // wall time prefetch_finish waited for reads (also in io_wait_us)
     int64_t prefetch_cancelled = 0;   // prefetched units whose reads were cancelled (mispredicted, not started)
+    int64_t prefetch_map_us = 0;      // I/O workers' time mapping prefetched units (not in map_us: off the compute thread)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
 };
@@ -155,8 +157,9 @@ public:
     // (without error) at the first unit no slot can be freed for. Returns the units issued.
     // Every other pager operation first finishes an in-flight prefetch; one prefetch at a time.
     int  prefetch_start(int li, const int32_t * ids, int n);
-    // Waits for the in-flight prefetch, maps the units whose reads completed (they become
-    // resident and evictable, not pinned), frees the slots of failed ones. No-op when none.
+    // Waits for the in-flight prefetch; the units whose reads all completed were mapped by the
+    // I/O worker that finished them (page tables prefaulted, off the compute thread) and become
+    // resident and evictable, not pinned; frees the slots of failed ones. No-op when none.
     void prefetch_finish();
     // The same when layer li is about to request ids[0..n): reads of other (mispredicted)
     // experts of the prefetch that no I/O thread has started are cancelled first, so the wait
@@ -319,4 +322,14 @@ private:
     std::vector<int>             pf_job_unit_;
     std::vector<int>             pf_units_;       // units placed by the in-flight prefetch
     std::vector<int>             pf_protected_;   // predicted units already resident: out of the evictable sets
+    // Per unit of the in-flight prefetch (index into pf_units_): jobs still running, whether one
+    // failed or was cancelled, and whether the worker that finished its last job mapped it
+    // (1 = mapped, 2 = its mmap failed). Written by I/O workers, read after pool_->wait().
+    std::unique_ptr<std::atomic<int>[]> pf_left_, pf_bad_, pf_mapped_;
+    std::atomic<int64_t>         pf_map_us_{0};   // workers' mmap time (off the compute thread)
+    std::vector<int>             pf_index_;       // unit -> index into pf_units_ (-1: not in flight)
+    // The mmaps that back unit u's pages in the region with its slot (populate: prefault the
+    // page tables too). Returns 0 or the errno of the failed mmap; touches no pager state.
+    int map_pages(int u, bool populate) const;
+    void prefetch_job_done(io_job & j);  // the I/O worker's continuation of a prefetch read
 };
