@@ -117,6 +117,10 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_prefetch(mode, budget_bytes);
         }, py::arg("mode"), py::arg("budget_bytes") = 0)
+        .def("set_pipeline", [](engine & e, bool on) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_pipeline(on);
+        }, py::arg("on"))
         .def("set_timing", [](engine & e, bool on) { if (e.hook()) e.hook()->set_timing(on); }, py::arg("on"))
         .def("take_time_split", [](engine & e) {
             // (layers int64 [n, 8]: call, layer index, n_tokens, attn_us, expert_us, io_us, map_us, predict_us;

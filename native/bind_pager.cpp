@@ -54,6 +54,7 @@ static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
         EPQ_FIELD(pager_stats, "prefetch_wait_us", s.prefetch_wait_us),
         EPQ_FIELD(pager_stats, "prefetch_cancelled", s.prefetch_cancelled),
         EPQ_FIELD(pager_stats, "prefetch_map_us", s.prefetch_map_us),
+        EPQ_FIELD(pager_stats, "pipelined_loads", s.pipelined_loads),
     };
     return f;
 }

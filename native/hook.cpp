@@ -49,6 +49,7 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
         }
     }
     cur_.assign(n_layers_, layer_time{});
+    mm_order_.assign(n_layers_, {});
     gate_inp_.assign(n_layers_, nullptr);
     hidden_.assign(n_layers_, nullptr);
     prev_ids_.assign(n_layers_, {});
@@ -134,7 +135,22 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             }
         }
         const int li = it->second.first, ti = it->second.second;
+        if (std::find(mm_order_[li].begin(), mm_order_[li].end(), ti) == mm_order_[li].end()) mm_order_[li].push_back(ti);
         if (!pg_) return false;
+        if (mode_[li] == REGION && pg_->demand_pending(li)) {
+            // Pipelined: wait for this matrix's reads only, and make this matmul a needed node so
+            // that the next matrix's ask (and wait) comes after it was computed.
+            try {
+                pg_->wait_tensor(li, ti);
+                if (timing_) charge_pager(li);
+                w->data = pg_->tensor_data(li, ti);
+                return true;
+            } catch (...) {
+                if (!error_) error_ = std::current_exception();
+                abort_ = true;
+                mode_[li] = ZERO;
+            }
+        }
         if (mode_[li] == PENDING) {
             try {
                 resolve_pending(li);
@@ -334,6 +350,11 @@ void expert_hook::score_prediction(int li, const std::vector<int32_t> & ids) {
 
 void expert_hook::end_decode() {
     if (pg_) {
+        try {
+            pg_->demand_finish();  // a decode stopped inside a pipelined layer: settle its reads
+        } catch (...) {
+            if (!error_) error_ = std::current_exception();
+        }
         pg_->prefetch_finish();  // a prediction past the last layer's request: settle it
         if (timing_ && last_li_ >= 0) charge_pager(last_li_);
     }
@@ -439,7 +460,8 @@ void expert_hook::on_topk(ggml_tensor * t) {
     }
     try {
         std::vector<int32_t> staged;
-        if (!pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
+        const bool queued = pipeline_ && n_tokens == 1 && pg_->request_layer_async(li, ids.data(), k, mm_order_[li]);
+        if (!queued && !pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
             // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
             mode_[li] = STAGE;
             stage_ids_[li] = std::move(staged);

@@ -55,6 +55,12 @@
 // ffn_moe_logits-<il>) and takes the top-k; PREVIOUS takes the experts layer l+1 used for the
 // previous token; UNION is lookahead first, then previous, capped at a byte budget. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
+//
+// Pipelined reads (set_pipeline; off by default): for a single-token ubatch the hook requests a
+// layer with pager::request_layer_async, so the misses' reads are queued matrix by matrix in the
+// order the graph computes them (learned from the asks), and each expert matmul's ask waits
+// only for its own matrix (pager::wait_tensor) and is a needed node: ggml computes up to it, so
+// the next matrix's reads overlap this matmul. The bytes each matmul reads are the same.
 #pragma once
 
 #include <cstdint>
@@ -112,6 +118,8 @@ public:
     void set_skip_cold(double tau) {
         if (tau >= 0 && pf_mode_ != PF_OFF)
             throw std::invalid_argument("skip-cold and prefetch are exclusive: skip-cold's choice depends on residency");
+        if (tau >= 0 && pipeline_)
+            throw std::invalid_argument("skip-cold and pipelined reads are exclusive: skip-cold loads at the first matmul");
         skip_tau_ = tau;
     }
     double skip_cold() const { return skip_tau_; }
@@ -119,6 +127,14 @@ public:
     // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
     void set_prefetch(int mode, int64_t budget_bytes);
     int  prefetch() const { return pf_mode_; }
+    // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
+    void set_pipeline(bool on) {
+        if (on && skip_tau_ >= 0)
+            throw std::invalid_argument("pipelined reads and skip-cold are exclusive: skip-cold loads at the first matmul");
+        if (pg_) pg_->demand_finish();
+        pipeline_ = on;
+    }
+    bool pipeline() const { return pipeline_; }
     // Time split (see above); on by default.
     void set_timing(bool on) { timing_ = on; }
     bool timing() const { return timing_; }
@@ -203,6 +219,9 @@ private:
     std::vector<layer_time>                  cur_;          // per layer, this decode call
     std::vector<layer_time>                  layer_times_;
     std::vector<call_time>                   call_times_;
+    // pipelined reads
+    bool                                     pipeline_ = false;
+    std::vector<std::vector<int>>            mm_order_;     // per layer: tensor indices in the order their matmuls are asked
     // prefetch
     int                                      pf_mode_ = PF_OFF;
     int64_t                                  pf_budget_ = 0;

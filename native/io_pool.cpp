@@ -1,7 +1,7 @@
 // io_pool: worker threads executing positioned reads; see io_pool.h for the invariant.
-// A batch is handed to the workers under one mutex; each worker claims the next job index,
-// reads it with pread (looping over partial reads until EOF, error or len), records the
-// result in the job itself, and counts it done. run() waits for done == size.
+// Jobs are queued (pointers, FIFO) under one mutex; each worker claims the front job, reads it
+// with pread (looping over partial reads until EOF, error or len), records the result in the
+// job itself, and marks it done under the mutex. A wait sleeps until its jobs are all done.
 #include "io_pool.h"
 
 #include <cerrno>
@@ -86,9 +86,11 @@ void io_pool::exec(io_job & j) {
 void io_pool::worker() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-        cv_work_.wait(lk, [this] { return stop_ || (batch_ && next_ < batch_->size()); });
+        cv_work_.wait(lk, [this] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        io_job & j = (*batch_)[next_++];
+        io_job & j = *queue_.front();
+        queue_.pop_front();
+        running_++;
         const bool skip = j.cancel;  // read under the lock: cancel_pending sets it under the lock
         lk.unlock();
         if (skip) {
@@ -98,48 +100,50 @@ void io_pool::worker() {
         } else {
             exec(j);
         }
-        if (after_) after_(j);  // set before the batch was published, cleared after it is done
+        if (j.notify && after_) after_(j);
         lk.lock();
-        if (++done_ == batch_->size()) cv_done_.notify_all();
+        j.done = true;
+        running_--;
+        cv_done_.notify_all();
     }
 }
 
 void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     if (jobs.empty()) return;
-    after_ = nullptr;  // no batch is in flight (see submit): no worker reads it now
-    fd_       = fd;
-    dontneed_ = dontneed;
-    if (jobs.size() == 1 || workers_.size() == 1) {
-        // One job or one worker: read on the calling thread, saving two context switches.
-        for (auto & j : jobs) exec(j);
+    for (auto & j : jobs) {
+        j.done = false;
+        j.notify = false;
+    }
+    if ((jobs.size() == 1 || workers_.size() == 1) && !busy()) {
+        // One job or one worker, nothing queued: read on the calling thread, saving two context switches.
+        fd_       = fd;
+        dontneed_ = dontneed;
+        for (auto & j : jobs) {
+            exec(j);
+            j.done = true;
+        }
         return;
     }
-    std::unique_lock<std::mutex> lk(mu_);
-    batch_ = &jobs;
-    next_  = 0;
-    done_  = 0;
-    cv_work_.notify_all();
-    cv_done_.wait(lk, [&] { return done_ == jobs.size(); });
-    batch_ = nullptr;
+    enqueue(fd, dontneed, jobs);
+    wait_jobs(jobs, 0, jobs.size());
 }
 
-void io_pool::submit(int fd, bool dontneed, std::vector<io_job> & jobs, std::function<void(io_job &)> after) {
-    if (batch_) throw std::logic_error("io_pool::submit while a batch is in flight");
+void io_pool::enqueue(int fd, bool dontneed, std::vector<io_job> & jobs) {
     if (jobs.empty()) return;
     std::lock_guard<std::mutex> lk(mu_);
-    after_    = std::move(after);
     fd_       = fd;
     dontneed_ = dontneed;
-    batch_    = &jobs;
-    next_     = 0;
-    done_     = 0;
+    for (auto & j : jobs) {
+        j.done = false;
+        queue_.push_back(&j);
+    }
     cv_work_.notify_all();
 }
 
-void io_pool::wait() {
-    if (!batch_) return;
+void io_pool::wait_jobs(std::vector<io_job> & jobs, size_t from, size_t to) {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_done_.wait(lk, [&] { return done_ == batch_->size(); });
-    batch_ = nullptr;
-    after_ = nullptr;
+    for (size_t i = from; i < to && i < jobs.size(); i++) {
+        io_job & j = jobs[i];
+        cv_done_.wait(lk, [&] { return j.done; });
+    }
 }

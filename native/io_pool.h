@@ -1,15 +1,17 @@
 // io_pool: a fixed set of worker threads that execute positioned reads from file descriptors
-// (one per batch, or one per job) into caller-owned memory.
+// into caller-owned memory, taken from one FIFO queue of jobs.
 //
-// Invariant: run() returns only after every job of the batch has finished, successfully or
-// not, and each job's result (bytes read, errno, duration) is written exactly once; no job
-// outlives the call, so the caller may unmap or reuse the destination memory afterwards.
-// A job never retries silently: a short read that ends before `need` bytes is reported as
-// a failure with err = 0 and got < need, and the caller decides what that means.
+// Invariant: a job handed to the pool is finished exactly once (read, failed, or cancelled
+// before a worker claimed it), its result (bytes read, errno, duration) is written before it
+// counts as done, and every wait returns only after all the jobs it names are done; no job
+// outlives the wait that covers it, so the caller may unmap or reuse the destination memory
+// afterwards. A job never retries silently: a short read that ends before `need` bytes is
+// reported as a failure with err = 0 and got < need, and the caller decides what that means.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -20,10 +22,12 @@ struct io_job {
     int64_t  len    = 0;   // bytes to request (page multiple for O_DIRECT)
     int64_t  need   = 0;   // bytes that must arrive for success (<= len; the rest may be past EOF)
     void *   dst    = nullptr;
-    int      fd     = -1;  // file to read (a model may be split over several); -1 = run()'s fd
+    int      fd     = -1;  // file to read (a model may be split over several); -1 = the batch's fd
     int      tag    = 0;   // caller's label (the pager: the unit), for cancel_pending
     bool     cancel = false;  // set by cancel_pending before a worker claimed it: not read, err = ECANCELED
+    bool     notify = false;  // call the pool's continuation (set_after) when finished
     // results
+    bool     done   = false;  // finished (under the pool's lock)
     int64_t  got    = 0;   // bytes read
     int      err    = 0;   // errno of a failed read, 0 otherwise
     int64_t  t_us   = 0;   // wall time of this job's reads, microseconds
@@ -36,33 +40,39 @@ public:
     io_pool(const io_pool &) = delete;
     io_pool & operator=(const io_pool &) = delete;
 
-    // Executes all jobs on the workers (or inline when there is one job or one thread),
-    // reading with pread from each job's fd (fd when the job has none); when dontneed is set, drops the read range from the page
-    // cache afterwards (buffered mode). Blocks until every job is done.
+    // Executes all jobs on the workers (or inline when there is one job or one thread and
+    // nothing is queued), reading with pread from each job's fd (fd when the job has none);
+    // when dontneed is set, drops the read range from the page cache afterwards (buffered
+    // mode). Blocks until every job of it is done.
     void run(int fd, bool dontneed, std::vector<io_job> & jobs);
 
     int n_threads() const { return (int) workers_.size(); }
 
-    // Asynchronous batch (prefetch): hands jobs to the workers and returns at once; wait()
-    // blocks until every job of it is done. jobs must stay alive and unresized until wait()
-    // returned, and no run() or submit() may be issued meanwhile (the pager finishes a batch
-    // before any other read). The invariant above holds at wait().
-    // after (optional) runs on the worker right after each job of the batch, outside the pool's
-    // lock and before the job counts as done, so wait() returns only after every call returned;
-    // it must not throw and must not call into the pool.
-    void submit(int fd, bool dontneed, std::vector<io_job> & jobs, std::function<void(io_job &)> after = nullptr);
-    void wait();
-    // Cancels the submitted jobs no worker has claimed yet whose tag keep(tag) rejects; returns
-    // how many. Call between submit() and wait().
+    // Asynchronous jobs: appends jobs to the queue and returns at once. The jobs must stay alive
+    // and unresized until a wait covering them returned. Jobs run in queue order (FIFO), so
+    // what is enqueued first is read first.
+    void enqueue(int fd, bool dontneed, std::vector<io_job> & jobs);
+    // Blocks until every job in jobs[from, to) is done.
+    void wait_jobs(std::vector<io_job> & jobs, size_t from, size_t to);
+    // The continuation called on the worker right after each job with notify set, outside the
+    // pool's lock and before the job counts as done, so a wait returns only after its calls
+    // returned; it must not throw and must not call into the pool. Set it while idle.
+    void set_after(std::function<void(io_job &)> after) { after_ = std::move(after); }
+
+    // Cancels the queued jobs no worker has claimed yet whose tag keep(tag) rejects; returns
+    // how many (they finish at once with err = ECANCELED).
     template <class F> int cancel_pending(F keep) {
         std::lock_guard<std::mutex> lk(mu_);
-        if (!batch_) return 0;
         int n = 0;
-        for (size_t i = next_; i < batch_->size(); i++)
-            if (!(*batch_)[i].cancel && !keep((*batch_)[i].tag)) { (*batch_)[i].cancel = true; n++; }
+        for (io_job * j : queue_)
+            if (!j->cancel && !keep(j->tag)) { j->cancel = true; n++; }
         return n;
     }
-    bool busy() const { return batch_ != nullptr; }
+    // Jobs queued or running.
+    bool busy() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return !queue_.empty() || running_ > 0;
+    }
 
     // Test hook: every read (job) from now sleeps delay_us microseconds first (an artificially
     // slow device; its time is part of the job's t_us). 0 disables.
@@ -81,13 +91,12 @@ private:
     std::mutex               mu_;
     std::condition_variable  cv_work_;
     std::condition_variable  cv_done_;
-    std::vector<io_job> *    batch_    = nullptr;
-    std::function<void(io_job &)> after_;  // the async batch's per-job continuation (submit)
-    size_t                   next_     = 0;
-    size_t                   done_     = 0;
+    std::deque<io_job *>     queue_;       // not yet claimed, FIFO
+    int                      running_  = 0;  // claimed, not done
     int                      fd_       = -1;
     bool                     dontneed_ = false;
     bool                     stop_     = false;
+    std::function<void(io_job &)> after_;
     int64_t                  fault_countdown_ = 0;
     int                      fault_err_       = 0;
     int64_t                  delay_us_        = 0;

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static std::string errstr(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+std::string errstr(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -233,12 +233,16 @@ void pager::init(const pager_config & cfg) {
     stats_.layer_requests.assign(layers_.size(), 0);
     stats_.layer_hits.assign(layers_.size(), 0);
     pool_ = std::make_unique<io_pool>(cfg.io_threads);
+    pool_->set_after([this](io_job & j) { prefetch_job_done(j); });
 }
 
 pager::~pager() { release_resources(); }
 
 void pager::release_resources() {
-    if (pool_ && pf_active_) pool_->wait();  // no read may outlive the arena it writes into
+    // No read may outlive the arena it writes into.
+    if (pool_ && pf_active_) pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
+    if (pool_ && dm_active_) pool_->wait_jobs(dm_jobs_, 0, dm_jobs_.size());
+    dm_active_ = false;
     pf_active_ = false;
     pool_.reset();
     for (auto & ms : maps_)
@@ -287,6 +291,7 @@ int64_t pager::n_resident() const {
 
 void pager::reset_stats() {
     if (pf_active_) prefetch_finish();
+    if (dm_active_) demand_finish();
     pager_stats s;
     s.layer_requests.assign(layers_.size(), 0);
     s.layer_hits.assign(layers_.size(), 0);
@@ -354,6 +359,7 @@ void pager::begin_pass() {
 
 void pager::set_hot(const std::vector<int32_t> & us) {
     if (pf_active_) prefetch_finish();
+    if (dm_active_) demand_finish();
     for (int32_t u : us) {
         if (u < 0 || u >= (int32_t) units_.size()) throw std::out_of_range("hot unit " + std::to_string(u) + " out of range");
         if (units_[u].hot) continue;
@@ -438,7 +444,7 @@ int pager::map_pages(int u, bool populate) const {
     return 0;
 }
 
-static std::string map_error(int err) {
+std::string map_error(int err) {
     return "mmap of an expert slot failed: " + errstr(err) +
            (err == ENOMEM ? "; vm.max_map_count may be too low for this many resident experts" : "");
 }
@@ -485,6 +491,7 @@ void pager::unmap_unit(int u) {
 // ---- load / release ----------------------------------------------------------------------
 
 void pager::release_layer(int li) {
+    if (dm_active_ && dm_li_ == li) demand_finish();  // its units' reads may still be in flight
     if (!overlay_.at(li).empty()) clear_zero_overlay(li);
     for (int u : pinned_.at(li)) {
         units_[u].pinned = false;
@@ -497,6 +504,7 @@ void pager::release_layer(int li) {
 
 void pager::zero_overlay(int li, const int32_t * ids, int n) {
     if (pf_active_) prefetch_finish();
+    if (dm_active_) demand_finish();
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     std::vector<int32_t> skip(ids, ids + n);
     std::sort(skip.begin(), skip.end());
@@ -574,10 +582,11 @@ void pager::release_all() {
     for (int li = 0; li < (int) layers_.size(); li++) release_layer(li);
 }
 
-void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit) const {
+void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit, std::vector<int> * job_tensor) const {
     const int li = u / n_expert_, e = u % n_expert_;
     const slot & sl = slots_[units_[u].slot];
-    for (const auto & m : maps_[li]) {
+    for (size_t ti = 0; ti < maps_[li].size(); ti++) {
+        const auto & m = maps_[li][ti];
         int64_t p0, p1;
         expert_pages(m, e, p0, p1);
         const int64_t end  = m.offset + (int64_t) e * m.expert_bytes + m.expert_bytes;  // slice end, file bytes
@@ -593,12 +602,24 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
             j.tag    = u;
             jobs.push_back(j);
             job_unit.push_back(u);
+            if (job_tensor) job_tensor->push_back((int) ti);
         }
     }
 }
 
 void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
     if (pf_active_) prefetch_finish_for(li, ids, n);
+    if (dm_active_) demand_finish();
+    std::vector<io_job> jobs;
+    std::vector<int>    job_unit;
+    const std::vector<int> misses = place_misses(li, ids, n, hit_out, jobs, job_unit, nullptr);
+    if (misses.empty()) return;
+    run_reads(jobs);
+    settle_misses(li, misses, jobs, job_unit);
+}
+
+std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t * hit_out, std::vector<io_job> & jobs,
+                                     std::vector<int> & job_unit, std::vector<int> * job_tensor) {
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= n_expert_) {
@@ -645,10 +666,8 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             pinned_[li].push_back(u);
         }
     }
-    if (misses.empty()) return;
+    if (misses.empty()) return misses;
 
-    std::vector<io_job> jobs;
-    std::vector<int>    job_unit;
     size_t placed = 0;
     try {
         check_file();
@@ -657,7 +676,7 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
             units_[u].slot = s;
             slots_[s].unit = u;
             placed++;
-            unit_jobs(u, jobs, job_unit);
+            unit_jobs(u, jobs, job_unit, job_tensor);
         }
     } catch (...) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
@@ -672,8 +691,10 @@ void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
         throw;
     }
 
-    run_reads(jobs);
+    return misses;
+}
 
+void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<io_job> & jobs, const std::vector<int> & job_unit) {
     const io_job * failed = nullptr;
     std::vector<int> bad_units;
     for (size_t i = 0; i < jobs.size(); i++) {
@@ -724,6 +745,7 @@ void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
 
 bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids) {
     if (pf_active_) prefetch_finish_for(li, ids, k * n_tokens);
+    if (dm_active_) demand_finish();
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
@@ -739,6 +761,7 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
 
 void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx) {
     if (pf_active_) prefetch_finish();
+    if (dm_active_) demand_finish();
     if ((int) lidx.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
     for (int li : lidx)
         if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
@@ -804,30 +827,32 @@ void pager::check_file() const {
 void pager::run_reads(std::vector<io_job> & jobs) {
     const int64_t t0 = io_now_us();
     pool_->run(files_[0].fd, !direct_, jobs);
-    if (direct_) {
-        // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
-        bool redo = false;
-        for (auto & j : jobs) redo |= j.err == EINVAL;
-        if (redo) {
-            std::vector<int> fds(files_.size(), -1);
-            for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
-                for (auto & j : jobs) {
-                    for (size_t i = 0; i < files_.size(); i++)
-                        if (j.fd == files_[i].fd) j.fd = fds[i];
-                }
-                for (size_t i = 0; i < files_.size(); i++) {
-                    close(files_[i].fd);
-                    files_[i].fd = fds[i];
-                }
-                direct_ = false;
-                for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
-            } else {
-                for (int fd : fds) if (fd >= 0) close(fd);
-            }
-        }
-    }
+    redo_refused_direct(jobs);
     stats_.io_wait_us += io_now_us() - t0;
+}
+
+void pager::redo_refused_direct(std::vector<io_job> & jobs) {
+    if (!direct_) return;
+    // A file system that took O_DIRECT at open may still refuse a read: go buffered, redo those.
+    bool redo = false;
+    for (auto & j : jobs) redo |= j.err == EINVAL;
+    if (!redo) return;
+    std::vector<int> fds(files_.size(), -1);
+    for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
+        for (auto & j : jobs) {
+            for (size_t i = 0; i < files_.size(); i++)
+                if (j.fd == files_[i].fd) j.fd = fds[i];
+        }
+        for (size_t i = 0; i < files_.size(); i++) {
+            close(files_[i].fd);
+            files_[i].fd = fds[i];
+        }
+        direct_ = false;
+        for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
+    } else {
+        for (int fd : fds) if (fd >= 0) close(fd);
+    }
 }
 
 void pager::throw_read_error(const io_job & j) const {
@@ -842,6 +867,7 @@ void pager::throw_read_error(const io_job & j) const {
 
 void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst) {
     if (pf_active_) prefetch_finish();
+    if (dm_active_) demand_finish();
     const tensor_map & m = maps_.at(li).at(ti);
     std::vector<int32_t> es(ids, ids + n);
     std::sort(es.begin(), es.end());
@@ -953,7 +979,8 @@ int pager::prefetch_start(int li, const int32_t * ids, int n) {
             pf_index_[pf_units_[i]] = (int) i;
         }
         for (int u : pf_job_unit_) pf_left_[pf_index_[u]]++;
-        pool_->submit(files_[0].fd, !direct_, pf_jobs_, [this](io_job & j) { prefetch_job_done(j); });
+        for (auto & j : pf_jobs_) j.notify = true;  // prefetch_job_done (set_after in init)
+        pool_->enqueue(files_[0].fd, !direct_, pf_jobs_);
     }
     return (int) pf_units_.size();
 }
@@ -985,7 +1012,7 @@ void pager::prefetch_finish() {
     if (!pf_active_) return;
     pf_active_ = false;  // first: the calls below may not recurse into a finish
     const int64_t t0 = io_now_us();
-    pool_->wait();
+    pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
     const int64_t waited = io_now_us() - t0;
     stats_.prefetch_wait_us += waited;
     stats_.io_wait_us += waited;

@@ -30,6 +30,9 @@
 
 #include "io_pool.h"
 
+std::string errstr(int e);      // "strerror text (errno N)"
+std::string map_error(int err);  // the message of a failed mmap of an expert slot
+
 struct pager_tensor_spec {
     int64_t offset;        // absolute offset of the tensor data in its file, bytes
     int64_t expert_bytes;  // nb[2]: bytes of one expert's slice
@@ -95,6 +98,7 @@ struct pager_stats {
     int64_t prefetch_failed = 0;      // prefetched units whose read failed (slot freed, no error raised)
     int64_t prefetch_wait_us = 0;     // wall time prefetch_finish waited for reads (also in io_wait_us)
     int64_t prefetch_cancelled = 0;   // prefetched units whose reads were cancelled (mispredicted, not started)
+    int64_t pipelined_loads = 0;      // request_layer_async calls that queued reads (pipelined layers)
     int64_t prefetch_map_us = 0;      // I/O workers' time mapping prefetched units (not in map_us: off the compute thread)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
@@ -166,6 +170,20 @@ public:
     // is only for what is needed (and what is already being read).
     void prefetch_finish_for(int li, const int32_t * ids, int n);
     bool prefetch_active() const { return pf_active_; }
+    // Pipelined demand load (pager_pipeline.cpp), the hook's path for one token: the same
+    // requests, hits, evictions and pins as request_layer(li, ids, k, 1), but the misses' reads
+    // are queued on the I/O pool tensor by tensor in `order` (the order the graph computes the
+    // layer's matrices; tensors not listed follow in index order) and the call returns at once.
+    // wait_tensor(li, ti) then waits only for tensor ti's reads and maps those slices, so the
+    // later tensors' reads overlap the earlier matrices' compute. The units become resident
+    // once every tensor was waited for (or at demand_finish). Returns false (nothing requested)
+    // when the distinct ids outnumber the layer's slots. Every other pager operation first
+    // finishes a pending load; a read error is thrown by the wait that meets it (or by
+    // demand_finish), after the layer's slots were cleaned up as in load_layer.
+    bool request_layer_async(int li, const int32_t * ids, int k, const std::vector<int> & order);
+    void wait_tensor(int li, int ti);
+    void demand_finish();
+    bool demand_pending(int li) const { return dm_active_ && dm_li_ == li; }
     // Segment-parallel reads: each expert slice read on a miss is split into jobs of at most
     // this many bytes (page multiple, rounded down; 0 = one job per slice), spread over the pool.
     void set_read_segment_bytes(int64_t b) { seg_bytes_ = b <= 0 ? 0 : std::max<int64_t>(page_, b / page_ * page_); }
@@ -314,7 +332,23 @@ private:
     pager_stats                  stats_;
     std::unique_ptr<io_pool>     pool_;
     // Builds the read jobs of unit u (one per tensor, split into segments when seg_bytes_ > 0).
-    void unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit) const;
+    void unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit, std::vector<int> * job_tensor = nullptr) const;
+    // load_layer's bookkeeping before any read: counts hits and misses, pins, takes a slot for
+    // each miss (undoing on failure) and builds the misses' jobs. Returns the misses.
+    std::vector<int> place_misses(int li, const int32_t * ids, int n, uint8_t * hit_out, std::vector<io_job> & jobs,
+                                  std::vector<int> & job_unit, std::vector<int> * job_tensor);
+    // After the reads: counts bytes, maps the units read completely (the others get their slots
+    // back) and throws the first read error after unpinning layer li.
+    void settle_misses(int li, const std::vector<int> & misses, std::vector<io_job> & jobs, const std::vector<int> & job_unit);
+    void redo_refused_direct(std::vector<io_job> & jobs);  // O_DIRECT refused (EINVAL): reopen buffered, redo those
+    int  map_tensor_pages(int u, int ti, bool populate) const;
+    // The pending pipelined load (request_layer_async).
+    bool                         dm_active_ = false;
+    int                          dm_li_ = -1;
+    std::vector<io_job>          dm_jobs_;
+    std::vector<int>             dm_job_unit_, dm_job_tensor_, dm_misses_;
+    std::vector<std::pair<int, std::pair<size_t, size_t>>> dm_ranges_;  // (tensor, [from, to) of dm_jobs_) in read order
+    std::vector<uint8_t>         dm_done_;        // per dm_ranges_ entry: waited and mapped
     int64_t                      seg_bytes_ = 0;
     bool                         pf_active_ = false;
     int                          pf_li_ = -1;

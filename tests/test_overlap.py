@@ -45,14 +45,17 @@ def _small_arena(path, factor=1.5):
     return int(epqlab.Pager.min_arena_bytes(lay) * factor)
 
 
-def _check_identical(path, ref, policy, prefetch, segment):
+def _check_identical(path, ref, policy, prefetch, segment, pipeline=False):
     toks, (rp, rs, rg) = ref
     with epqlab.Session(path, arena_bytes=_small_arena(path), policy=policy, prefetch=prefetch,
-                        read_segment_bytes=segment or None, io_threads=2, n_threads=THREADS) as s:
+                        read_segment_bytes=segment or None, io_threads=2, n_threads=THREADS,
+                        pipeline_reads=pipeline) as s:
         p, st, gen = s.greedy_trace(toks, N_STEPS)
         stats = s.stats
     assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
     assert stats["misses"] > 0 and stats["evictions"] > 0  # a small arena: the pager really paged
+    # pipelined reads really queued decode layers' misses (and only when asked for)
+    assert (stats["pipelined_loads"] > 0) == pipeline
     if prefetch:
         # the prefetch really ran and was scored: otherwise this test would not test it
         assert stats["prefetch_units"] > 0 and stats["pred_layers"] > 0
@@ -61,14 +64,17 @@ def _check_identical(path, ref, policy, prefetch, segment):
 
 
 @pytest.mark.parametrize("policy", ONLINE_POLICIES)
-def test_prefetch_keeps_logits_bit_identical_every_policy(mini_gguf, mini_ref, policy):
-    """Every online policy with the union predictor and segmented reads, on the 4-layer mini model."""
-    _check_identical(mini_gguf, mini_ref, policy, "union", 4096)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_prefetch_keeps_logits_bit_identical_every_policy(mini_gguf, mini_ref, policy, pipeline):
+    """Every online policy with the union predictor and segmented reads, on the 4-layer mini model,
+    with and without pipelined (matrix-by-matrix) reads."""
+    _check_identical(mini_gguf, mini_ref, policy, "union", 4096, pipeline)
 
 
-@pytest.mark.parametrize("prefetch,segment", [("lookahead", 0), ("previous", 8192)])
-def test_prefetch_keeps_logits_bit_identical_default_model(default_path, ref, prefetch, segment):
-    st = _check_identical(default_path, ref, "lru", prefetch, segment)
+@pytest.mark.parametrize("prefetch,segment,pipeline", [("lookahead", 0, False), ("previous", 8192, False),
+                                                       (None, 0, True), ("lookahead", 65536, True)])
+def test_prefetch_keeps_logits_bit_identical_default_model(default_path, ref, prefetch, segment, pipeline):
+    st = _check_identical(default_path, ref, "lru", prefetch, segment, pipeline)
     if prefetch == "lookahead":  # the router lookahead is a real predictor on a trained model
         assert st["pred_correct"] / st["pred_experts"] > 0.5
 
