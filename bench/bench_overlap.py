@@ -38,6 +38,8 @@ def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
             kw["prefetch_budget"] = budget
     if "segments" in name:
         kw["read_segment_bytes"] = segment
+    if "pipeline" in name:
+        kw["pipeline_reads"] = True
     return kw
 
 
@@ -78,7 +80,7 @@ def table(rows: list[dict]) -> str:
         if r["status"] != "PASS":
             out.append(f"| {r['row']} | FAIL: {r.get('reason')} |")
             continue
-        pf = r["row"] not in ("off", "segments")
+        pf = r["row"].split("+")[0] in ("lookahead", "previous", "union")
         out.append(
             f"| {r['row']} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f}) | "
             f"{r['time_per_token_ms']:.0f} | {r['time_per_token_ms'] / bound:.2f} | {r['split_ms']['io_ms']:.0f} | "

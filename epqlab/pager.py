@@ -130,6 +130,16 @@ class Pager:
         return k * max(cls.unit_slot_bytes(layout))
 
     @staticmethod
+    def bounce_bytes() -> int:
+        """Bytes of one reading thread's bounce buffer: expert reads go file -> bounce buffer ->
+        arena memfd (pwrite), so no mapping of the arena is faulted in or zapped while another
+        core computes (native/io_pool.h). Every reader thread, and the computing thread when it
+        reads inline, holds one."""
+        from ._pager_native import pager_core as core
+
+        return int(core.BOUNCE_BYTES)
+
+    @staticmethod
     def max_stage_bytes(layout: ModelLayout) -> int:
         """Bytes of the staging buffer an oversize ubatch needs: the largest expert tensor's span
         of whole file pages (one matrix of one layer, all experts). See native/hook.h."""

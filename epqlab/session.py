@@ -259,7 +259,7 @@ class Session:
             try:
                 plan = plan_arena(lay, k, budget=self.budget_bytes, used_before_arena=self.used_before_arena,
                                   reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
-                                  arena_bytes=arena_bytes)
+                                  arena_bytes=arena_bytes, io_threads=io_threads or default_io_threads())
             except Exception:
                 self._engine = None
                 raise

@@ -70,6 +70,7 @@ static py::dict stats_dict(const pager & p) {
 void register_pager(py::module_ & m) {
     epq_bind::register_error_translator();
     m.attr("PAGER_COUNTERS") = epq_bind::names(stat_fields());
+    m.attr("BOUNCE_BYTES") = kBounceBytes;  // each reading thread's bounce buffer (io_pool.h)
 
     py::tuple names(N_POLICIES);
     for (int i = 0; i < N_POLICIES; i++) names[i] = py::str(POLICY_NAMES[i]);

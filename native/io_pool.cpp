@@ -4,7 +4,10 @@
 // job itself, and marks it done under the mutex. A wait sleeps until its jobs are all done.
 #include "io_pool.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <memory>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -63,6 +66,8 @@ void io_pool::exec(io_job & j) {
     if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     if (forced) {
         j.err = forced;
+    } else if (j.out_fd >= 0) {
+        exec_bounced(j);
     } else {
         char * dst = (char *) j.dst;
         const int fd = j.fd >= 0 ? j.fd : fd_;
@@ -81,6 +86,50 @@ void io_pool::exec(io_job & j) {
         }
     }
     j.t_us = io_now_us() - t0;
+}
+
+// A job whose destination is a file (the arena memfd): read kBounceBytes at a time into this
+// thread's page-aligned bounce buffer (O_DIRECT-safe), then pwrite it to out_fd. No user mapping
+// of the destination is faulted in or zapped, so no other core's TLB is shot down.
+void io_pool::exec_bounced(io_job & j) {
+    struct freer { void operator()(void * p) const { free(p); } };
+    thread_local std::unique_ptr<char, freer> buf;
+    if (!buf) {
+        void * p = nullptr;
+        if (posix_memalign(&p, 4096, (size_t) kBounceBytes) != 0) {
+            j.err = ENOMEM;
+            return;
+        }
+        buf.reset((char *) p);
+    }
+    const int fd = j.fd >= 0 ? j.fd : fd_;
+    while (j.got < j.len && !j.err) {
+        const int64_t want = std::min<int64_t>(kBounceBytes, j.len - j.got);
+        int64_t have = 0;
+        while (have < want) {
+            ssize_t r = pread(fd, buf.get() + have, (size_t) (want - have), (off_t) (j.offset + j.got + have));
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                j.err = errno;
+                break;
+            }
+            if (r == 0) break;  // EOF
+            have += r;
+        }
+        for (int64_t w = 0; w < have;) {
+            ssize_t r = pwrite(j.out_fd, buf.get() + w, (size_t) (have - w), (off_t) (j.out_off + j.got + w));
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                j.err = errno;
+                have = w;
+                break;
+            }
+            w += r;
+        }
+        j.got += have;
+        if (have < want) break;  // EOF or an error
+    }
+    if (dontneed_ && j.got > 0) posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
 }
 
 void io_pool::worker() {

@@ -21,7 +21,9 @@ struct io_job {
     int64_t  offset = 0;   // file offset, bytes (page-aligned for O_DIRECT)
     int64_t  len    = 0;   // bytes to request (page multiple for O_DIRECT)
     int64_t  need   = 0;   // bytes that must arrive for success (<= len; the rest may be past EOF)
-    void *   dst    = nullptr;
+    void *   dst    = nullptr;  // where the bytes go, or (out_fd >= 0) nothing:
+    int      out_fd = -1;       // ... they are written to this file (the arena memfd) at out_off, through the
+    int64_t  out_off = 0;       //     reading thread's bounce buffer (kBounceBytes), so no mapping of it is touched
     int      fd     = -1;  // file to read (a model may be split over several); -1 = the batch's fd
     int      tag    = 0;   // caller's label (the pager: the unit), for cancel_pending
     bool     cancel = false;  // set by cancel_pending before a worker claimed it: not read, err = ECANCELED
@@ -32,6 +34,9 @@ struct io_job {
     int      err    = 0;   // errno of a failed read, 0 otherwise
     int64_t  t_us   = 0;   // wall time of this job's reads, microseconds
 };
+
+// Bytes of each reading thread's bounce buffer (jobs with out_fd; allocated at its first such job).
+inline constexpr int64_t kBounceBytes = 1 << 20;
 
 class io_pool {
 public:
@@ -86,6 +91,7 @@ private:
     void worker();
     void stop_workers();  // sets stop_, wakes and joins every started worker
     void exec(io_job & j);
+    void exec_bounced(io_job & j);
 
     std::vector<std::thread> workers_;
     std::mutex               mu_;

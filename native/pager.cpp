@@ -1,8 +1,10 @@
 // pager: routed-expert residency in a fixed RAM arena; see pager.h for the invariant.
 //
 // Correctness rests on three rules kept in this file:
-//  1. read before map: a miss gets a slot, the file pages are read into the slot through the
-//     arena's own fill mapping, and only when every read of the unit returned all needed bytes
+//  1. read before map: a miss gets a slot, the file pages are read into the slot's memfd pages
+//     (pread into the reading thread's bounce buffer, pwrite to the memfd: no mapping of the
+//     slot is touched, so no TLB shootdown reaches the computing core), and only when every
+//     read of the unit returned all needed bytes
 //     is the slot mapped over the region and the unit counted resident. Reading through the
 //     region instead would be wrong: two neighbours loaded together share a boundary page, and
 //     the region shows only one of their copies, so the other slot's copy would stay stale;
@@ -217,14 +219,6 @@ void pager::init(const pager_config & cfg) {
         int e = errno;
         throw std::runtime_error("cannot create the arena memfd of " + std::to_string(arena_size_) + " bytes: " + errstr(e));
     }
-    if (arena_size_ > 0) {
-        void * f = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
-        if (f == MAP_FAILED) {
-            int e = errno;
-            throw std::runtime_error("cannot map the arena memfd: " + errstr(e));
-        }
-        fill_ = (char *) f;
-    }
     units_.assign((size_t) layers_.size() * n_expert_, unit{});
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
@@ -248,8 +242,6 @@ void pager::release_resources() {
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
     maps_.clear();
-    if (fill_) munmap(fill_, (size_t) arena_size_);
-    fill_ = nullptr;
     if (memfd_ >= 0) close(memfd_);
     memfd_ = -1;
     close_files();
@@ -597,7 +589,8 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
             j.offset = p0 * page_ + off;
             j.len    = std::min(step, len - off);
             j.need   = std::max<int64_t>(0, std::min(j.offset + j.len, end) - j.offset);
-            j.dst    = fill_ + sl.offset + m.sub_off + off;
+            j.out_fd  = memfd_;  // into the slot's memfd pages through the reader's bounce buffer
+            j.out_off = sl.offset + m.sub_off + off;
             j.fd     = files_[m.file].fd;
             j.tag    = u;
             jobs.push_back(j);
@@ -706,9 +699,6 @@ void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<i
             if (std::find(bad_units.begin(), bad_units.end(), job_unit[i]) == bad_units.end()) bad_units.push_back(job_unit[i]);
         }
     }
-    // The fill mapping's page-table entries are dropped (the memfd keeps the pages), so each
-    // arena page is mapped once, by the region, and RssShmem counts it once.
-    for (const auto & j : jobs) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);
     for (int u : misses) {
         if (std::find(bad_units.begin(), bad_units.end(), u) == bad_units.end()) map_unit(u);
     }
@@ -988,9 +978,6 @@ int pager::prefetch_start(int li, const int32_t * ids, int n) {
 void pager::prefetch_job_done(io_job & j) {
     const int i = pf_index_[j.tag];
     if (j.cancel || j.err != 0 || j.got < j.need) pf_bad_[i] = 1;
-    // The fill mapping's entries of these pages are dropped later, by prefetch_finish on the
-    // compute thread: a madvise here would shoot down the TLB of the core computing (an IPI per
-    // call, measured ~460 per token on the 8 GiB model), not only this worker's.
     if (pf_left_[i].fetch_sub(1) != 1 || pf_bad_[i]) return;
     const int64_t t0 = io_now_us();
     pf_mapped_[i] = map_pages(j.tag, true) == 0 ? 1 : 2;
@@ -1030,9 +1017,6 @@ void pager::prefetch_finish() {
         if ((j.err != 0 || j.got < j.need) && std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end())
             bad.push_back(pf_job_unit_[i]);
     }
-    const int64_t t_dn = io_now_us();
-    for (const auto & j : pf_jobs_) madvise(j.dst, (size_t) j.len, MADV_DONTNEED);  // see prefetch_job_done
-    stats_.map_us += io_now_us() - t_dn;
     stats_.prefetch_map_us += pf_map_us_.exchange(0);
     for (size_t i = 0; i < pf_units_.size(); i++) {
         const int u = pf_units_[i];

@@ -302,7 +302,6 @@ private:
     std::vector<file_state>      files_;           // the model's files (shards), in order
     bool                         direct_ = false;
     int                          memfd_ = -1;
-    char *                       fill_ = nullptr;  // the whole arena, mapped once, for reads
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;
     int32_t                      n_expert_ = 0;

@@ -91,7 +91,6 @@ void pager::wait_tensor(int li, int ti) {
     }
     // Map this tensor's slice of every unit whose reads of it completed (all of them here).
     const int64_t t1 = io_now_us();
-    for (size_t i = from; i < to; i++) madvise(dm_jobs_[i].dst, (size_t) dm_jobs_[i].len, MADV_DONTNEED);
     int err = 0;
     for (int u : dm_misses_)
         if (!err) err = map_tensor_pages(u, ti, false);
@@ -131,7 +130,7 @@ void pager::demand_finish() {
     std::vector<int> ok;
     for (size_t r = 0; r < dm_ranges_.size(); r++) {
         const size_t from = dm_ranges_[r].second.first, to = dm_ranges_[r].second.second;
-        if (dm_done_[r]) {  // counted here; already dropped from the fill mapping and mapped
+        if (dm_done_[r]) {  // counted here; already mapped
             for (size_t i = from; i < to; i++) {
                 stats_.bytes_read += dm_jobs_[i].len;
                 stats_.read_us += dm_jobs_[i].t_us;
