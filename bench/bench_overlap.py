@@ -10,16 +10,26 @@ memory cgroup with the limit set before the model loads, page cache of the model
 greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
 T_compute), ``lookahead`` / ``previous`` / ``union`` (next-layer prefetch predictors,
 epqlab.prefetch), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
-``union+segments``. Columns: decode tok/s (median of the repeats, min-max), time/token from the
-hook's time split (median), its ratio to the bound max(T_io, T_compute) taken from the ``off``
-row's split (T_io = io wait + map, T_compute = the rest), the row's own remaining I/O wait,
-prefetch precision / recall, MB read in vain per token, decode hit rate and MB read per token.
+``union+segments``, ``pipeline`` / ``<predictor>+pipeline`` (``Session(pipeline_reads=True)``: each
+expert matmul waits only for its own matrix's reads).
+
+This disk alternates between ~1.2 GB/s and a throttled ~0.45 GB/s, so the repeats are interleaved
+(repeat 1 of every row, then repeat 2, ...), each run is preceded by a 128 MiB O_DIRECT read of the
+model file (``disk MB/s``, the device's state at that moment), and each run's ratio is taken
+against the ``off`` run of the same repeat: time/token / max(T_io, T_compute) of that off run
+(T_io = io wait + map, T_compute = the rest of its time split). Columns: decode tok/s (median,
+min-max), time/token (median), the ratio (median over repeats, min-max), disk MB/s (median), the
+row's own remaining I/O wait and compute time, prefetch precision / recall, MB read in vain per
+token, decode hit rate and MB read per token.
 """
 from __future__ import annotations
 
 import argparse
+import mmap
+import os
 import statistics
 import sys
+import time
 
 from epqlab import strict
 from epqlab.results import write_json
@@ -43,6 +53,32 @@ def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
     return kw
 
 
+def disk_mb_s(path: str, n_bytes: int = 128 << 20, block: int = 4 << 20) -> float | None:
+    """O_DIRECT sequential read speed of ``path`` now (MB/s), from an offset that moves each call so
+    the device, not a cache, answers. None where O_DIRECT is refused."""
+    size = os.path.getsize(path)
+    disk_mb_s.calls = getattr(disk_mb_s, "calls", 0) + 1
+    start = (disk_mb_s.calls * 977 * block) % max(block, size - n_bytes) // block * block
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return None
+    buf = mmap.mmap(-1, block)
+    try:
+        t0, done = time.perf_counter(), 0
+        while done < n_bytes:
+            r = os.preadv(fd, [buf], start + done)
+            if r <= 0:
+                break
+            done += r
+        return done / (time.perf_counter() - t0) / 1e6
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        buf.close()
+
+
 def summarize(name: str, runs: list[dict]) -> dict:
     st = [r["stats"] for r in runs if r.get("status") == "PASS"]
     if not st:
@@ -64,6 +100,10 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "wasted_mb_per_token": med(s["prefetch_wasted_bytes"] / p / 1e6 for s, p in zip(st, passes)),
         "decode_hit_rate": med(s["decode_hit_rate"] for s in st),
         "mb_per_token": med(s["decode_ssd_bytes_per_token"] / 1e6 for s in st),
+        "ratio": med(r["ratio"] for r in runs if r.get("ratio") is not None) if any(r.get("ratio") for r in runs) else None,
+        "ratio_min": min((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
+        "ratio_max": max((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
+        "disk_mb_s": med(r["disk_mb_s"] for r in runs if r.get("disk_mb_s")) if any(r.get("disk_mb_s") for r in runs) else None,
         "arena_bytes": st[0]["arena_bytes"], "io_threads": st[0]["io_threads"],
         "same_text": len({r["text"] for r in runs if r.get("status") == "PASS"}) == 1,
         "text": next(r["text"] for r in runs if r.get("status") == "PASS"),
@@ -71,27 +111,39 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    off = next((r for r in rows if r["row"] == "off" and r["status"] == "PASS"), None)
-    bound = max(off["t_io_ms"], off["t_compute_ms"]) if off else None
-    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_io,T_comp) | io wait ms | T_comp ms | "
-            "precision | recall | wasted MB/tok | hit rate | MB/tok |")
+    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_io,T_comp) of the paired off run (min-max) | "
+            "disk MB/s | io wait ms | T_comp ms | precision | recall | wasted MB/tok | hit rate | MB/tok |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r["status"] != "PASS":
             out.append(f"| {r['row']} | FAIL: {r.get('reason')} |")
             continue
         pf = r["row"].split("+")[0] in ("lookahead", "previous", "union")
+        ratio = (f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r.get("ratio") is not None else "-")
+        disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
         out.append(
             f"| {r['row']} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f}) | "
-            f"{r['time_per_token_ms']:.0f} | {r['time_per_token_ms'] / bound:.2f} | {r['split_ms']['io_ms']:.0f} | "
-            f"{r['t_compute_ms']:.0f} | {r['precision']:.2f} | {r['recall']:.2f} | "
-            + (f"{r['wasted_mb_per_token']:.1f}" if pf else "-") + f" | {r['decode_hit_rate']:.2f} | {r['mb_per_token']:.0f} |"
-            if bound else f"| {r['row']} | {r['decode_tok_s']:.2f} | no off row |")
+            f"{r['time_per_token_ms']:.0f} | {ratio} | {disk} | {r['split_ms']['io_ms']:.0f} | {r['t_compute_ms']:.0f} | "
+            + (f"{r['precision']:.2f} | {r['recall']:.2f} | {r['wasted_mb_per_token']:.1f}" if pf else "- | - | -")
+            + f" | {r['decode_hit_rate']:.2f} | {r['mb_per_token']:.0f} |")
+    off = next((r for r in rows if r["row"] == "off" and r["status"] == "PASS"), None)
     if off:
-        out.append(f"\nbound from the off row: T_io = {off['t_io_ms']:.0f} ms (io wait + map), "
-                   f"T_compute = {off['t_compute_ms']:.0f} ms; max = {bound:.0f} ms/token; "
-                   f"T_io + T_compute = {(off['t_io_ms'] + off['t_compute_ms']) / bound:.2f} x max")
+        out.append(f"\noff row (median): T_io = {off['t_io_ms']:.0f} ms (io wait + map), T_compute = "
+                   f"{off['t_compute_ms']:.0f} ms; T_io + T_compute = "
+                   f"{(off['t_io_ms'] + off['t_compute_ms']) / max(off['t_io_ms'], off['t_compute_ms']):.2f} x max")
     return "\n".join(out)
+
+
+def pair_ratios(raw: dict) -> None:
+    """Each run's time/token over max(T_io, T_compute) of the off run of the same repeat (in place)."""
+    for rep, off in enumerate(raw.get("off", [])):
+        ts = (off.get("stats") or {}).get("time_split") or {}
+        bound = max(ts.get("t_io_ms", 0), ts.get("t_compute_ms", 0)) if off.get("status") == "PASS" else 0
+        for runs in raw.values():
+            if rep < len(runs):
+                r = runs[rep]
+                t = ((r.get("stats") or {}).get("time_split") or {}).get("wall_ms")
+                r["ratio"] = t / bound if bound and t and r.get("status") == "PASS" else None
 
 
 def main(argv=None) -> int:
@@ -115,14 +167,24 @@ def main(argv=None) -> int:
     if a.arena:
         kw["arena_bytes"] = parse_bytes(a.arena)
     seg, budget = parse_bytes(a.segment), parse_bytes(a.budget) if a.budget else None
-    rows, raw = [], {}
-    for name in a.rows.split(","):
-        df = strict.run(a.model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, repeats=a.repeats,
-                        progress=True, **kw, **row_kwargs(name, seg, budget))
-        raw[name] = df.attrs["runs"]
-        rows.append(summarize(name, df.attrs["runs"]))
-        print(f"[overlap] {name}: " + (f"{rows[-1]['decode_tok_s']:.2f} tok/s" if rows[-1]["status"] == "PASS"
-                                       else rows[-1]["reason"]), file=sys.stderr, flush=True)
+    names = a.rows.split(",")
+    if "off" not in names:
+        names.insert(0, "off")  # the bound of every ratio
+    model = a.model or str(__import__("epqlab.models", fromlist=["default_model"]).default_model(progress=False))
+    raw: dict = {name: [] for name in names}
+    for rep in range(a.repeats):  # interleaved: the disk's state drifts between fast and throttled
+        for name in names:
+            mb_s = disk_mb_s(model)
+            df = strict.run(model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, repeats=1,
+                            progress=False, **kw, **row_kwargs(name, seg, budget))
+            run = df.attrs["runs"][0]
+            run["disk_mb_s"] = mb_s
+            raw[name].append(run)
+            tok = run.get("stats", {}).get("decode_tok_s") if run.get("status") == "PASS" else None
+            print(f"[overlap] repeat {rep + 1}/{a.repeats} {name}: disk {mb_s or 0:.0f} MB/s, "
+                  + (f"{tok:.2f} tok/s" if tok else str(run.get("reason"))), file=sys.stderr, flush=True)
+    pair_ratios(raw)
+    rows = [summarize(name, raw[name]) for name in names]
     texts = {r["text"] for r in rows if r["status"] == "PASS"}
     print(table(rows))
     print(f"\nall rows generated the same tokens: {len(texts) == 1}; limit {a.limit}, arena "
