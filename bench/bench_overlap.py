@@ -15,11 +15,16 @@ expert matmul waits only for its own matrix's reads).
 
 This disk alternates between ~1.2 GB/s and a throttled ~0.45 GB/s, so the repeats are interleaved
 (repeat 1 of every row, then repeat 2, ...), each run is preceded by a 128 MiB O_DIRECT read of the
-model file (``disk MB/s``, the device's state at that moment), and each run's ratio is taken
-against the ``off`` run of the same repeat: time/token / max(T_io, T_compute) of that off run
-(T_io = io wait + map, T_compute = the rest of its time split). Columns: decode tok/s (median,
-min-max), time/token (median), the ratio (median over repeats, min-max), disk MB/s (median), the
-row's own remaining I/O wait and compute time, prefetch precision / recall, MB read in vain per
+model file (``disk MB/s``, a hint of the device's state then), and each run is held against a
+bound made of its own I/O and the off rows' compute: time/token / max(T_dev, T_compute), where
+T_dev is the run's disk-busy time per token (wall time with at least one expert read in progress,
+``io_busy_ms`` of the time split: this run's bytes at the speed the disk had during this run,
+wasted prefetch bytes included) and T_compute the median compute time of the ``off`` runs (their
+time split minus io wait and map: compute not slowed by concurrent reads). A run whose reads were
+completely hidden behind unslowed compute scores 1.0. Columns: decode tok/s (median, min-max),
+time/token (median), the ratio (median over repeats, min-max), T_dev (median), disk MB/s (median), read ms/MB
+(the summed duration of the run's reads per MB: ~3 on the fast disk, ~6-7 throttled, at 6 I/O
+threads), the row's own remaining I/O wait and compute time, prefetch precision / recall, MB read in vain per
 token, decode hit rate and MB read per token.
 """
 from __future__ import annotations
@@ -92,6 +97,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "decode_tok_s": med(tok), "decode_tok_s_min": min(tok), "decode_tok_s_max": max(tok),
         "time_per_token_ms": med(t.get("wall_ms", 0) for t in ts),
         "t_io_ms": med(t.get("t_io_ms", 0) for t in ts),
+        "io_busy_ms": med(t.get("io_busy_ms", 0) for t in ts),
         "t_compute_ms": med(t.get("t_compute_ms", 0) for t in ts),
         "split_ms": {k: med(t.get(k, 0) for t in ts) for k in
                      ("attn_ms", "expert_ms", "io_ms", "map_ms", "predict_ms", "other_ms")},
@@ -103,6 +109,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "ratio": med(r["ratio"] for r in runs if r.get("ratio") is not None) if any(r.get("ratio") for r in runs) else None,
         "ratio_min": min((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
         "ratio_max": max((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
+        "read_us_per_mb": med(s["read_us"] / max(1, s["bytes_read"]) * 1e6 for s in st),
         "disk_mb_s": med(r["disk_mb_s"] for r in runs if r.get("disk_mb_s")) if any(r.get("disk_mb_s") for r in runs) else None,
         "arena_bytes": st[0]["arena_bytes"], "io_threads": st[0]["io_threads"],
         "same_text": len({r["text"] for r in runs if r.get("status") == "PASS"}) == 1,
@@ -111,8 +118,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_io,T_comp) of the paired off run (min-max) | "
-            "disk MB/s | io wait ms | T_comp ms | precision | recall | wasted MB/tok | hit rate | MB/tok |")
+    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_dev, T_comp of off) (min-max) | T_dev ms | "
+            "disk MB/s | read ms/MB | io wait ms | T_comp ms | precision | recall | wasted MB/tok | hit rate | MB/tok |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r["status"] != "PASS":
@@ -123,27 +130,29 @@ def table(rows: list[dict]) -> str:
         disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
         out.append(
             f"| {r['row']} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f}) | "
-            f"{r['time_per_token_ms']:.0f} | {ratio} | {disk} | {r['split_ms']['io_ms']:.0f} | {r['t_compute_ms']:.0f} | "
+            f"{r['time_per_token_ms']:.0f} | {ratio} | {r['io_busy_ms']:.0f} | {disk} | {r['read_us_per_mb'] / 1e3:.1f} | {r['split_ms']['io_ms']:.0f} | {r['t_compute_ms']:.0f} | "
             + (f"{r['precision']:.2f} | {r['recall']:.2f} | {r['wasted_mb_per_token']:.1f}" if pf else "- | - | -")
             + f" | {r['decode_hit_rate']:.2f} | {r['mb_per_token']:.0f} |")
     off = next((r for r in rows if r["row"] == "off" and r["status"] == "PASS"), None)
     if off:
-        out.append(f"\noff row (median): T_io = {off['t_io_ms']:.0f} ms (io wait + map), T_compute = "
-                   f"{off['t_compute_ms']:.0f} ms; T_io + T_compute = "
+        out.append(f"\noff row (median): T_io = {off['t_io_ms']:.0f} ms (io wait + map), T_dev = {off['io_busy_ms']:.0f} ms, "
+                   f"T_compute = {off['t_compute_ms']:.0f} ms (the bound's compute term); T_io + T_compute = "
                    f"{(off['t_io_ms'] + off['t_compute_ms']) / max(off['t_io_ms'], off['t_compute_ms']):.2f} x max")
     return "\n".join(out)
 
 
-def pair_ratios(raw: dict) -> None:
-    """Each run's time/token over max(T_io, T_compute) of the off run of the same repeat (in place)."""
-    for rep, off in enumerate(raw.get("off", [])):
-        ts = (off.get("stats") or {}).get("time_split") or {}
-        bound = max(ts.get("t_io_ms", 0), ts.get("t_compute_ms", 0)) if off.get("status") == "PASS" else 0
-        for runs in raw.values():
-            if rep < len(runs):
-                r = runs[rep]
-                t = ((r.get("stats") or {}).get("time_split") or {}).get("wall_ms")
-                r["ratio"] = t / bound if bound and t and r.get("status") == "PASS" else None
+def bound_ratios(raw: dict) -> None:
+    """Each run's time/token over max(its own disk-busy time per token, the off runs' median
+    compute time per token), in place (``ratio``)."""
+    comp = [((r.get("stats") or {}).get("time_split") or {}).get("t_compute_ms") for r in raw.get("off", [])
+            if r.get("status") == "PASS"]
+    comp = [c for c in comp if c]
+    t_comp = statistics.median(comp) if comp else None
+    for runs in raw.values():
+        for r in runs:
+            ts = (r.get("stats") or {}).get("time_split") or {}
+            bound = max(ts.get("io_busy_ms") or 0, t_comp or 0)
+            r["ratio"] = ts["wall_ms"] / bound if bound and ts.get("wall_ms") and r.get("status") == "PASS" else None
 
 
 def main(argv=None) -> int:
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
             tok = run.get("stats", {}).get("decode_tok_s") if run.get("status") == "PASS" else None
             print(f"[overlap] repeat {rep + 1}/{a.repeats} {name}: disk {mb_s or 0:.0f} MB/s, "
                   + (f"{tok:.2f} tok/s" if tok else str(run.get("reason"))), file=sys.stderr, flush=True)
-    pair_ratios(raw)
+    bound_ratios(raw)
     rows = [summarize(name, raw[name]) for name in names]
     texts = {r["text"] for r in rows if r["status"] == "PASS"}
     print(table(rows))

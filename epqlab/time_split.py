@@ -42,7 +42,7 @@ class TimeSplitLog:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         lt = np.concatenate(self._layers) if self._layers else np.zeros((0, 8), np.int64)
-        ct = np.concatenate(self._calls) if self._calls else np.zeros((0, 3), np.int64)
+        ct = np.concatenate(self._calls) if self._calls else np.zeros((0, 4), np.int64)
         return lt, ct
 
     def frame(self, per: str = "token"):
@@ -50,7 +50,9 @@ class TimeSplitLog:
 
         Args:
             per: ``"token"``: one row per decode call (``call``, ``n_tokens``, ``wall_us``, the parts
-                summed over layers, ``other_us`` = wall - their sum); a decode step is one token.
+                summed over layers, ``other_us`` = wall - their sum, and ``io_busy_us``: the wall time
+                during which at least one expert read was in progress, waited for or hidden; not a
+                part of the sum); a decode step is one token.
                 ``"layer"``: one row per (call, MoE layer): ``call``, ``layer`` (GGUF block),
                 ``n_tokens`` and the parts.
 
@@ -66,7 +68,7 @@ class TimeSplitLog:
             return df
         if per != "token":
             raise ValueError(f"per must be 'token' or 'layer', got {per!r}")
-        calls = pd.DataFrame(ct, columns=["call", "n_tokens", "wall_us"])
+        calls = pd.DataFrame(ct, columns=["call", "n_tokens", "wall_us", "io_busy_us"])
         sums = pd.DataFrame(lt, columns=list(_LAYER_COLS)).groupby("call")[list(PARTS)].sum()
         df = calls.join(sums, on="call").fillna(0)
         for p in PARTS:
@@ -77,11 +79,14 @@ class TimeSplitLog:
 
 def decode_summary(df) -> dict:
     """Mean of each part per single-token decode call, milliseconds (``df`` from
-    ``TimeSplitLog.frame("token")``), with ``t_io_ms`` = io + map and ``t_compute_ms`` = the rest."""
+    ``TimeSplitLog.frame("token")``), with ``t_io_ms`` = io + map and ``t_compute_ms`` = the rest,
+    and ``io_busy_ms`` (device busy time per token, hidden or not; see ``frame``)."""
     d = df[df["n_tokens"] == 1]
     if len(d) == 0:
         return {}
     out = {p.replace("_us", "_ms"): float(d[p].mean()) / 1e3 for p in PARTS + ("other_us", "wall_us")}
+    if "io_busy_us" in d:
+        out["io_busy_ms"] = float(d["io_busy_us"].mean()) / 1e3
     out["t_io_ms"] = out["io_ms"] + out["map_ms"]
     out["t_compute_ms"] = out["wall_ms"] - out["t_io_ms"]
     out["calls"] = int(len(d))
@@ -96,4 +101,5 @@ def format_summary(s: dict) -> str:
     parts = [("attn", "attn_ms"), ("experts", "expert_ms"), ("io wait", "io_ms"), ("map", "map_ms"),
              ("predict", "predict_ms"), ("other", "other_ms")]
     body = ", ".join(f"{n} {s[k]:.1f} ({100 * s[k] / w:.0f}%)" for n, k in parts)
-    return f"time/token {w:.1f} ms: {body}"
+    busy = f"; disk busy {s['io_busy_ms']:.1f} ms/token" if s.get("io_busy_ms") is not None else ""
+    return f"time/token {w:.1f} ms: {body}{busy}"

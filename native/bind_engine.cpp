@@ -124,13 +124,13 @@ void register_engine(py::module_ & m) {
         .def("set_timing", [](engine & e, bool on) { if (e.hook()) e.hook()->set_timing(on); }, py::arg("on"))
         .def("take_time_split", [](engine & e) {
             // (layers int64 [n, 8]: call, layer index, n_tokens, attn_us, expert_us, io_us, map_us, predict_us;
-            //  calls int64 [m, 3]: call, n_tokens, wall_us), then clears them.
+            //  calls int64 [m, 4]: call, n_tokens, wall_us, io_busy_us), then clears them.
             static const std::vector<layer_time> no_l;
             static const std::vector<call_time> no_c;
             const auto & L = e.hook() ? e.hook()->layer_times() : no_l;
             const auto & C = e.hook() ? e.hook()->call_times() : no_c;
             py::array_t<int64_t> lt(std::vector<py::ssize_t>{(py::ssize_t) L.size(), 8});
-            py::array_t<int64_t> ct(std::vector<py::ssize_t>{(py::ssize_t) C.size(), 3});
+            py::array_t<int64_t> ct(std::vector<py::ssize_t>{(py::ssize_t) C.size(), 4});
             int64_t * a = lt.mutable_data();
             for (const auto & r : L) {
                 const int64_t row[8] = {r.call, r.li, r.n_tokens, r.attn_us, r.expert_us, r.io_us, r.map_us, r.predict_us};
@@ -139,8 +139,8 @@ void register_engine(py::module_ & m) {
             }
             int64_t * c = ct.mutable_data();
             for (const auto & r : C) {
-                c[0] = r.call; c[1] = r.n_tokens; c[2] = r.wall_us;
-                c += 3;
+                c[0] = r.call; c[1] = r.n_tokens; c[2] = r.wall_us; c[3] = r.io_busy_us;
+                c += 4;
             }
             if (e.hook()) e.hook()->clear_times();
             return py::make_tuple(lt, ct);

@@ -245,6 +245,7 @@ void expert_hook::begin_decode() {
     if (pg_) {
         snap_io_  = pg_->stats().io_wait_us;
         snap_map_ = pg_->stats().map_us;
+        snap_busy_ = pg_->io_busy_us();
     }
     t_call0_ = io_now_us();
 }
@@ -378,7 +379,7 @@ void expert_hook::end_decode() {
             r.n_tokens = nt;
             layer_times_.push_back(r);
         }
-        call_times_.push_back(call_time{n_calls_, nt, wall});
+        call_times_.push_back(call_time{n_calls_, nt, wall, pg_->io_busy_us() - snap_busy_});
     }
     n_calls_++;
     last_li_ = -1;

@@ -98,6 +98,7 @@ struct layer_time {
 struct call_time {
     int32_t call = 0, n_tokens = 0;
     int64_t wall_us = 0;
+    int64_t io_busy_us = 0;  // wall time with at least one expert read in progress (pager::io_busy_us)
 };
 
 enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3 };
@@ -213,7 +214,7 @@ private:
     std::vector<std::vector<uint8_t>>        is_last_mm_;   // [li][ti]: the layer's last expert matmul (down)
     int64_t                                  t_need_ = 0;   // when the last needed ask returned, µs
     int64_t                                  t_call0_ = 0;
-    int64_t                                  snap_io_ = 0, snap_map_ = 0;
+    int64_t                                  snap_io_ = 0, snap_map_ = 0, snap_busy_ = 0;
     int32_t                                  n_calls_ = 0;
     int64_t                                  call_tokens0_ = 0;
     std::vector<layer_time>                  cur_;          // per layer, this decode call

@@ -132,6 +132,14 @@ void io_pool::exec_bounced(io_job & j) {
     if (dontneed_ && j.got > 0) posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
 }
 
+void io_pool::begin_read() {
+    if (active_++ == 0) busy_since_ = io_now_us();
+}
+
+void io_pool::end_read() {
+    if (--active_ == 0) busy_us_ += io_now_us() - busy_since_;
+}
+
 void io_pool::worker() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
@@ -141,6 +149,7 @@ void io_pool::worker() {
         queue_.pop_front();
         running_++;
         const bool skip = j.cancel;  // read under the lock: cancel_pending sets it under the lock
+        if (!skip) begin_read();
         lk.unlock();
         if (skip) {
             j.got = 0;
@@ -149,6 +158,9 @@ void io_pool::worker() {
         } else {
             exec(j);
         }
+        lk.lock();
+        if (!skip) end_read();
+        lk.unlock();
         if (j.notify && after_) after_(j);
         lk.lock();
         j.done = true;
@@ -168,7 +180,13 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
         fd_       = fd;
         dontneed_ = dontneed;
         for (auto & j : jobs) {
+            {
+                std::lock_guard<std::mutex> lk(mu_);
+                begin_read();
+            }
             exec(j);
+            std::lock_guard<std::mutex> lk(mu_);
+            end_read();
             j.done = true;
         }
         return;

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+int64_t io_now_us();
+
 struct io_job {
     int64_t  offset = 0;   // file offset, bytes (page-aligned for O_DIRECT)
     int64_t  len    = 0;   // bytes to request (page multiple for O_DIRECT)
@@ -79,6 +81,13 @@ public:
         return !queue_.empty() || running_ > 0;
     }
 
+    // Wall time (µs) during which at least one read of this pool was in progress, since the pool
+    // started: the device's busy time as the reads see it, whether or not anyone waited.
+    int64_t busy_us() {
+        std::lock_guard<std::mutex> lk(mu_);
+        return busy_us_ + (active_ > 0 ? io_now_us() - busy_since_ : 0);
+    }
+
     // Test hook: every read (job) from now sleeps delay_us microseconds first (an artificially
     // slow device; its time is part of the job's t_us). 0 disables.
     void set_delay_us(int64_t delay_us) { delay_us_ = delay_us; }
@@ -99,6 +108,10 @@ private:
     std::condition_variable  cv_done_;
     std::deque<io_job *>     queue_;       // not yet claimed, FIFO
     int                      running_  = 0;  // claimed, not done
+    int                      active_   = 0;  // jobs being read now (workers and inline), for busy_us
+    int64_t                  busy_since_ = 0, busy_us_ = 0;
+    void begin_read();  // active_++ (under mu_)
+    void end_read();    // active_-- (under mu_)
     int                      fd_       = -1;
     bool                     dontneed_ = false;
     bool                     stop_     = false;
@@ -108,4 +121,3 @@ private:
     int64_t                  delay_us_        = 0;
 };
 
-int64_t io_now_us();

@@ -423,16 +423,9 @@ int pager::take_slot(int li, int64_t need) {
 // ---- mapping -----------------------------------------------------------------------------
 
 int pager::map_pages(int u, bool populate) const {
-    const int li = u / n_expert_, e = u % n_expert_;
-    const slot & sl = slots_[units_[u].slot];
-    for (const auto & m : maps_[li]) {
-        int64_t p0, p1;
-        expert_pages(m, e, p0, p1);
-        char * addr = m.region + (p0 - m.first_page) * page_;
-        void * r = mmap(addr, (size_t) ((p1 - p0) * page_), PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_FIXED | (populate ? MAP_POPULATE : 0), memfd_, (off_t) (sl.offset + m.sub_off));
-        if (r == MAP_FAILED) return errno;
-    }
+    const int li = u / n_expert_;
+    for (int ti = 0; ti < (int) maps_[li].size(); ti++)
+        if (const int err = map_tensor_pages(u, ti, populate)) return err;
     return 0;
 }
 

@@ -220,6 +220,7 @@ public:
     void reset_stats();
     bool direct_io() const { return direct_; }
     int  io_threads() const { return pool_->n_threads(); }
+    int64_t io_busy_us() const { return pool_->busy_us(); }  // io_pool::busy_us
     int64_t arena_bytes() const { return arena_size_; }
     // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
     int64_t arena_resident_bytes() const;

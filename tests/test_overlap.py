@@ -185,6 +185,9 @@ def test_time_split_parts_and_injected_read_delay(mini_gguf, mini_ref):
     reads = out[2000][1]["misses"] * n_tensors
     decode_reads_delay_us = reads * 2000 * len(d1) / (len(d1) + 1)  # prefill pass's share removed (approx.)
     assert d1.io_us.sum() - d0.io_us.sum() >= 0.8 * decode_reads_delay_us
+    # the device-busy clock (>= 1 read in progress) sees the same sleeps, and never exceeds the wall time
+    assert d1.io_busy_us.sum() >= 0.8 * decode_reads_delay_us
+    assert (d1.io_busy_us <= d1.wall_us).all() and (d0.io_busy_us <= d0.wall_us).all()
     # and it did not leak into the compute parts
     comp0 = (d0.attn_us + d0.expert_us).sum()
     comp1 = (d1.attn_us + d1.expert_us).sum()
@@ -228,3 +231,32 @@ def test_segment_from_probe_hand_computed():
     assert segment_from_probe(df, 1_670_000, 1, 6) == 68 * 4096
     with pytest.raises(ValueError):
         segment_from_probe(df, 0, 1, 4)
+
+
+@pytest.mark.parametrize("prefetch", [None, "lookahead"])
+def test_pipelined_read_error_raises_and_session_recovers(default_path, ref, prefetch):
+    """A read that fails inside a pipelined layer (matrix-by-matrix waits) surfaces as PagerIOError
+    from the call, leaves nothing half-read resident, and the same session then decodes exactly
+    as plain llama.cpp. With a one-token prompt every pass is single-token, so every layer load
+    takes the pipelined path; a fault that lands on a prefetch read instead is absorbed (the
+    demand read redoes it) and counted as a failed prefetch."""
+    import errno
+
+    toks, (rp, rs, rg) = ref
+    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), pipeline_reads=True,
+                        prefetch=prefetch, io_threads=2, n_threads=THREADS) as s:
+        s.generate(toks[:1], 3)
+        s.pager.inject_fault(40, errno.EIO)
+        raised = False
+        try:
+            s.generate(toks[:1], 6)
+        except epqlab.PagerIOError as e:
+            raised = True
+            assert "Input/output error" in str(e)
+        failed = s.pager.stats["prefetch_failed"]
+        assert raised or (prefetch and failed > 0)
+        if not prefetch:
+            assert raised
+        assert s.stats["pipelined_loads"] > 0
+        p, st, gen = s.greedy_trace(toks, N_STEPS)
+    assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg

@@ -31,6 +31,8 @@ def add_session_args(p) -> None:
                    help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
     p.add_argument("--prefetch-budget", default=None, help="bytes prefetched per layer at most, e.g. 64MiB")
     p.add_argument("--read-segment", default=None, help="split expert reads into segments of this size, e.g. 512KiB")
+    p.add_argument("--pipeline-reads", action="store_true",
+                   help="decode: each expert matmul waits only for its own matrix's reads (timing only)")
 
 
 def register(sub) -> None:
@@ -92,7 +94,8 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
                  dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),
                  prefetch_budget=getattr(args, "prefetch_budget", None),
-                 read_segment_bytes=getattr(args, "read_segment", None)) as s:
+                 read_segment_bytes=getattr(args, "read_segment", None),
+                 pipeline_reads=bool(getattr(args, "pipeline_reads", False))) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt
