@@ -53,8 +53,7 @@ def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
             kw["prefetch_budget"] = budget
     if "segments" in name:
         kw["read_segment_bytes"] = segment
-    if "pipeline" in name:
-        kw["pipeline_reads"] = True
+    kw["pipeline_reads"] = "pipeline" in name  # explicit: the Session's default is on
     return kw
 
 

@@ -54,7 +54,7 @@ def _check_identical(path, ref, policy, prefetch, segment, pipeline=False):
         stats = s.stats
     assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
     assert stats["misses"] > 0 and stats["evictions"] > 0  # a small arena: the pager really paged
-    # pipelined reads really queued decode layers' misses (and only when asked for)
+    # pipelined reads really queued decode layers' misses (and only when on)
     assert (stats["pipelined_loads"] > 0) == pipeline
     if prefetch:
         # the prefetch really ran and was scored: otherwise this test would not test it
@@ -88,6 +88,15 @@ def test_prefetch_knob_errors(mini_gguf):
         epqlab.Session(mini_gguf, prefetch="previous", pager=False)
     with pytest.raises(ValueError, match="prefetch_budget needs"):
         epqlab.Session(mini_gguf, prefetch_budget=1 << 20)
+    with pytest.raises(ValueError, match="pipeline_reads and skip_cold are exclusive"):
+        epqlab.Session(mini_gguf, pipeline_reads=True, skip_cold=0.1)
+    with pytest.raises(ValueError, match="pipeline_reads needs the pager"):
+        epqlab.Session(mini_gguf, pipeline_reads=True, pager=False)
+    # the default follows skip_cold: on without it, off with it
+    with epqlab.Session(mini_gguf, n_threads=THREADS) as s:
+        assert s.pipeline_reads
+    with epqlab.Session(mini_gguf, skip_cold=0.1, n_threads=THREADS) as s:
+        assert not s.pipeline_reads
 
 
 @pytest.mark.parametrize("segment", [0, 4096])

@@ -31,8 +31,9 @@ def add_session_args(p) -> None:
                    help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
     p.add_argument("--prefetch-budget", default=None, help="bytes prefetched per layer at most, e.g. 64MiB")
     p.add_argument("--read-segment", default=None, help="split expert reads into segments of this size, e.g. 512KiB")
-    p.add_argument("--pipeline-reads", action="store_true",
-                   help="decode: each expert matmul waits only for its own matrix's reads (timing only)")
+    p.add_argument("--no-pipeline-reads", action="store_true",
+                   help="decode: read all of a layer's missing experts before its first matmul (default: each "
+                        "expert matmul waits only for its own matrix's reads; timing only)")
 
 
 def register(sub) -> None:
@@ -95,7 +96,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),
                  prefetch_budget=getattr(args, "prefetch_budget", None),
                  read_segment_bytes=getattr(args, "read_segment", None),
-                 pipeline_reads=bool(getattr(args, "pipeline_reads", False))) as s:
+                 pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt
