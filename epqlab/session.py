@@ -124,8 +124,9 @@ class Session:
             for its own matrix, so the later matrices' reads overlap the matmuls before them
             (``False``: the router's callback reads all of a layer's misses first). Timing only:
             logits, requests, hits and evictions are unchanged. Default ``None``: on unless
-            ``skip_cold`` is set (the two are exclusive). bench/bench_overlap.py measured it
-            faster than off on the default model and on an 8 GiB synthesized model.
+            ``skip_cold`` is set (the two are exclusive). bench/bench_overlap.py: 339-379 vs
+            427-474 ms/token on an 8.27 GiB synthesized model in a 1.5 GiB cgroup (fast disk);
+            on the default model at a 6 MiB arena a wash (46 vs 44 ms/token, medians of 5).
 
     Raises:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
