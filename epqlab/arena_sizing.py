@@ -15,10 +15,12 @@ from .units import fmt_bytes, parse_bytes
 
 @dataclass(frozen=True)
 class ArenaPlan:
-    """``arena`` and ``stage_reserve``, bytes."""
+    """``arena``, ``stage_reserve`` and ``read_buffers`` (the readers' bounce buffers kept out of
+    the budget's arena share), bytes."""
 
     arena: int
     stage_reserve: int
+    read_buffers: int = 0
 
 
 def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_arena: int, reserve: int,
@@ -40,11 +42,11 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
             message states the smallest budget that works.
     """
     all_bytes = Pager.all_experts_bytes(lay)
-    if arena_bytes is not None:
-        return ArenaPlan(parse_bytes(arena_bytes), 0)
-    if budget is None:
-        return ArenaPlan(all_bytes, 0)
     bounce = (io_threads + 1) * Pager.bounce_bytes() if io_threads else 0
+    if arena_bytes is not None:
+        return ArenaPlan(parse_bytes(arena_bytes), 0, bounce)
+    if budget is None:
+        return ArenaPlan(all_bytes, 0, bounce)
     arena = budget - used_before_arena - reserve - bounce
     stage = 0
     if arena < all_bytes:  # some ubatch may overflow a layer's slots: reserve staging
@@ -61,7 +63,7 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
             f"and one layer's top-{k} experts "
             f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
             f"({fmt_bytes(smallest)}); or lower n_ctx / reserve / expert_used.")
-    return ArenaPlan(arena, stage)
+    return ArenaPlan(arena, stage, bounce)
 
 
 __all__ = ["ArenaPlan", "plan_arena"]

@@ -63,7 +63,7 @@ def memory_parts(session) -> dict:
     return {"budget": session.budget_bytes, "used_before_arena": session.used_before_arena,
             "dense": int(session.load_report.get("dense_bytes", 0)),
             "arena": pager.arena_bytes if pager else 0, "stage_reserve": session.stage_reserve,
-            "reserve": session.reserve_bytes,
+            "reserve": session.reserve_bytes, "read_buffers": getattr(session, "read_buffer_bytes", 0),
             "now": {"rss_anon": now.rss_anon, "shmem": now.shmem, "rss_file": now.rss_file, "total": now.total}}
 
 

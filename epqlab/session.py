@@ -260,11 +260,13 @@ class Session:
         untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
         self.used_before_arena = after.total + untouched
         self.stage_reserve = 0
+        self.read_buffer_bytes = 0
         if self.paged:
             try:
                 plan = plan_arena(lay, k, budget=self.budget_bytes, used_before_arena=self.used_before_arena,
                                   reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
                                   arena_bytes=arena_bytes, io_threads=io_threads or default_io_threads())
+                self.read_buffer_bytes = plan.read_buffers
             except Exception:
                 self._engine = None
                 raise
@@ -633,7 +635,8 @@ class Session:
         """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
         measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
         buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
-        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; and the current
+        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; ``read_buffers`` (the
+        readers' bounce buffers, (io_threads + 1) x ``Pager.bounce_bytes()``); and the current
         reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
         return run_stats.memory_parts(self)
 

@@ -154,7 +154,8 @@ def test_budget_holds_under_a_cgroup_limit(private_model, tmp_path):
     assert r.returncode == 0, r.stderr
     mem = json.loads(r.stdout.splitlines()[0])["memory"]
     all_experts = epqlab.Pager.all_experts_bytes(lay)
-    fixed = mem["used_before_arena"] + mem["reserve"] + epqlab.Pager.max_stage_bytes(lay)
+    fixed = mem["used_before_arena"] + mem["reserve"] + mem["read_buffers"] + epqlab.Pager.max_stage_bytes(lay)
+    assert mem["read_buffers"] > 0  # the readers' bounce buffers are part of the budget
     for frac in (0.25, 0.0):  # arena ~25% of the experts; then the minimum (prompt layers are staged)
         # +2 MiB: what two children measure before the arena differs by (heap, thread stacks)
         budget = fixed + max(epqlab.Pager.min_arena_bytes(lay), int(frac * all_experts)) + 2 * MiB
