@@ -369,6 +369,11 @@ class Pager:
         """Test hook: make the ``nth`` read from now fail with errno ``err``."""
         self._p.inject_fault(int(nth), int(err))
 
+    def inject_map_fault(self, nth: int) -> None:
+        """Test hook: make the ``nth`` mmap of an expert slice from now fail with ENOMEM (as when
+        ``vm.max_map_count`` runs out); 0 disables."""
+        self._p.inject_map_fault(int(nth))
+
     @property
     def native(self):
         """The underlying ``epqlab._pager_core.Pager`` (the llama.cpp hook in ``epqlab._core`` takes it)."""

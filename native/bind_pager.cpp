@@ -165,6 +165,7 @@ void register_pager(py::module_ & m) {
         .def("stats", &stats_dict)
         .def("reset_stats", &pager::reset_stats)
         .def("inject_fault", &pager::inject_fault, py::arg("nth"), py::arg("err"))
+        .def("inject_map_fault", &pager::inject_map_fault, py::arg("nth"))
         .def_property_readonly("direct_io", &pager::direct_io)
         .def_property_readonly("io_threads", &pager::io_threads)
         .def_property_readonly("arena_bytes", &pager::arena_bytes)

@@ -448,7 +448,15 @@ void expert_hook::on_topk(ggml_tensor * t) {
         return;
     }
     if (pf_mode_ != PF_OFF && n_tokens == 1) score_prediction(li, ids);
-    if (last_li_ >= 0) pg_->release_layer(last_li_);
+    if (last_li_ >= 0) {
+        try {
+            pg_->release_layer(last_li_);  // settles a pipelined load still pending: may throw its read error
+        } catch (...) {
+            last_li_ = li;
+            mode_[li] = ZERO;
+            throw;
+        }
+    }
     last_li_ = li;
 
     if (n_tokens == 1 && skip_tau_ >= 0) {

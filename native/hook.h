@@ -40,7 +40,9 @@
 // timestamps (io_wait_us, map_us), charged to the layer the callback was serving; "predict" is
 // the prefetch predictor's own time plus issuing its reads (slot choice; evictions' unmaps are "map"). Everything else in a decode call's wall time (embedding
 // before layer 0's attention is in layer 0's "attn"; the output head, the hook's bookkeeping,
-// llama.cpp's graph build and sampling prep) is "other", the only remainder. Splitting the graph
+// llama.cpp's graph build and sampling prep) is "other", the only remainder. With pipelined reads
+// every expert matmul of a layer with misses is a needed node, so "expert" is summed over those
+// pieces and each matrix's wait is "io". Splitting the graph
 // at needed nodes computes the same nodes in the same order with the same kernels: logits do
 // not change (tests/test_overlap.py checks bit-identity).
 //
@@ -56,7 +58,7 @@
 // previous token; UNION is lookahead first, then previous, capped at a byte budget. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
-// Pipelined reads (set_pipeline; off by default): for a single-token ubatch the hook requests a
+// Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
 // layer with pager::request_layer_async, so the misses' reads are queued matrix by matrix in the
 // order the graph computes them (learned from the asks), and each expert matmul's ask waits
 // only for its own matrix (pager::wait_tensor) and is a needed node: ggml computes up to it, so

@@ -70,7 +70,7 @@ void io_pool::exec(io_job & j) {
         exec_bounced(j);
     } else {
         char * dst = (char *) j.dst;
-        const int fd = j.fd >= 0 ? j.fd : fd_;
+        const int fd = j.fd;
         while (j.got < j.len) {
             ssize_t r = pread(fd, dst + j.got, (size_t) (j.len - j.got), (off_t) (j.offset + j.got));
             if (r < 0) {
@@ -81,7 +81,7 @@ void io_pool::exec(io_job & j) {
             if (r == 0) break;  // EOF
             j.got += r;
         }
-        if (dontneed_ && j.got > 0) {
+        if (j.dontneed && j.got > 0) {
             posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
         }
     }
@@ -102,7 +102,7 @@ void io_pool::exec_bounced(io_job & j) {
         }
         buf.reset((char *) p);
     }
-    const int fd = j.fd >= 0 ? j.fd : fd_;
+    const int fd = j.fd;
     while (j.got < j.len && !j.err) {
         const int64_t want = std::min<int64_t>(kBounceBytes, j.len - j.got);
         int64_t have = 0;
@@ -118,9 +118,9 @@ void io_pool::exec_bounced(io_job & j) {
         }
         for (int64_t w = 0; w < have;) {
             ssize_t r = pwrite(j.out_fd, buf.get() + w, (size_t) (have - w), (off_t) (j.out_off + j.got + w));
-            if (r < 0) {
-                if (errno == EINTR) continue;
-                j.err = errno;
+            if (r <= 0) {
+                if (r < 0 && errno == EINTR) continue;
+                j.err = r < 0 ? errno : EIO;  // a memfd never takes 0 bytes; do not spin on it
                 have = w;
                 break;
             }
@@ -129,7 +129,7 @@ void io_pool::exec_bounced(io_job & j) {
         j.got += have;
         if (have < want) break;  // EOF or an error
     }
-    if (dontneed_ && j.got > 0) posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
+    if (j.dontneed && j.got > 0) posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
 }
 
 void io_pool::begin_read() {
@@ -174,11 +174,12 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     for (auto & j : jobs) {
         j.done = false;
         j.notify = false;
+        j.cancelable = false;
+        j.dontneed = dontneed;
+        if (j.fd < 0) j.fd = fd;
     }
     if ((jobs.size() == 1 || workers_.size() == 1) && !busy()) {
         // One job or one worker, nothing queued: read on the calling thread, saving two context switches.
-        fd_       = fd;
-        dontneed_ = dontneed;
         for (auto & j : jobs) {
             {
                 std::lock_guard<std::mutex> lk(mu_);
@@ -198,10 +199,10 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
 void io_pool::enqueue(int fd, bool dontneed, std::vector<io_job> & jobs) {
     if (jobs.empty()) return;
     std::lock_guard<std::mutex> lk(mu_);
-    fd_       = fd;
-    dontneed_ = dontneed;
     for (auto & j : jobs) {
         j.done = false;
+        j.dontneed = dontneed;
+        if (j.fd < 0) j.fd = fd;
         queue_.push_back(&j);
     }
     cv_work_.notify_all();

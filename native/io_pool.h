@@ -30,6 +30,8 @@ struct io_job {
     int      tag    = 0;   // caller's label (the pager: the unit), for cancel_pending
     bool     cancel = false;  // set by cancel_pending before a worker claimed it: not read, err = ECANCELED
     bool     notify = false;  // call the pool's continuation (set_after) when finished
+    bool     cancelable = false;  // cancel_pending may cancel it (speculative reads only)
+    bool     dontneed = false;    // drop the read range from the page cache afterwards (set by run/enqueue)
     // results
     bool     done   = false;  // finished (under the pool's lock)
     int64_t  got    = 0;   // bytes read
@@ -66,13 +68,13 @@ public:
     // returned; it must not throw and must not call into the pool. Set it while idle.
     void set_after(std::function<void(io_job &)> after) { after_ = std::move(after); }
 
-    // Cancels the queued jobs no worker has claimed yet whose tag keep(tag) rejects; returns
-    // how many (they finish at once with err = ECANCELED).
+    // Cancels the queued cancelable jobs no worker has claimed yet whose tag keep(tag) rejects;
+    // returns how many (they finish at once with err = ECANCELED).
     template <class F> int cancel_pending(F keep) {
         std::lock_guard<std::mutex> lk(mu_);
         int n = 0;
         for (io_job * j : queue_)
-            if (!j->cancel && !keep(j->tag)) { j->cancel = true; n++; }
+            if (j->cancelable && !j->cancel && !keep(j->tag)) { j->cancel = true; n++; }
         return n;
     }
     // Jobs queued or running.
@@ -112,8 +114,6 @@ private:
     int64_t                  busy_since_ = 0, busy_us_ = 0;
     void begin_read();  // active_++ (under mu_)
     void end_read();    // active_-- (under mu_)
-    int                      fd_       = -1;
-    bool                     dontneed_ = false;
     bool                     stop_     = false;
     std::function<void(io_job &)> after_;
     int64_t                  fault_countdown_ = 0;

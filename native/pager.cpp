@@ -692,8 +692,36 @@ void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<i
             if (std::find(bad_units.begin(), bad_units.end(), job_unit[i]) == bad_units.end()) bad_units.push_back(job_unit[i]);
         }
     }
-    for (int u : misses) {
-        if (std::find(bad_units.begin(), bad_units.end(), u) == bad_units.end()) map_unit(u);
+    for (size_t i = 0; i < misses.size(); i++) {
+        const int u = misses[i];
+        if (std::find(bad_units.begin(), bad_units.end(), u) != bad_units.end()) continue;
+        try {
+            map_unit(u);
+        } catch (...) {
+            // mmap failed part-way (ENOMEM): this unit and the misses not mapped yet never become
+            // resident; give back their slots (the failed one's mapped slices too) and unpin.
+            for (size_t k = i; k < misses.size(); k++) {
+                const int v = misses[k];
+                if (k == i) {
+                    units_[v].mapped = true;
+                    unmap_unit(v);
+                } else if (std::find(bad_units.begin(), bad_units.end(), v) != bad_units.end()) {
+                    continue;  // freed below
+                }
+                const int s = units_[v].slot;
+                slots_[s].unit = -1;
+                free_[slots_[s].cls].push_back(s);
+                units_[v].slot = -1;
+            }
+            for (int v : bad_units) {
+                const int s = units_[v].slot;
+                slots_[s].unit = -1;
+                free_[slots_[s].cls].push_back(s);
+                units_[v].slot = -1;
+            }
+            release_layer(li);
+            throw;
+        }
     }
     if (failed) {
         for (int u : bad_units) {
@@ -820,6 +848,9 @@ void pager::redo_refused_direct(std::vector<io_job> & jobs) {
     bool redo = false;
     for (auto & j : jobs) redo |= j.err == EINVAL;
     if (!redo) return;
+    // Queued prefetch reads hold the descriptors about to be closed: let them finish first (their
+    // results are settled by prefetch_finish as usual), so none reads a reused descriptor number.
+    if (pf_active_) pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
     std::vector<int> fds(files_.size(), -1);
     for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
     if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
@@ -962,7 +993,7 @@ int pager::prefetch_start(int li, const int32_t * ids, int n) {
             pf_index_[pf_units_[i]] = (int) i;
         }
         for (int u : pf_job_unit_) pf_left_[pf_index_[u]]++;
-        for (auto & j : pf_jobs_) j.notify = true;  // prefetch_job_done (set_after in init)
+        for (auto & j : pf_jobs_) j.notify = j.cancelable = true;  // prefetch_job_done (set_after in init); speculative
         pool_->enqueue(files_[0].fd, !direct_, pf_jobs_);
     }
     return (int) pf_units_.size();
@@ -1011,6 +1042,10 @@ void pager::prefetch_finish() {
             bad.push_back(pf_job_unit_[i]);
     }
     stats_.prefetch_map_us += pf_map_us_.exchange(0);
+    // First flag every unit a worker mapped, so that unmapping a failed one below restores a
+    // shared boundary page from a neighbour mapped in this same prefetch.
+    for (size_t i = 0; i < pf_units_.size(); i++)
+        if (pf_mapped_[i] == 1) units_[pf_units_[i]].mapped = true;
     for (size_t i = 0; i < pf_units_.size(); i++) {
         const int u = pf_units_[i];
         unit & x = units_[u];
@@ -1030,8 +1065,7 @@ void pager::prefetch_finish() {
             else stats_.prefetch_failed++;
             continue;
         }
-        if (pf_mapped_[i] == 1) x.mapped = true;  // by the worker that completed its reads
-        else map_unit(u);
+        if (pf_mapped_[i] != 1) map_unit(u);  // else mapped by the worker that completed its reads (flagged above)
         x.prefetched = true;
         if (!x.pinned) insert_evictable(u);
     }

@@ -229,6 +229,9 @@ public:
     int64_t n_resident() const;
     const std::string & policy() const { return policy_name_; }
     void inject_fault(int64_t nth, int err) { pool_->inject_fault(nth, err); }
+    // Test hook: the n-th mmap of an expert slice into the region from now (1-based, on any
+    // thread) fails with ENOMEM, as when vm.max_map_count runs out. 0 disables.
+    void inject_map_fault(int64_t nth) { map_fault_countdown_ = nth; }
     // posix_fadvise(DONTNEED) over tensor ti of layer li's bytes in the file.
     void drop_file_cache(int li, int ti) const;
 
@@ -361,6 +364,7 @@ private:
     // (1 = mapped, 2 = its mmap failed). Written by I/O workers, read after pool_->wait().
     std::unique_ptr<std::atomic<int>[]> pf_left_, pf_bad_, pf_mapped_;
     std::atomic<int64_t>         pf_map_us_{0};   // workers' mmap time (off the compute thread)
+    mutable std::atomic<int64_t> map_fault_countdown_{0};  // inject_map_fault
     std::vector<int>             pf_index_;       // unit -> index into pf_units_ (-1: not in flight)
     // The mmaps that back unit u's pages in the region with its slot (populate: prefault the
     // page tables too). Returns 0 or the errno of the failed mmap; touches no pager state.

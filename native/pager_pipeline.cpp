@@ -5,9 +5,11 @@
 // the same ids, and so are the bytes in the region when ggml reads a matrix: wait_tensor maps a
 // unit's slice of tensor ti only after every read of that slice completed, and a unit becomes
 // resident (mapped) only when all of its slices were read and mapped. Until then it is pinned,
-// so nothing evicts it, and no other pager operation runs before demand_finish. A failed read
-// leaves the unit unmapped (its mapped slices are unmapped again) and its slot free, as in
-// load_layer.
+// so nothing evicts it; the operations that may run meanwhile are the next layer's prefetch
+// (prefetch_start evicts on this thread before queuing its reads; its workers map only that
+// layer's units) and release of the previous layer; every other pager operation first calls
+// demand_finish. A failed read or mmap leaves the units unmapped (mapped slices are unmapped
+// again) and their slots free, as in load_layer.
 #include "pager.h"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 static bool job_failed(const io_job & j) { return j.err != 0 || j.got < j.need; }
 
 int pager::map_tensor_pages(int u, int ti, bool populate) const {
+    if (map_fault_countdown_.load() > 0 && map_fault_countdown_.fetch_sub(1) == 1) return ENOMEM;  // test hook
     const int li = u / n_expert_, e = u % n_expert_;
     const slot & sl = slots_[units_[u].slot];
     const auto & m = maps_[li][ti];
@@ -95,11 +98,29 @@ void pager::wait_tensor(int li, int ti) {
     for (int u : dm_misses_)
         if (!err) err = map_tensor_pages(u, ti, false);
     stats_.map_us += io_now_us() - t1;
-    dm_done_[r] = 1;
     if (err) {
-        demand_finish();  // the units stay unresident; the error is reported below
+        // mmap failed part-way (ENOMEM): none of the layer's misses becomes resident. Wait for
+        // every read, unmap what was mapped (boundary pages go back to resident neighbours), free
+        // the slots, unpin the layer, report.
+        dm_active_ = false;
+        pool_->wait_jobs(dm_jobs_, 0, dm_jobs_.size());
+        for (const auto & j : dm_jobs_) {
+            stats_.bytes_read += j.len;
+            stats_.read_us += j.t_us;
+        }
+        dm_jobs_.clear();
+        for (int u : dm_misses_) {
+            units_[u].mapped = true;
+            unmap_unit(u);
+            const int s = units_[u].slot;
+            slots_[s].unit = -1;
+            free_[slots_[s].cls].push_back(s);
+            units_[u].slot = -1;
+        }
+        release_layer(li);
         throw std::runtime_error(map_error(err));
     }
+    dm_done_[r] = 1;
     if (std::find(dm_done_.begin(), dm_done_.end(), 0) == dm_done_.end()) demand_finish();
 }
 

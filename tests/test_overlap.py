@@ -269,3 +269,27 @@ def test_pipelined_read_error_raises_and_session_recovers(default_path, ref, pre
         assert s.stats["pipelined_loads"] > 0
         p, st, gen = s.greedy_trace(toks, N_STEPS)
     assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
+
+
+@pytest.mark.parametrize("pipeline,prefetch", [(True, None), (False, None), (True, "lookahead")])
+def test_failed_expert_mmap_raises_and_session_recovers(default_path, ref, pipeline, prefetch):
+    """An mmap of an expert slice that fails (ENOMEM, as when vm.max_map_count runs out) at any point
+    of a layer -- first, middle or last matrix of a pipelined load, a synchronous load, a prefetched
+    expert mapped by an I/O thread -- raises a clear error or is absorbed, never leaves an expert
+    counted resident with unmapped pages (that would crash on the next token) and never loses a
+    neighbour's boundary page: the same session then decodes exactly as plain llama.cpp."""
+    toks, (rp, rs, rg) = ref
+    lay = epqlab.inspect(default_path)
+    n_tensors = len(lay.layers[0].tensors)
+    for nth in (1, n_tensors, n_tensors + 1, 3 * n_tensors, 7 * n_tensors - 1):
+        with epqlab.Session(default_path, arena_bytes=_small_arena(default_path, 1.3), pipeline_reads=pipeline,
+                            prefetch=prefetch, io_threads=2, n_threads=THREADS) as s:
+            s.generate(toks[:1], 2)
+            s.pager.inject_map_fault(nth)
+            try:
+                s.generate(toks[:1], 4)
+            except RuntimeError as e:
+                assert "mmap of an expert slot failed" in str(e) and "max_map_count" in str(e)
+            s.pager.inject_map_fault(0)
+            p, st, gen = s.greedy_trace(toks, N_STEPS)
+        assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg, nth
