@@ -375,6 +375,13 @@ void pager::evict(int u, int loading_li) {
     x.slot = -1;
 }
 
+void pager::free_unit_slot(int u) {
+    const int s = units_[u].slot;
+    slots_[s].unit = -1;
+    free_[slots_[s].cls].push_back(s);
+    units_[u].slot = -1;
+}
+
 // Returns a free slot id for a unit of layer li, evicting by policy when none is free.
 int pager::take_slot(int li, int64_t need) {
     int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
@@ -666,13 +673,7 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         }
     } catch (...) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
-        for (size_t i = 0; i < placed; i++) {
-            const int u = misses[i];
-            const int s = units_[u].slot;
-            slots_[s].unit = -1;
-            free_[slots_[s].cls].push_back(s);
-            units_[u].slot = -1;
-        }
+        for (size_t i = 0; i < placed; i++) free_unit_slot(misses[i]);
         release_layer(li);
         throw;
     }
@@ -698,38 +699,21 @@ void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<i
         try {
             map_unit(u);
         } catch (...) {
-            // mmap failed part-way (ENOMEM): this unit and the misses not mapped yet never become
-            // resident; give back their slots (the failed one's mapped slices too) and unpin.
-            for (size_t k = i; k < misses.size(); k++) {
+            // mmap failed part-way (ENOMEM): this unit, the misses not mapped yet and the failed
+            // reads never become resident; unmap the slices mapped (boundary pages go back to
+            // resident neighbours), give back their slots and unpin.
+            units_[u].mapped = true;
+            unmap_unit(u);
+            for (size_t k = 0; k < misses.size(); k++) {
                 const int v = misses[k];
-                if (k == i) {
-                    units_[v].mapped = true;
-                    unmap_unit(v);
-                } else if (std::find(bad_units.begin(), bad_units.end(), v) != bad_units.end()) {
-                    continue;  // freed below
-                }
-                const int s = units_[v].slot;
-                slots_[s].unit = -1;
-                free_[slots_[s].cls].push_back(s);
-                units_[v].slot = -1;
-            }
-            for (int v : bad_units) {
-                const int s = units_[v].slot;
-                slots_[s].unit = -1;
-                free_[slots_[s].cls].push_back(s);
-                units_[v].slot = -1;
+                if (k >= i || std::find(bad_units.begin(), bad_units.end(), v) != bad_units.end()) free_unit_slot(v);
             }
             release_layer(li);
             throw;
         }
     }
     if (failed) {
-        for (int u : bad_units) {
-            const int s = units_[u].slot;
-            slots_[s].unit = -1;
-            free_[slots_[s].cls].push_back(s);
-            units_[u].slot = -1;
-        }
+        for (int u : bad_units) free_unit_slot(u);
         release_layer(li);
         throw_read_error(*failed);
     }
@@ -1056,9 +1040,7 @@ void pager::prefetch_finish() {
             if (std::find(bad.begin(), bad.end(), u) == bad.end()) bad.push_back(u);
         }
         if (std::find(bad.begin(), bad.end(), u) != bad.end()) {
-            slots_[x.slot].unit = -1;
-            free_[slots_[x.slot].cls].push_back(x.slot);
-            x.slot = -1;
+            free_unit_slot(u);
             bool cancelled = false;
             for (size_t k = 0; k < pf_jobs_.size(); k++) cancelled |= pf_job_unit_[k] == u && pf_jobs_[k].cancel;
             if (cancelled) stats_.prefetch_cancelled++;

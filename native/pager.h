@@ -272,6 +272,9 @@ private:
     void erase_evictable(int u);
     int  take_slot(int li, int64_t need_bytes);
     void evict(int u, int loading_li);
+    // Gives unit u's slot back to the free list (u is not resident afterwards). Its pages must
+    // already be unmapped, or never have been mapped.
+    void free_unit_slot(int u);
     void map_unit(int u);
     void unmap_unit(int u);
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;

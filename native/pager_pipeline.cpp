@@ -112,10 +112,7 @@ void pager::wait_tensor(int li, int ti) {
         for (int u : dm_misses_) {
             units_[u].mapped = true;
             unmap_unit(u);
-            const int s = units_[u].slot;
-            slots_[s].unit = -1;
-            free_[slots_[s].cls].push_back(s);
-            units_[u].slot = -1;
+            free_unit_slot(u);
         }
         release_layer(li);
         throw std::runtime_error(map_error(err));
