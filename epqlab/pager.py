@@ -182,16 +182,23 @@ class Pager:
 
     def prefetch(self, layer: int, expert_ids: Sequence[int] | np.ndarray) -> int:
         """Start reading the predicted experts of GGUF block ``layer`` in the background (priority
-        order) into free or evictable slots: never a pinned expert, never one of ``expert_ids``
-        already resident. Stops quietly when no slot can be freed. Every other call first waits for
-        it (:meth:`prefetch_finish`). Returns the number of experts issued. Raises ValueError for a
-        block without experts."""
+        order) into free or evictable slots (a batch): never a pinned expert, never an expert another
+        batch is reading or one sharing a page with it, never one of ``expert_ids`` already resident.
+        Stops quietly when no slot can be freed. Batches of several layers may be in flight: a
+        request of ``layer`` (:meth:`load_layer`) waits for that layer's batches only (a load that
+        finds no victim waits for all); other calls wait for every batch (:meth:`prefetch_finish`).
+        Returns the number of experts issued. Raises ValueError for a block without experts."""
         return int(self._p.prefetch_start(self._li(layer), np.asarray(expert_ids, np.int32)))
 
     def prefetch_finish(self) -> None:
-        """Wait for the in-flight prefetch; its experts become resident (unpinned). A failed read
+        """Wait for every batch in flight; their experts become resident (unpinned). A failed read
         only frees its slot (the demand read reports errors)."""
         self._p.prefetch_finish()
+
+    @property
+    def prefetch_active(self) -> bool:
+        """Whether prefetch batches were started and not finished yet (their reads may be done)."""
+        return bool(self._p.prefetch_active)
 
     @property
     def read_segment_bytes(self) -> int:

@@ -11,6 +11,11 @@ logits stay bit-identical to plain llama.cpp. Predictors:
 - ``"previous"``: the experts layer l+1 used for the previous token.
 - ``"union"``: lookahead first, then previous, capped at ``prefetch_budget`` bytes per layer.
 
+``prefetch_depth`` d > 1 also starts, at layer l, the same predictor's batches for layers l+2 ..
+l+d (applied that many layers ahead), queued behind l+1's: the device keeps reading while l+1
+computes, at the price of a lower precision. A batch stays in flight until its layer's router;
+demand reads always go ahead of queued speculative ones.
+
 Only single-token (decode) steps prefetch. Off by default: whether it pays depends on the device
 and the predictor's precision (bench/bench_overlap.py measures it).
 """
@@ -26,21 +31,25 @@ PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefe
                      "prefetch_cancelled", "prefetch_wait_us", "prefetch_map_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct")
 
 
-def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool) -> tuple[int, int]:
+def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool, depth=1) -> tuple[int, int, int]:
     """Validate the Session's prefetch arguments.
 
     Returns:
-        (mode code for the native hook, budget in bytes; 0 = no cap).
+        (mode code for the native hook, budget in bytes per layer (0 = no cap), depth in layers).
 
     Raises:
         ValueError: unknown predictor, prefetch without the pager, a negative or malformed budget,
-            or prefetch together with ``skip_cold`` (skip-cold skips non-resident experts, so its
+            a depth outside 1..4, or prefetch together with ``skip_cold`` (skip-cold skips non-resident experts, so its
             choice would depend on what prefetch made resident: the run would not be reproducible).
     """
     if prefetch_budget is not None and prefetch is None:
         raise ValueError("prefetch_budget needs prefetch='union' (or another predictor)")
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= 4:
+        raise ValueError(f"prefetch_depth must be an int in 1..4 (layers ahead), got {depth!r}")
     if prefetch is None or prefetch is False or prefetch == "off":
-        return 0, 0
+        if depth != 1:
+            raise ValueError("prefetch_depth needs a predictor (prefetch='lookahead', ...)")
+        return 0, 0, 1
     if prefetch not in PREFETCH_MODES:
         raise ValueError(f"unknown prefetch predictor {prefetch!r}; choose one of {', '.join(PREFETCH_MODES)} (or None)")
     if not paged:
@@ -53,7 +62,7 @@ def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool) -> tuple[i
         budget = parse_bytes(prefetch_budget) if not isinstance(prefetch_budget, numbers.Integral) else int(prefetch_budget)
         if budget <= 0:
             raise ValueError(f"prefetch_budget must be > 0 bytes per layer, got {prefetch_budget!r}")
-    return PREFETCH_MODES[prefetch], budget
+    return PREFETCH_MODES[prefetch], budget, int(depth)
 
 
 def prefetch_fields(d: dict) -> dict:

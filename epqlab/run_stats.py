@@ -13,9 +13,9 @@ from .time_split import decode_summary
 
 # Pager + hook counters differenced per run (pager.h / hook.h name each one).
 COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
-            "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us",
+            "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us", "evict_unmap_us", "evict_unmap_io_us",
             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads") + PREFETCH_COUNTERS
+            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early") + PREFETCH_COUNTERS
 
 
 def counters(session) -> dict:

@@ -113,10 +113,10 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_skip_cold(tau);
         }, py::arg("tau"))
-        .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes) {
+        .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes, int depth) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
-            e.hook()->set_prefetch(mode, budget_bytes);
-        }, py::arg("mode"), py::arg("budget_bytes") = 0)
+            e.hook()->set_prefetch(mode, budget_bytes, depth);
+        }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1)
         .def("set_pipeline", [](engine & e, bool on) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_pipeline(on);

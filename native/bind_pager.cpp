@@ -41,6 +41,8 @@ static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
         EPQ_FIELD(pager_stats, "read_us", s.read_us),
         EPQ_FIELD(pager_stats, "io_wait_us", s.io_wait_us),
         EPQ_FIELD(pager_stats, "map_us", s.map_us),
+        EPQ_FIELD(pager_stats, "evict_unmap_us", s.evict_unmap_us),
+        EPQ_FIELD(pager_stats, "evict_unmap_io_us", s.evict_unmap_io_us),
         EPQ_FIELD(pager_stats, "load_calls", s.load_calls),
         EPQ_FIELD(pager_stats, "passes", s.passes),
         EPQ_FIELD(pager_stats, "staged_bytes", s.staged_bytes),
@@ -55,6 +57,7 @@ static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
         EPQ_FIELD(pager_stats, "prefetch_cancelled", s.prefetch_cancelled),
         EPQ_FIELD(pager_stats, "prefetch_map_us", s.prefetch_map_us),
         EPQ_FIELD(pager_stats, "pipelined_loads", s.pipelined_loads),
+        EPQ_FIELD(pager_stats, "pipelined_early", s.pipelined_early),
     };
     return f;
 }
@@ -120,7 +123,7 @@ void register_pager(py::module_ & m) {
             py::gil_scoped_release nogil;
             p.prefetch_finish();
         })
-        .def_property_readonly("prefetch_active", &pager::prefetch_active)
+        .def_property_readonly("prefetch_active", [](const pager & p) { return p.prefetch_active(); })
         .def_property("read_segment_bytes", &pager::read_segment_bytes, &pager::set_read_segment_bytes)
         .def_property("read_delay_us", &pager::read_delay_us, &pager::set_read_delay_us)
         .def("release_layer", &pager::release_layer)

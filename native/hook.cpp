@@ -4,7 +4,6 @@
 #include "hook.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -270,7 +269,8 @@ void expert_hook::charge_compute(ggml_tensor * t, int64_t dt) {
     if (li >= 0) cur_[li].attn_us += dt;  // the piece ending at the router (topk, or skip-cold's weights)
 }
 
-void expert_hook::set_prefetch(int mode, int64_t budget_bytes) {
+void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth) {
+    if (depth < 1 || depth > 4) throw std::invalid_argument("prefetch depth must be 1..4 layers ahead, got " + std::to_string(depth));
     if (mode < PF_OFF || mode > PF_UNION) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
     if (mode != PF_OFF && skip_tau_ >= 0)
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
@@ -278,6 +278,7 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes) {
     if (pg_) pg_->prefetch_finish();
     pf_mode_   = mode;
     pf_budget_ = budget_bytes;
+    pf_depth_  = depth;
     std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
 }
 
@@ -315,22 +316,26 @@ void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
 }
 
 void expert_hook::start_prefetch(int li, int k) {
-    const int nl = li + 1;
-    if (nl >= n_layers_) return;
     const int64_t t0 = io_now_us();
-    std::vector<int32_t> pred;
-    if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION) lookahead(li, nl, k, pred);
-    if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
-        for (int32_t e : prev_ids_[nl])
-            if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
-    if (pf_budget_ > 0) {
-        const int64_t cap = std::max<int64_t>(0, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
-        if ((int64_t) pred.size() > cap) pred.resize((size_t) cap);
-    }
-    pred_[nl] = pred;
-    has_pred_[nl] = !pred.empty();
     const int64_t map0 = pg_->stats().map_us;
-    if (!pred.empty()) pg_->prefetch_start(nl, pred.data(), (int) pred.size());
+    for (int d = 1; d <= pf_depth_; d++) {
+        const int nl = li + d;
+        if (nl >= n_layers_) break;
+        std::vector<int32_t> pred;
+        if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION) lookahead(li, nl, k, pred);
+        if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
+            for (int32_t e : prev_ids_[nl])
+                if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
+        if (pf_budget_ > 0) {
+            const int64_t cap = std::max<int64_t>(0, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
+            if ((int64_t) pred.size() > cap) pred.resize((size_t) cap);
+        }
+        if (d == 1) {  // scored: the prediction made one layer ahead (the last one made for nl)
+            pred_[nl] = pred;
+            has_pred_[nl] = !pred.empty();
+        }
+        if (!pred.empty()) pg_->prefetch_start(nl, pred.data(), (int) pred.size(), d > 1);
+    }
     // the predictor and issuing its reads; the evictions' unmap time is map time (charged after)
     cur_[li].predict_us += io_now_us() - t0 - (pg_->stats().map_us - map0);
 }

@@ -55,7 +55,10 @@
 // rest, and only what is still missing is read. Predictors: LOOKAHEAD applies layer l+1's router weights
 // (ffn_gate_inp, captured from the graph) to layer l's router input (the src[1] of
 // ffn_moe_logits-<il>) and takes the top-k; PREVIOUS takes the experts layer l+1 used for the
-// previous token; UNION is lookahead first, then previous, capped at a byte budget. Prefetch
+// previous token; UNION is lookahead first, then previous, capped at a byte budget. With depth
+// d > 1, layer l's topk also starts the predictions of layers l+2 .. l+d (the same predictor
+// applied that many layers ahead), queued behind l+1's, so the device has work queued while
+// l+1 computes; each layer's batch stays in flight until that layer's topk. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
@@ -128,7 +131,7 @@ public:
     double skip_cold() const { return skip_tau_; }
     // Next-layer prefetch (see above); budget_bytes caps each layer's prediction (0 = no cap
     // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
-    void set_prefetch(int mode, int64_t budget_bytes);
+    void set_prefetch(int mode, int64_t budget_bytes, int depth = 1);  // depth: layers ahead, 1..4
     int  prefetch() const { return pf_mode_; }
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {
@@ -179,7 +182,7 @@ private:
     // Time split: charges the pager's io/map time since the last charge to layer li.
     void charge_pager(int li);
     void charge_compute(ggml_tensor * t, int64_t dt);
-    // Prefetch: predicts layer li+1 from layer li's router input and starts reading it.
+    // Prefetch: predicts layers li+1 .. li+depth from layer li's router input and starts reading them.
     void start_prefetch(int li, int k);
     void lookahead(int li, int nl, int k, std::vector<int32_t> & out);
     void score_prediction(int li, const std::vector<int32_t> & ids);
@@ -228,6 +231,7 @@ private:
     // prefetch
     int                                      pf_mode_ = PF_OFF;
     int64_t                                  pf_budget_ = 0;
+    int                                      pf_depth_ = 1;
     std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
     std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass
     std::vector<std::vector<int32_t>>        prev_ids_;     // per layer: previous single token's experts

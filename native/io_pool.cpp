@@ -140,15 +140,30 @@ void io_pool::end_read() {
     if (--active_ == 0) busy_us_ += io_now_us() - busy_since_;
 }
 
+std::deque<io_job *>::iterator io_pool::next_job() {
+    if (bg_running_ < bg_limit_) return queue_.begin();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it)
+        if (!(*it)->background || (*it)->cancel) return it;  // a cancelled job reads nothing: take it
+    return queue_.end();
+}
+
 void io_pool::worker() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-        cv_work_.wait(lk, [this] { return stop_ || !queue_.empty(); });
+        cv_work_.wait(lk, [this] { return stop_ || next_job() != queue_.end(); });
         if (stop_) return;
-        io_job & j = *queue_.front();
-        queue_.pop_front();
+        const auto it = next_job();
+        io_job & j = **it;
+        queue_.erase(it);
         running_++;
+        const bool bg = j.background && !j.cancel;
+        bg_running_ += bg;
         const bool skip = j.cancel;  // read under the lock: cancel_pending sets it under the lock
+        if (!skip && j.before) {
+            lk.unlock();
+            j.before();
+            lk.lock();
+        }
         if (!skip) begin_read();
         lk.unlock();
         if (skip) {
@@ -165,7 +180,9 @@ void io_pool::worker() {
         lk.lock();
         j.done = true;
         running_--;
+        bg_running_ -= bg;
         cv_done_.notify_all();
+        if (bg) cv_work_.notify_all();  // a background job may be claimable now
     }
 }
 
@@ -181,6 +198,7 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     if ((jobs.size() == 1 || workers_.size() == 1) && !busy()) {
         // One job or one worker, nothing queued: read on the calling thread, saving two context switches.
         for (auto & j : jobs) {
+            if (j.before) j.before();
             {
                 std::lock_guard<std::mutex> lk(mu_);
                 begin_read();
@@ -196,15 +214,19 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
     wait_jobs(jobs, 0, jobs.size());
 }
 
-void io_pool::enqueue(int fd, bool dontneed, std::vector<io_job> & jobs) {
-    if (jobs.empty()) return;
+void io_pool::enqueue(int fd, bool dontneed, std::vector<io_job> & jobs, size_t from, size_t to, bool front) {
+    to = std::min(to, jobs.size());
+    if (from >= to) return;
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto & j : jobs) {
+    std::vector<io_job *> add;
+    for (size_t i = from; i < to; i++) {
+        io_job & j = jobs[i];
         j.done = false;
         j.dontneed = dontneed;
         if (j.fd < 0) j.fd = fd;
-        queue_.push_back(&j);
+        add.push_back(&j);
     }
+    queue_.insert(front ? queue_.begin() : queue_.end(), add.begin(), add.end());
     cv_work_.notify_all();
 }
 

@@ -9,6 +9,7 @@
 // reported as a failure with err = 0 and got < need, and the caller decides what that means.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -32,6 +33,11 @@ struct io_job {
     bool     notify = false;  // call the pool's continuation (set_after) when finished
     bool     cancelable = false;  // cancel_pending may cancel it (speculative reads only)
     bool     dontneed = false;    // drop the read range from the page cache afterwards (set by run/enqueue)
+    bool     background = false;  // deep speculation: at most background_limit such jobs run at once
+    // Run by the thread that executes the job, before the read and outside the device-busy clock;
+    // not run for a cancelled job. The pager uses it to unmap the destination slot's previous
+    // occupant (its evicted expert) off the compute thread. Must not throw or call into the pool.
+    std::function<void()> before;
     // results
     bool     done   = false;  // finished (under the pool's lock)
     int64_t  got    = 0;   // bytes read
@@ -60,7 +66,10 @@ public:
     // Asynchronous jobs: appends jobs to the queue and returns at once. The jobs must stay alive
     // and unresized until a wait covering them returned. Jobs run in queue order (FIFO), so
     // what is enqueued first is read first.
-    void enqueue(int fd, bool dontneed, std::vector<io_job> & jobs);
+    void enqueue(int fd, bool dontneed, std::vector<io_job> & jobs) { enqueue(fd, dontneed, jobs, 0, jobs.size(), false); }
+    // The same for jobs[from, to); front: ahead of every job still queued (in their order), for
+    // reads the caller is about to wait for while speculative ones are queued.
+    void enqueue(int fd, bool dontneed, std::vector<io_job> & jobs, size_t from, size_t to, bool front);
     // Blocks until every job in jobs[from, to) is done.
     void wait_jobs(std::vector<io_job> & jobs, size_t from, size_t to);
     // The continuation called on the worker right after each job with notify set, outside the
@@ -77,6 +86,12 @@ public:
             if (j->cancelable && !j->cancel && !keep(j->tag)) { j->cancel = true; n++; }
         return n;
     }
+    // Moves the queued jobs whose tag pred(tag) accepts ahead of the others, each group keeping
+    // its order: reads that became urgent (a speculative read the caller now needs).
+    template <class F> void promote(F pred) {
+        std::lock_guard<std::mutex> lk(mu_);
+        std::stable_partition(queue_.begin(), queue_.end(), [&](const io_job * j) { return pred(j->tag); });
+    }
     // Jobs queued or running.
     bool busy() {
         std::lock_guard<std::mutex> lk(mu_);
@@ -89,6 +104,11 @@ public:
         std::lock_guard<std::mutex> lk(mu_);
         return busy_us_ + (active_ > 0 ? io_now_us() - busy_since_ : 0);
     }
+
+    // At most n background jobs run at once (a worker passes over queued background jobs beyond
+    // that and takes the next other one), so deep speculation cannot occupy every thread when a
+    // read that is waited for arrives. Set it while idle.
+    void set_background_limit(int n) { bg_limit_ = n < 1 ? 1 : n; }
 
     // Test hook: every read (job) from now sleeps delay_us microseconds first (an artificially
     // slow device; its time is part of the job's t_us). 0 disables.
@@ -110,6 +130,9 @@ private:
     std::condition_variable  cv_done_;
     std::deque<io_job *>     queue_;       // not yet claimed, FIFO
     int                      running_  = 0;  // claimed, not done
+    int                      bg_running_ = 0;  // ... of them background
+    int                      bg_limit_ = 1;
+    std::deque<io_job *>::iterator next_job();  // first queued job a worker may claim now (under mu_), or end
     int                      active_   = 0;  // jobs being read now (workers and inline), for busy_us
     int64_t                  busy_since_ = 0, busy_us_ = 0;
     void begin_read();  // active_++ (under mu_)

@@ -14,6 +14,7 @@
 #include "pager.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -220,6 +221,13 @@ void pager::init(const pager_config & cfg) {
         throw std::runtime_error("cannot create the arena memfd of " + std::to_string(arena_size_) + " bytes: " + errstr(e));
     }
     units_.assign((size_t) layers_.size() * n_expert_, unit{});
+    unit_pending_.assign(units_.size(), nullptr);
+    pf_inflight_.assign(units_.size(), 0);
+    pf_prot_.assign(units_.size(), 0);
+    pf_left_.reset(new std::atomic<int>[units_.size()]);
+    pf_bad_.reset(new std::atomic<int>[units_.size()]);
+    pf_mapped_.reset(new std::atomic<int>[units_.size()]);
+    for (size_t u = 0; u < units_.size(); u++) pf_left_[u] = pf_bad_[u] = pf_mapped_[u] = 0;
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
     pinned_.assign(layers_.size(), {});
@@ -234,10 +242,11 @@ pager::~pager() { release_resources(); }
 
 void pager::release_resources() {
     // No read may outlive the arena it writes into.
-    if (pool_ && pf_active_) pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
+    if (pool_)
+        for (auto & b : pf_) pool_->wait_jobs(b->jobs, 0, b->jobs.size());
+    pf_.clear();
     if (pool_ && dm_active_) pool_->wait_jobs(dm_jobs_, 0, dm_jobs_.size());
     dm_active_ = false;
-    pf_active_ = false;
     pool_.reset();
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
@@ -282,9 +291,10 @@ int64_t pager::n_resident() const {
 }
 
 void pager::reset_stats() {
-    if (pf_active_) prefetch_finish();
+    prefetch_finish();
     if (dm_active_) demand_finish();
     pager_stats s;
+    deferred_us_ = 0;
     s.layer_requests.assign(layers_.size(), 0);
     s.layer_hits.assign(layers_.size(), 0);
     stats_ = s;
@@ -350,7 +360,7 @@ void pager::begin_pass() {
 }
 
 void pager::set_hot(const std::vector<int32_t> & us) {
-    if (pf_active_) prefetch_finish();
+    prefetch_finish();
     if (dm_active_) demand_finish();
     for (int32_t u : us) {
         if (u < 0 || u >= (int32_t) units_.size()) throw std::out_of_range("hot unit " + std::to_string(u) + " out of range");
@@ -370,7 +380,12 @@ void pager::evict(int u, int loading_li) {
     stats_.evictions_by_group[(stale ? 0 : 1) + (left ? 0 : 2)]++;
     stats_.evictions++;
     erase_evictable(u);
-    unmap_unit(u);
+    const int64_t t0 = io_now_us();
+    slot & sl = slots_[x.slot];
+    if (sl.pending) run_pending(sl.pending);  // done already by u's reads into this slot; cheap then
+    sl.pending = unmap_deferred(u);
+    std::atomic_store(&unit_pending_[u], sl.pending);
+    stats_.evict_unmap_us += io_now_us() - t0;
     slots_[x.slot].unit = -1;
     x.slot = -1;
 }
@@ -383,7 +398,7 @@ void pager::free_unit_slot(int u) {
 }
 
 // Returns a free slot id for a unit of layer li, evicting by policy when none is free.
-int pager::take_slot(int li, int64_t need) {
+int pager::take_slot(int li, int64_t need, bool speculative) {
     int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
     for (int c2 = c; c2 >= 0; c2--) {  // own class, then the smallest larger class
         if (!free_[c2].empty()) {
@@ -392,7 +407,10 @@ int pager::take_slot(int li, int64_t need) {
             return s;
         }
     }
-    auto fits = [&](const key_t & k) { return slots_[units_[std::get<2>(k)].slot].bytes >= need; };
+    auto fits = [&](const key_t & k) {
+        const int u = std::get<2>(k);
+        return slots_[units_[u].slot].bytes >= need && !(!pf_.empty() && inflight_neighbour(u));
+    };
     auto try_range = [&](std::set<key_t>::iterator b, std::set<key_t>::iterator e) -> int {
         for (auto it = b; it != e; ++it) {
             if (fits(*it)) {
@@ -417,6 +435,12 @@ int pager::take_slot(int li, int64_t need) {
         if (s < 0) s = try_range(current_.begin(), current_.end());
     }
     if (s < 0) s = try_range(hot_.begin(), hot_.end());
+    if (s < 0 && !speculative && !pf_.empty()) {
+        // Batches in flight hold slots (and keep their neighbours and predictions from being
+        // victims): a demand load waits for them rather than fail.
+        prefetch_finish();
+        return take_slot(li, need, speculative);
+    }
     if (s < 0) {
         int64_t pinned = 0;
         for (const auto & p : pinned_) pinned += (int64_t) p.size();
@@ -480,6 +504,58 @@ void pager::unmap_unit(int u) {
     stats_.map_us += io_now_us() - t0;
 }
 
+std::shared_ptr<pager::unmap_task> pager::unmap_deferred(int u) {
+    const int li = u / n_expert_, e = u % n_expert_;
+    const int64_t t0 = io_now_us();
+    units_[u].mapped = false;
+    auto task = std::make_shared<unmap_task>();
+    for (int ti = 0; ti < (int) maps_[li].size(); ti++) {
+        const tensor_map & m = maps_[li][ti];
+        int64_t p0, p1;
+        expert_pages(m, e, p0, p1);
+        int64_t run0 = -1;  // start of the current range of deferred pages
+        for (int64_t p = p0; p <= p1; p++) {
+            bool now = false;  // a mapped or pinned neighbour touches page p: remap it at once
+            if (p < p1 && (p == p0 || p == p1 - 1)) {
+                int64_t lo, hi;
+                page_experts(m, p, lo, hi);
+                for (int64_t e2 = lo; e2 <= hi && !now; e2++) {
+                    const unit & y = units_[li * n_expert_ + e2];
+                    now = e2 != e && (y.mapped || y.pinned);
+                }
+            }
+            if (p < p1 && !now) {
+                if (run0 < 0) run0 = p;
+                continue;
+            }
+            if (run0 >= 0) task->ranges.push_back({m.region + (run0 - m.first_page) * page_, (size_t) ((p - run0) * page_)});
+            run0 = -1;
+            if (p < p1) restore_page(li, ti, p);  // the neighbour's copy, or PROT_NONE
+        }
+    }
+    stats_.map_us += io_now_us() - t0;
+    return task->ranges.empty() ? nullptr : task;
+}
+
+void pager::run_pending(const std::shared_ptr<unmap_task> & t) const {
+    std::call_once(t->once, [&] {
+        const int64_t t0 = io_now_us();
+        for (const auto & r : t->ranges)
+            mmap(r.first, r.second, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        deferred_us_ += io_now_us() - t0;
+    });
+}
+
+void pager::run_pending_around(int li, int ti, int e) const {
+    const tensor_map & m = maps_[li][ti];
+    int64_t p0, p1, lo, hi, lo2, hi2;
+    expert_pages(m, e, p0, p1);
+    page_experts(m, p0, lo, hi);
+    page_experts(m, p1 - 1, lo2, hi2);
+    for (int64_t e2 = std::min<int64_t>(lo, e); e2 <= std::max<int64_t>(hi2, e); e2++)
+        if (auto t = std::atomic_load(&unit_pending_[li * n_expert_ + e2])) run_pending(t);
+}
+
 // ---- load / release ----------------------------------------------------------------------
 
 void pager::release_layer(int li) {
@@ -495,7 +571,7 @@ void pager::release_layer(int li) {
 // ---- zero overlay (lossy skip-cold) ----------------------------------------------------------
 
 void pager::zero_overlay(int li, const int32_t * ids, int n) {
-    if (pf_active_) prefetch_finish();
+    prefetch_finish();
     if (dm_active_) demand_finish();
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     std::vector<int32_t> skip(ids, ids + n);
@@ -506,6 +582,8 @@ void pager::zero_overlay(int li, const int32_t * ids, int n) {
         if (units_[unit_id(li, e)].mapped) throw std::invalid_argument("zero_overlay of expert " + std::to_string(e) + ", which is resident: only non-resident experts can be skipped");
     }
     if (skip.empty()) return;
+    for (int32_t e : skip)  // their deferred unmaps (and neighbours') before the zero pages go in
+        for (int ti = 0; ti < (int) maps_[li].size(); ti++) run_pending_around(li, ti, e);
     auto skipped = [&](int64_t e) { return std::binary_search(skip.begin(), skip.end(), (int32_t) e); };
     const int64_t t0 = io_now_us();
     std::vector<char> tmp((size_t) page_);
@@ -593,6 +671,7 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
             j.out_off = sl.offset + m.sub_off + off;
             j.fd     = files_[m.file].fd;
             j.tag    = u;
+            if (sl.pending) j.before = [this, t = sl.pending] { run_pending(t); };
             jobs.push_back(j);
             job_unit.push_back(u);
             if (job_tensor) job_tensor->push_back((int) ti);
@@ -601,7 +680,7 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
 }
 
 void pager::load_layer(int li, const int32_t * ids, int n, uint8_t * hit_out) {
-    if (pf_active_) prefetch_finish_for(li, ids, n);
+    prefetch_finish_for(li, ids, n);  // li's batches; others may read on
     if (dm_active_) demand_finish();
     std::vector<io_job> jobs;
     std::vector<int>    job_unit;
@@ -632,7 +711,8 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         stats_.layer_requests[li]++;
         if (!stats_.pass_requests.empty()) stats_.pass_requests.back()++;
         if (x.slot >= 0) {
-            if (x.prefetched) {
+            const bool in_flight = pf_inflight_[u];  // a batch is reading it: its use is counted now
+            if (x.prefetched || in_flight) {
                 x.prefetched = false;
                 stats_.prefetch_used++;
                 for (const auto & m : maps_[li]) {  // the bytes its prefetch read: whole pages of each slice
@@ -728,7 +808,9 @@ void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
     for (int e = 0; e < n_expert_; e++) {
         const int u = unit_id(li, e);
         unit & x = units_[u];
-        const bool in_set = x.slot >= 0 && !x.pinned;
+        // In an evictable set (not pinned, not being read by a prefetch or protected by one).
+        const key_t key = key_of(u);
+        const bool in_set = x.slot >= 0 && !x.pinned && (stale_.count(key) || current_.count(key) || hot_.count(key));
         if (in_set) erase_evictable(u);
         const double hit = std::binary_search(picked.begin(), picked.end(), e) ? 1.0 : 0.0;
         pick_rate_[u] = (1 - fnu_alpha_) * pick_rate_[u] + fnu_alpha_ * hit;
@@ -739,7 +821,7 @@ void pager::fnu_update(int li, const std::vector<int32_t> & picked) {
 }
 
 bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids) {
-    if (pf_active_) prefetch_finish_for(li, ids, k * n_tokens);
+    prefetch_finish_for(li, ids, k * n_tokens);  // li's batches; others may read on
     if (dm_active_) demand_finish();
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
@@ -755,7 +837,7 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
 }
 
 void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx) {
-    if (pf_active_) prefetch_finish();
+    prefetch_finish();
     if (dm_active_) demand_finish();
     if ((int) lidx.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
     for (int li : lidx)
@@ -834,7 +916,7 @@ void pager::redo_refused_direct(std::vector<io_job> & jobs) {
     if (!redo) return;
     // Queued prefetch reads hold the descriptors about to be closed: let them finish first (their
     // results are settled by prefetch_finish as usual), so none reads a reused descriptor number.
-    if (pf_active_) pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
+    for (auto & b : pf_) pool_->wait_jobs(b->jobs, 0, b->jobs.size());
     std::vector<int> fds(files_.size(), -1);
     for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
     if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
@@ -864,7 +946,7 @@ void pager::throw_read_error(const io_job & j) const {
 }
 
 void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst) {
-    if (pf_active_) prefetch_finish();
+    prefetch_finish();
     if (dm_active_) demand_finish();
     const tensor_map & m = maps_.at(li).at(ti);
     std::vector<int32_t> es(ids, ids + n);
@@ -914,147 +996,4 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
     for (const auto & j : jobs)
         if (j.err != 0 || j.got < j.need) throw_read_error(j);
     return dst + (m.offset - m.first_page * page_);
-}
-
-// ---- prefetch ----------------------------------------------------------------------------
-
-int pager::prefetch_start(int li, const int32_t * ids, int n) {
-    if (pf_active_) prefetch_finish();
-    if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
-    try {
-        check_file();
-    } catch (const pager_io_error &) {
-        return 0;  // the demand read will report it
-    }
-    pf_li_ = li;
-    pf_jobs_.clear();
-    pf_job_unit_.clear();
-    pf_units_.clear();
-    pf_protected_.clear();
-    // First protect every predicted expert already resident (and unpinned): the prefetch must not
-    // evict its own predictions to make room for others.
-    std::vector<int> want;
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= n_expert_) continue;  // a predictor's garbage is not an error
-        const int u = unit_id(li, ids[i]);
-        if (std::find(want.begin(), want.end(), u) != want.end()) continue;
-        want.push_back(u);
-        unit & x = units_[u];
-        if (x.slot >= 0 && !x.pinned && std::find(pf_protected_.begin(), pf_protected_.end(), u) == pf_protected_.end()) {
-            erase_evictable(u);
-            pf_protected_.push_back(u);
-        }
-    }
-    for (int u : want) {
-        if (units_[u].slot >= 0) continue;  // resident
-        int s;
-        try {
-            s = take_slot(li, unit_bytes_[li]);  // victims: evictable (unpinned, unprotected) units only
-        } catch (const pager_capacity_error &) {
-            break;  // nothing left to evict: prefetch what has a slot
-        }
-        units_[u].slot = s;
-        slots_[s].unit = u;
-        pf_units_.push_back(u);
-        unit_jobs(u, pf_jobs_, pf_job_unit_);
-        stats_.prefetch_units++;
-    }
-    pf_active_ = true;
-    if (!pf_jobs_.empty()) {
-        // The worker that completes a unit's last read maps it (and prefaults its page tables)
-        // while the compute thread works on the current layer: no other pager operation runs
-        // until prefetch_finish (every one finishes the prefetch first), so these mmaps race
-        // with nothing; the unit becomes resident there, after all of its reads completed.
-        const size_t n_units = pf_units_.size();
-        pf_left_.reset(new std::atomic<int>[n_units]);
-        pf_bad_.reset(new std::atomic<int>[n_units]);
-        pf_mapped_.reset(new std::atomic<int>[n_units]);
-        if (pf_index_.size() != units_.size()) pf_index_.assign(units_.size(), -1);
-        for (size_t i = 0; i < n_units; i++) {
-            pf_left_[i] = 0;
-            pf_bad_[i] = 0;
-            pf_mapped_[i] = 0;
-            pf_index_[pf_units_[i]] = (int) i;
-        }
-        for (int u : pf_job_unit_) pf_left_[pf_index_[u]]++;
-        for (auto & j : pf_jobs_) j.notify = j.cancelable = true;  // prefetch_job_done (set_after in init); speculative
-        pool_->enqueue(files_[0].fd, !direct_, pf_jobs_);
-    }
-    return (int) pf_units_.size();
-}
-
-void pager::prefetch_job_done(io_job & j) {
-    const int i = pf_index_[j.tag];
-    if (j.cancel || j.err != 0 || j.got < j.need) pf_bad_[i] = 1;
-    if (pf_left_[i].fetch_sub(1) != 1 || pf_bad_[i]) return;
-    const int64_t t0 = io_now_us();
-    pf_mapped_[i] = map_pages(j.tag, true) == 0 ? 1 : 2;
-    pf_map_us_ += io_now_us() - t0;
-}
-
-void pager::prefetch_finish_for(int li, const int32_t * ids, int n) {
-    if (!pf_active_) return;
-    if (li == pf_li_) {
-        std::vector<int> keep;
-        for (int i = 0; i < n; i++)
-            if (ids[i] >= 0 && ids[i] < n_expert_) keep.push_back(unit_id(li, ids[i]));
-        pool_->cancel_pending([&](int u) { return std::find(keep.begin(), keep.end(), u) != keep.end(); });
-    }
-    prefetch_finish();
-}
-
-void pager::prefetch_finish() {
-    if (!pf_active_) return;
-    pf_active_ = false;  // first: the calls below may not recurse into a finish
-    const int64_t t0 = io_now_us();
-    pool_->wait_jobs(pf_jobs_, 0, pf_jobs_.size());
-    const int64_t waited = io_now_us() - t0;
-    stats_.prefetch_wait_us += waited;
-    stats_.io_wait_us += waited;
-    std::vector<int> bad;
-    for (size_t i = 0; i < pf_jobs_.size(); i++) {
-        const io_job & j = pf_jobs_[i];
-        if (j.cancel) {
-            if (std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end()) bad.push_back(pf_job_unit_[i]);
-            continue;  // not read
-        }
-        stats_.bytes_read += j.len;
-        stats_.prefetch_bytes += j.len;
-        stats_.read_us += j.t_us;
-        // O_DIRECT refused at read time (EINVAL) counts as failed too: the demand read redoes it.
-        if ((j.err != 0 || j.got < j.need) && std::find(bad.begin(), bad.end(), pf_job_unit_[i]) == bad.end())
-            bad.push_back(pf_job_unit_[i]);
-    }
-    stats_.prefetch_map_us += pf_map_us_.exchange(0);
-    // First flag every unit a worker mapped, so that unmapping a failed one below restores a
-    // shared boundary page from a neighbour mapped in this same prefetch.
-    for (size_t i = 0; i < pf_units_.size(); i++)
-        if (pf_mapped_[i] == 1) units_[pf_units_[i]].mapped = true;
-    for (size_t i = 0; i < pf_units_.size(); i++) {
-        const int u = pf_units_[i];
-        unit & x = units_[u];
-        pf_index_[u] = -1;
-        if (pf_mapped_[i] == 2) {  // read, but its mmap failed part-way: give its pages back, count it failed
-            x.mapped = true;
-            unmap_unit(u);
-            if (std::find(bad.begin(), bad.end(), u) == bad.end()) bad.push_back(u);
-        }
-        if (std::find(bad.begin(), bad.end(), u) != bad.end()) {
-            free_unit_slot(u);
-            bool cancelled = false;
-            for (size_t k = 0; k < pf_jobs_.size(); k++) cancelled |= pf_job_unit_[k] == u && pf_jobs_[k].cancel;
-            if (cancelled) stats_.prefetch_cancelled++;
-            else stats_.prefetch_failed++;
-            continue;
-        }
-        if (pf_mapped_[i] != 1) map_unit(u);  // else mapped by the worker that completed its reads (flagged above)
-        x.prefetched = true;
-        if (!x.pinned) insert_evictable(u);
-    }
-    for (int u : pf_protected_)
-        if (units_[u].slot >= 0 && !units_[u].pinned) insert_evictable(u);
-    pf_jobs_.clear();
-    pf_job_unit_.clear();
-    pf_units_.clear();
-    pf_protected_.clear();
 }

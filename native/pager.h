@@ -4,8 +4,10 @@
 // exactly like the tensor's bytes in the file ("mirror" layout: region page p holds file page
 // first_page + p, so a 32-byte-aligned tensor and slices that are not page multiples need no
 // copy). A page of the region is readable only while some resident (layer, expert) whose
-// slice touches that page backs it with its slot; every other page is PROT_NONE, so a bug
-// faults instead of computing on stale bytes. A unit is marked resident only after all of
+// slice touches that page backs it with its slot, or while it still maps the slot of the
+// evicted expert it belonged to and that slot was not written again (its unmap is deferred
+// to the reads that rewrite the slot, off the compute thread: unmap_task); every other page
+// is PROT_NONE, so a bug faults instead of computing on stale or foreign bytes. A unit is marked resident only after all of
 // its matrices were read completely; a failed read leaves it unmapped and its slot free.
 // Pinned units (those of the layer being computed) are never victims. The pager knows
 // nothing of llama.cpp: it pages byte ranges of one file, or of the shards of a split model
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -85,6 +88,8 @@ struct pager_stats {
     int64_t read_us = 0;         // sum of per-read durations, microseconds
     int64_t io_wait_us = 0;      // wall time load_layer spent waiting for reads, microseconds
     int64_t map_us = 0;          // wall time spent in mmap for residency/eviction, microseconds
+    int64_t evict_unmap_us = 0;  // the part of map_us spent unmapping victims (evict): their shared edge pages, µs
+    int64_t evict_unmap_io_us = 0;  // I/O threads' time unmapping victims' other pages (not in map_us: off the compute thread), µs
     int64_t load_calls = 0;
     int64_t passes = 0;
     int64_t staged_bytes = 0;    // bytes read by stage_tensor (also counted in bytes_read)
@@ -99,6 +104,7 @@ struct pager_stats {
     int64_t prefetch_wait_us = 0;     // wall time prefetch_finish waited for reads (also in io_wait_us)
     int64_t prefetch_cancelled = 0;   // prefetched units whose reads were cancelled (mispredicted, not started)
     int64_t pipelined_loads = 0;      // request_layer_async calls that queued reads (pipelined layers)
+    int64_t pipelined_early = 0;      // ... of them queued while the layer's prefetch was still reading (not waited for first)
     int64_t prefetch_map_us = 0;      // I/O workers' time mapping prefetched units (not in map_us: off the compute thread)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
@@ -155,21 +161,32 @@ public:
     // Prefetch (speculation; the bytes computed never depend on it). Starts reading, in the
     // background on the I/O pool, the experts ids[0..n) of MoE layer index li (priority order)
     // that are neither resident nor in flight, each into a free slot or one freed by the policy's
-    // victim. Victims come from the evictable sets only, so pinned experts (the layer being
-    // computed) are never evicted; the predicted experts of li already resident are taken out of
-    // those sets until prefetch_finish, so the prefetch never evicts its own predictions. Stops
-    // (without error) at the first unit no slot can be freed for. Returns the units issued.
-    // Every other pager operation first finishes an in-flight prefetch; one prefetch at a time.
-    int  prefetch_start(int li, const int32_t * ids, int n);
-    // Waits for the in-flight prefetch; the units whose reads all completed were mapped by the
+    // victim: a batch. Victims come from the evictable sets only, so pinned experts (the layer
+    // being computed) and experts other batches are reading are never evicted, nor an expert
+    // sharing a page with one being read; the predicted experts of li already resident are taken
+    // out of those sets until li's batches finish, so the prefetch never evicts its own
+    // predictions. Stops (without error) at the first unit no slot can be freed for. Returns the
+    // units issued. Several batches (of different or equal layers) may be in flight: a request of
+    // layer li finishes li's batches only; a demand load that finds no victim finishes all of them
+    // and retries; every other pager operation first finishes every batch.
+    // background: the batch's reads are io_job::background (deep speculation, a layer beyond the
+    // next): few run at once, so they never hold every I/O thread.
+    int  prefetch_start(int li, const int32_t * ids, int n, bool background = false);
+    // Waits for every batch in flight; the units whose reads all completed were mapped by the
     // I/O worker that finished them (page tables prefaulted, off the compute thread) and become
     // resident and evictable, not pinned; frees the slots of failed ones. No-op when none.
     void prefetch_finish();
-    // The same when layer li is about to request ids[0..n): reads of other (mispredicted)
-    // experts of the prefetch that no I/O thread has started are cancelled first, so the wait
-    // is only for what is needed (and what is already being read).
+    // The same for the batches of layer li only, when li is about to request ids[0..n): reads of
+    // other (mispredicted) experts of li that no I/O thread has started are cancelled first, so
+    // the wait is only for what is needed (and what is already being read).
     void prefetch_finish_for(int li, const int32_t * ids, int n);
-    bool prefetch_active() const { return pf_active_; }
+    // Cancels the queued reads of li's batches of experts not in ids[0..n).
+    void prefetch_cancel_others(int li, const int32_t * ids, int n);
+    bool prefetch_active() const { return !pf_.empty(); }
+    bool prefetch_active(int li) const {
+        for (const auto & b : pf_) if (b->li == li) return true;
+        return false;
+    }
     // Pipelined demand load (pager_pipeline.cpp), the hook's path for one token: the same
     // requests, hits, evictions and pins as request_layer(li, ids, k, 1), but the misses' reads
     // are queued on the I/O pool tensor by tensor in `order` (the order the graph computes the
@@ -216,7 +233,10 @@ public:
     int    capacity(int li) const;
     int    layer_index(int32_t block) const;  // -1 if block has no experts
 
-    const pager_stats & stats() const { return stats_; }
+    const pager_stats & stats() const {
+        stats_.evict_unmap_io_us += deferred_us_.exchange(0);  // includes the few run on this thread
+        return stats_;
+    }
     void reset_stats();
     bool direct_io() const { return direct_; }
     int  io_threads() const { return pool_->n_threads(); }
@@ -256,11 +276,28 @@ private:
         bool     mapped = false;  // its slot backs its pages in the region (it is resident)
         bool     prefetched = false;  // read by a prefetch and not requested since
     };
+    struct unmap_task;  // below
     struct slot {
         int64_t offset;
         int64_t bytes;
         int32_t cls;
         int32_t unit = -1;
+        // The unmap of the previous occupant's pages (see unmap_task); every read into the slot
+        // runs it first. Null when the slot never had a victim whose unmap was deferred.
+        std::shared_ptr<unmap_task> pending;
+    };
+    // A victim's deferred unmap. evict only remaps, at once, the edge pages of its slices that a
+    // resident (or pinned, being loaded) neighbour also touches; every other page of its slices
+    // still maps its old slot afterwards and is listed here, merged into ranges. They must become
+    // PROT_NONE before the slot's new bytes are written (every read job into the slot runs the
+    // task first, on its I/O thread) and before the expert or a neighbour sharing one of those
+    // pages is mapped (map_tensor_pages and zero_overlay run the pending tasks of the experts
+    // whose slices touch the pages they map). std::call_once makes every order safe: whoever
+    // comes first unmaps, the others wait for it or return. No other unit's mapping covers
+    // these pages until then, so the task races with no other region operation.
+    struct unmap_task {
+        std::once_flag                        once;
+        std::vector<std::pair<char *, size_t>> ranges;  // (address, bytes) to make PROT_NONE
     };
     using key_t = std::tuple<int64_t, uint64_t, int32_t>;  // (primary, last_use, unit)
 
@@ -270,13 +307,26 @@ private:
     key_t key_of(int u) const;
     void insert_evictable(int u);
     void erase_evictable(int u);
-    int  take_slot(int li, int64_t need_bytes);
+    // speculative (a prefetch): fail rather than finish the batches in flight when no victim fits.
+    int  take_slot(int li, int64_t need_bytes, bool speculative = false);
     void evict(int u, int loading_li);
     // Gives unit u's slot back to the free list (u is not resident afterwards). Its pages must
     // already be unmapped, or never have been mapped.
     void free_unit_slot(int u);
     void map_unit(int u);
     void unmap_unit(int u);
+    // evict's unmap: u is not mapped afterwards; its edge pages that a mapped or pinned neighbour
+    // touches are remapped now (restore_page), and the rest is returned as a deferred unmap
+    // (null when nothing is left).
+    std::shared_ptr<unmap_task> unmap_deferred(int u);
+    void run_pending(const std::shared_ptr<unmap_task> & t) const;  // runs it once (any thread)
+    // Runs the pending tasks of every expert whose slice of tensor ti of layer li touches a page
+    // that expert e's slice touches (e's own included): before e's slice is mapped.
+    void run_pending_around(int li, int ti, int e) const;
+    // Per unit: its last eviction's deferred unmap. Written by the compute thread (evict) only
+    // while no I/O worker maps (no prefetch in flight); read by workers through std::atomic_load.
+    std::vector<std::shared_ptr<unmap_task>> unit_pending_;
+    mutable std::atomic<int64_t> deferred_us_{0};   // time spent in deferred unmaps (any thread)
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
     // First and last expert whose slice of tensor t touches file page p.
     void page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const;
@@ -335,7 +385,7 @@ private:
     uint64_t                     tick_ = 0;
     uint64_t                     pass_ = 1;
     int                          loading_li_ = 0;
-    pager_stats                  stats_;
+    mutable pager_stats          stats_;  // mutable: stats() folds in deferred_us_
     std::unique_ptr<io_pool>     pool_;
     // Builds the read jobs of unit u (one per tensor, split into segments when seg_bytes_ > 0).
     void unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_unit, std::vector<int> * job_tensor = nullptr) const;
@@ -346,7 +396,14 @@ private:
     // After the reads: counts bytes, maps the units read completely (the others get their slots
     // back) and throws the first read error after unpinning layer li.
     void settle_misses(int li, const std::vector<int> & misses, std::vector<io_job> & jobs, const std::vector<int> & job_unit);
-    void redo_refused_direct(std::vector<io_job> & jobs);  // O_DIRECT refused (EINVAL): reopen buffered, redo those
+    void redo_refused_direct(std::vector<io_job> & jobs);
+    // Whether a slice of unit u shares a page with an expert a batch is reading (such a unit is
+    // no victim then: its edge pages would race with the I/O worker mapping that expert).
+    bool inflight_neighbour(int u) const;
+    // After a prefetch finished under a pipelined load of layer li: the requested experts that
+    // were counted as hits because their prefetch was in flight, but whose read failed, are read
+    // now (counted as misses instead). Throws as load_layer does.
+    void load_failed_prefetches(int li, const int32_t * ids, int n);  // O_DIRECT refused (EINVAL): reopen buffered, redo those
     int  map_tensor_pages(int u, int ti, bool populate) const;
     // The pending pipelined load (request_layer_async).
     bool                         dm_active_ = false;
@@ -356,19 +413,26 @@ private:
     std::vector<std::pair<int, std::pair<size_t, size_t>>> dm_ranges_;  // (tensor, [from, to) of dm_jobs_) in read order
     std::vector<uint8_t>         dm_done_;        // per dm_ranges_ entry: waited and mapped
     int64_t                      seg_bytes_ = 0;
-    bool                         pf_active_ = false;
-    int                          pf_li_ = -1;
-    std::vector<io_job>          pf_jobs_;
-    std::vector<int>             pf_job_unit_;
-    std::vector<int>             pf_units_;       // units placed by the in-flight prefetch
-    std::vector<int>             pf_protected_;   // predicted units already resident: out of the evictable sets
-    // Per unit of the in-flight prefetch (index into pf_units_): jobs still running, whether one
-    // failed or was cancelled, and whether the worker that finished its last job mapped it
-    // (1 = mapped, 2 = its mmap failed). Written by I/O workers, read after pool_->wait().
+    // Prefetch batches in flight, oldest first. The jobs live in the batch (never resized after
+    // they were queued) until the batch is finished.
+    struct pf_batch {
+        int                 li = -1;
+        std::vector<io_job> jobs;
+        std::vector<int>    job_unit;
+        std::vector<int>    units;       // units placed by this batch
+        std::vector<int>    protected_;  // predicted units already resident: out of the evictable sets
+    };
+    std::vector<std::unique_ptr<pf_batch>> pf_;
+    void finish_batch(pf_batch & b);     // prefetch_finish of one batch (it is then dropped)
+    void finish_batches(int li);         // every batch of layer li (-1: all)
+    std::vector<uint8_t>         pf_inflight_;    // per unit: a batch is reading it (compute thread only)
+    std::vector<uint8_t>         pf_prot_;        // per unit: protected by a batch (out of the evictable sets)
+    // Per unit being read by a batch: jobs still running, whether one failed or was cancelled,
+    // and whether the worker that finished its last job mapped it (1 = mapped, 2 = its mmap
+    // failed). Written by I/O workers, read after the batch's jobs were waited for.
     std::unique_ptr<std::atomic<int>[]> pf_left_, pf_bad_, pf_mapped_;
     std::atomic<int64_t>         pf_map_us_{0};   // workers' mmap time (off the compute thread)
     mutable std::atomic<int64_t> map_fault_countdown_{0};  // inject_map_fault
-    std::vector<int>             pf_index_;       // unit -> index into pf_units_ (-1: not in flight)
     // The mmaps that back unit u's pages in the region with its slot (populate: prefault the
     // page tables too). Returns 0 or the errno of the failed mmap; touches no pager state.
     int map_pages(int u, bool populate) const;

@@ -2,14 +2,16 @@
 // request_layer_async).
 //
 // Invariant: the requests, hits, pins, evictions and slots are exactly those of load_layer for
-// the same ids, and so are the bytes in the region when ggml reads a matrix: wait_tensor maps a
-// unit's slice of tensor ti only after every read of that slice completed, and a unit becomes
-// resident (mapped) only when all of its slices were read and mapped. Until then it is pinned,
-// so nothing evicts it; the operations that may run meanwhile are the next layer's prefetch
-// (prefetch_start evicts on this thread before queuing its reads; its workers map only that
-// layer's units) and release of the previous layer; every other pager operation first calls
-// demand_finish. A failed read or mmap leaves the units unmapped (mapped slices are unmapped
-// again) and their slots free, as in load_layer.
+// the same ids (with this layer's prefetch batches still reading, their experts count as hits
+// at once and are waited for after the misses were queued), and so are the bytes in the region
+// when ggml reads a matrix: wait_tensor maps a unit's slice of tensor ti only after every read
+// of that slice completed, and a unit becomes resident (mapped) only when all of its slices
+// were read and mapped. Until then it is pinned, so nothing evicts it; the operations that may
+// run meanwhile are later layers' prefetch batches (prefetch_start evicts on this thread before
+// queuing its reads; their workers map only their own units) and release of the previous
+// layer; every other pager operation first calls demand_finish. A failed read or mmap leaves
+// the units unmapped (mapped slices are unmapped again) and their slots free, as in load_layer.
+// Demand reads are queued ahead of every speculative read still waiting for a thread.
 #include "pager.h"
 
 #include <algorithm>
@@ -23,6 +25,7 @@ static bool job_failed(const io_job & j) { return j.err != 0 || j.got < j.need; 
 int pager::map_tensor_pages(int u, int ti, bool populate) const {
     if (map_fault_countdown_.load() > 0 && map_fault_countdown_.fetch_sub(1) == 1) return ENOMEM;  // test hook
     const int li = u / n_expert_, e = u % n_expert_;
+    run_pending_around(li, ti, e);  // deferred unmaps of these pages (its own last eviction's, neighbours') first
     const slot & sl = slots_[units_[u].slot];
     const auto & m = maps_[li][ti];
     int64_t p0, p1;
@@ -34,18 +37,26 @@ int pager::map_tensor_pages(int u, int ti, bool populate) const {
 }
 
 bool pager::request_layer_async(int li, const int32_t * ids, int k, const std::vector<int> & order) {
-    if (pf_active_) prefetch_finish_for(li, ids, k);
     if (dm_active_) demand_finish();
     std::vector<int32_t> uni(ids, ids + k);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
     if ((int) uni.size() > capacity(li)) return false;  // before fnu_update: the caller's request_layer does it
+    // A batch of this layer still reading: cancel its mispredicted reads no thread started, and
+    // queue the misses before waiting for it, so their reads overlap its tail (its experts were
+    // requested as hits; place_misses takes no victim sharing a page with them).
+    prefetch_cancel_others(li, ids, k);
+    const bool early = prefetch_active(li);
     if (policy_ == FNU) fnu_update(li, uni);
 
     std::vector<io_job> jobs;
     std::vector<int> job_unit, job_tensor;
     std::vector<int> misses = place_misses(li, ids, k, nullptr, jobs, job_unit, &job_tensor);
-    if (misses.empty()) return true;
+    if (misses.empty()) {
+        finish_batches(li);
+        load_failed_prefetches(li, ids, k);  // no-op unless a prefetched read of them failed
+        return true;
+    }
 
     // Read order: the tensors as the graph computes them, then any other in index order.
     const int nt = (int) maps_[li].size();
@@ -73,7 +84,15 @@ bool pager::request_layer_async(int li, const int32_t * ids, int k, const std::v
     dm_li_ = li;
     dm_active_ = true;
     stats_.pipelined_loads++;
-    pool_->enqueue(files_[0].fd, !direct_, dm_jobs_);
+    stats_.pipelined_early += early;
+    // Demand reads go ahead of every queued speculative one: the first matrix's first, then (early)
+    // this layer's prefetched experts still queued, which it needs as much, then the rest.
+    const size_t first_end = dm_ranges_.empty() ? 0 : dm_ranges_[0].second.second;
+    pool_->enqueue(files_[0].fd, !direct_, dm_jobs_, first_end, dm_jobs_.size(), true);
+    if (early) pool_->promote([&](int u) { return u / n_expert_ == li && pf_inflight_[u]; });
+    pool_->enqueue(files_[0].fd, !direct_, dm_jobs_, 0, first_end, true);
+    finish_batches(li);
+    load_failed_prefetches(li, ids, k);  // no-op unless a prefetched read of them failed
     return true;
 }
 
