@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python bench/bench_overlap.py [--model PATH] [--limit 1.5GiB | --arena 1GiB]
         [--n-predict 16] [--repeats 3] [--threads 1] [--rows off,lookahead,previous,union,segments,union+segments]
-        [--segment 512KiB] [--budget BYTES] [--out results/overlap.json]
+        [--segment 512KiB] [--budget BYTES] [--read-mbps 350] [--out results/overlap.json]
 
 Each run is its own child process (``epqlab.strict.run``: a cgroup v1 child of this process's
 memory cgroup with the limit set before the model loads, page cache of the model dropped first),
@@ -11,7 +11,9 @@ greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token
 T_compute), ``lookahead`` / ``previous`` / ``union`` (next-layer prefetch predictors,
 epqlab.prefetch), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
 ``union+segments``, ``pipeline`` / ``<predictor>+pipeline`` (``Session(pipeline_reads=True)``: each
-expert matmul waits only for its own matrix's reads).
+expert matmul waits only for its own matrix's reads); ``<predictor>@<d>`` prefetches d layers ahead
+(``prefetch_depth``). ``--read-mbps`` caps the device's read rate with a blkio cgroup so every row
+sees the same device.
 
 This disk alternates between ~1.2 GB/s and a throttled ~0.45 GB/s, so the repeats are interleaved
 (repeat 1 of every row, then repeat 2, ...), each run is preceded by a 128 MiB O_DIRECT read of the
@@ -30,6 +32,7 @@ token, decode hit rate and MB read per token.
 from __future__ import annotations
 
 import argparse
+import atexit
 import mmap
 import os
 import statistics
@@ -44,11 +47,17 @@ PROMPT = ("A CPU cache is a small, fast memory that sits between the processor a
           "It keeps copies of recently used data so that")
 
 
+PREDICTORS = ("lookahead", "previous", "union")
+
+
 def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
+    """Session keyword arguments of a row name: ``<predictor>[@depth][+segments][+pipeline]``."""
     kw: dict = {}
-    pf = name.split("+")[0]
-    if pf in ("lookahead", "previous", "union"):
+    pf, _, depth = name.split("+")[0].partition("@")
+    if pf in PREDICTORS:
         kw["prefetch"] = pf
+        if depth:
+            kw["prefetch_depth"] = int(depth)
         if pf == "union" and budget:
             kw["prefetch_budget"] = budget
     if "segments" in name:
@@ -81,6 +90,42 @@ def disk_mb_s(path: str, n_bytes: int = 128 << 20, block: int = 4 << 20) -> floa
     finally:
         os.close(fd)
         buf.close()
+
+
+def throttle_reads(path: str, mb_s: float) -> str:
+    """Move this process (and so every child it starts) into a new cgroup v1 blkio child whose
+    ``blkio.throttle.read_bps_device`` caps reads from the device holding ``path`` at ``mb_s`` MB/s:
+    a device of fixed speed for side-by-side rows, below the slowest state of a device that
+    changes speed on its own. Returns the cgroup's path. Raises RuntimeError naming the obstacle
+    (no blkio hierarchy, a partition or a device the kernel refuses to throttle, no permission)."""
+    root = "/sys/fs/cgroup/blkio"
+    if not os.path.isdir(root):
+        raise RuntimeError(f"--read-mbps needs the cgroup v1 blkio hierarchy at {root}; run without it")
+    own = next((line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if ":blkio:" in line), "/")
+    dev = os.stat(path).st_dev
+    cg = os.path.join(root, own.lstrip("/"), f"epqlab-bench-{os.getpid()}")
+    try:
+        os.makedirs(cg, exist_ok=True)
+        with open(os.path.join(cg, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{os.major(dev)}:{os.minor(dev)} {int(mb_s * 1e6)}\n")
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as e:
+        raise RuntimeError(f"cannot cap reads of {os.major(dev)}:{os.minor(dev)} at {mb_s} MB/s in {cg}: {e} "
+                           "(a partition cannot be throttled, only its whole disk; needs write access to the "
+                           "blkio cgroup); run without --read-mbps") from e
+    atexit.register(_leave_cgroup, cg)
+    return cg
+
+
+def _leave_cgroup(cg: str) -> None:
+    """At exit: back into the parent blkio cgroup, and remove the child made by throttle_reads."""
+    try:
+        with open(os.path.join(os.path.dirname(cg), "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rmdir(cg)
+    except OSError:
+        pass  # a child still inside, or no permission: the empty cgroup is harmless
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
@@ -124,7 +169,7 @@ def table(rows: list[dict]) -> str:
         if r["status"] != "PASS":
             out.append(f"| {r['row']} | FAIL: {r.get('reason')} |")
             continue
-        pf = r["row"].split("+")[0] in ("lookahead", "previous", "union")
+        pf = r["row"].split("+")[0].partition("@")[0] in PREDICTORS
         ratio = (f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r.get("ratio") is not None else "-")
         disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
         out.append(
@@ -167,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", default="512KiB", help="segment size of the segments rows")
     ap.add_argument("--budget", default=None, help="union: bytes prefetched per layer at most")
     ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--read-mbps", type=float, default=None,
+                    help="cap reads from the model's device at this many MB/s (a blkio cgroup): a device of fixed speed")
     ap.add_argument("--out", default=None, help="write the rows and every run as JSON here")
     a = ap.parse_args(argv)
     kw = {"n_threads": a.threads, "n_ctx": a.n_ctx}
@@ -179,6 +226,8 @@ def main(argv=None) -> int:
     if "off" not in names:
         names.insert(0, "off")  # the bound of every ratio
     model = a.model or str(__import__("epqlab.models", fromlist=["default_model"]).default_model(progress=False))
+    if a.read_mbps:
+        print(f"[overlap] reads capped at {a.read_mbps:.0f} MB/s: {throttle_reads(model, a.read_mbps)}", file=sys.stderr)
     raw: dict = {name: [] for name in names}
     for rep in range(a.repeats):  # interleaved: the disk's state drifts between fast and throttled
         for name in names:
