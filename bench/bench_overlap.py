@@ -12,7 +12,7 @@ T_compute), ``lookahead`` / ``previous`` / ``union`` (next-layer prefetch predic
 epqlab.prefetch), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
 ``union+segments``, ``pipeline`` / ``<predictor>+pipeline`` (``Session(pipeline_reads=True)``: each
 expert matmul waits only for its own matrix's reads); ``<predictor>@<d>`` prefetches d layers ahead
-(``prefetch_depth``). ``--read-mbps`` caps the device's read rate with a blkio cgroup so every row
+(``prefetch_depth``), ``<predictor>:<p>`` sets the gate (``prefetch_min_precision``; 0 = off). ``--read-mbps`` caps the device's read rate with a blkio cgroup so every row
 sees the same device.
 
 This disk alternates between ~1.2 GB/s and a throttled ~0.45 GB/s, so the repeats are interleaved
@@ -51,13 +51,16 @@ PREDICTORS = ("lookahead", "previous", "union")
 
 
 def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
-    """Session keyword arguments of a row name: ``<predictor>[@depth][+segments][+pipeline]``."""
+    """Session keyword arguments of a row name: ``<predictor>[@depth][:min_precision][+segments][+pipeline]``."""
     kw: dict = {}
-    pf, _, depth = name.split("+")[0].partition("@")
+    spec, _, gate = name.split("+")[0].partition(":")
+    pf, _, depth = spec.partition("@")
     if pf in PREDICTORS:
         kw["prefetch"] = pf
         if depth:
             kw["prefetch_depth"] = int(depth)
+        if gate:
+            kw["prefetch_min_precision"] = float(gate)
         if pf == "union" and budget:
             kw["prefetch_budget"] = budget
     if "segments" in name:
@@ -169,7 +172,7 @@ def table(rows: list[dict]) -> str:
         if r["status"] != "PASS":
             out.append(f"| {r['row']} | FAIL: {r.get('reason')} |")
             continue
-        pf = r["row"].split("+")[0].partition("@")[0] in PREDICTORS
+        pf = r["row"].split("+")[0].partition(":")[0].partition("@")[0] in PREDICTORS
         ratio = (f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r.get("ratio") is not None else "-")
         disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
         out.append(

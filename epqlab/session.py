@@ -118,6 +118,8 @@ class Session:
             ``"union"`` (:mod:`epqlab.prefetch`); timing only, logits unchanged. Not with ``skip_cold``.
         prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
         prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 4.
+        prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.prefetch`), in [0, 1]; default 0.5,
+            0 reads every prediction.
         read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
             spread over the I/O threads (``None``/0: one read per slice).
         pipeline_reads: in single-token decode steps, queue a layer's missing experts' reads matrix
@@ -147,6 +149,7 @@ class Session:
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
                  skip_cold: float | None = None, prefetch: str | None = None, prefetch_budget=None, prefetch_depth: int = 1,
+                 prefetch_min_precision: float | None = None,
                  read_segment_bytes=None, pipeline_reads: bool | None = None):
         from ._native import core
 
@@ -182,7 +185,8 @@ class Session:
             if not np.isfinite(tau) or tau < 0:
                 raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
         self.skip_cold = None if skip_cold is None else float(skip_cold)
-        self._pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth)
+        self._pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth,
+                                  prefetch_min_precision)
         self.prefetch = prefetch if self._pf[0] else None
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         if pipeline_reads is None:

@@ -27,6 +27,7 @@ static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
         EPQ_FIELD(hook_stats, "pred_experts", s.pred_experts),
         EPQ_FIELD(hook_stats, "pred_actual", s.pred_actual),
         EPQ_FIELD(hook_stats, "pred_correct", s.pred_correct),
+        EPQ_FIELD(hook_stats, "pred_gated", s.pred_gated),
     };
     return f;
 }
@@ -113,10 +114,10 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_skip_cold(tau);
         }, py::arg("tau"))
-        .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes, int depth) {
+        .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes, int depth, double min_precision) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
-            e.hook()->set_prefetch(mode, budget_bytes, depth);
-        }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1)
+            e.hook()->set_prefetch(mode, budget_bytes, depth, min_precision);
+        }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1, py::arg("min_precision") = 0.0)
         .def("set_pipeline", [](engine & e, bool on) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_pipeline(on);

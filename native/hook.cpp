@@ -54,6 +54,7 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     prev_ids_.assign(n_layers_, {});
     pred_.assign(n_layers_, {});
     has_pred_.assign(n_layers_, 0);
+    for (auto & g : gate_pred_) g.assign(n_layers_, {});
     stage_ids_.assign(n_layers_, {});
     pend_ids_.assign(n_layers_, {});
     pend_w_.assign(n_layers_, {});
@@ -269,8 +270,14 @@ void expert_hook::charge_compute(ggml_tensor * t, int64_t dt) {
     if (li >= 0) cur_[li].attn_us += dt;  // the piece ending at the router (topk, or skip-cold's weights)
 }
 
-void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth) {
-    if (depth < 1 || depth > 4) throw std::invalid_argument("prefetch depth must be 1..4 layers ahead, got " + std::to_string(depth));
+void expert_hook::clear_gate_preds() {
+    for (auto & g : gate_pred_)
+        for (auto & v : g) v.clear();
+}
+
+void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double min_precision) {
+    if (depth < 1 || depth > kMaxDepth) throw std::invalid_argument("prefetch depth must be 1..4 layers ahead, got " + std::to_string(depth));
+    if (!(min_precision >= 0 && min_precision <= 1)) throw std::invalid_argument("prefetch min_precision must be in [0, 1]");
     if (mode < PF_OFF || mode > PF_UNION) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
     if (mode != PF_OFF && skip_tau_ >= 0)
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
@@ -279,7 +286,12 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth) {
     pf_mode_   = mode;
     pf_budget_ = budget_bytes;
     pf_depth_  = depth;
+    pf_min_prec_ = min_precision;
     std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
+    for (int d = 0; d < kMaxDepth; d++) {
+        rank_prec_[d].clear();
+        gate_pred_[d].assign(n_layers_, {});
+    }
 }
 
 void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
@@ -334,7 +346,27 @@ void expert_hook::start_prefetch(int li, int k) {
             pred_[nl] = pred;
             has_pred_[nl] = !pred.empty();
         }
-        if (!pred.empty()) pg_->prefetch_start(nl, pred.data(), (int) pred.size(), d > 1);
+        // The gate: resident predictions stay (the batch protects them); the others are read
+        // only while their rank has been right often enough, and are scored at nl's topk.
+        auto & rp = rank_prec_[d - 1];
+        auto & gp = gate_pred_[d - 1][nl];
+        if (rp.size() < pred.size()) rp.resize(pred.size(), 1.0);
+        gp.clear();
+        std::vector<int32_t> issue;
+        for (size_t r = 0; r < pred.size(); r++) {
+            const int32_t e = pred[r];
+            if (pg_->is_resident(nl, e)) {
+                issue.push_back(e);
+                continue;
+            }
+            gp.push_back({e, (int32_t) r});
+            if (pf_min_prec_ > 0 && rp[r] < pf_min_prec_) {
+                stats_.pred_gated++;
+                continue;
+            }
+            issue.push_back(e);
+        }
+        if (!issue.empty()) pg_->prefetch_start(nl, issue.data(), (int) issue.size(), d > 1);
     }
     // the predictor and issuing its reads; the evictions' unmap time is map time (charged after)
     cur_[li].predict_us += io_now_us() - t0 - (pg_->stats().map_us - map0);
@@ -344,6 +376,14 @@ void expert_hook::score_prediction(int li, const std::vector<int32_t> & ids) {
     std::vector<int32_t> act(ids);
     std::sort(act.begin(), act.end());
     act.erase(std::unique(act.begin(), act.end()), act.end());
+    for (int d = 0; d < kMaxDepth; d++) {  // the gate's score of each rank
+        if (gate_pred_[d].empty()) continue;
+        for (const auto & er : gate_pred_[d][li]) {
+            const double hit = std::binary_search(act.begin(), act.end(), er.first) ? 1.0 : 0.0;
+            rank_prec_[d][er.second] = (1 - kGateAlpha) * rank_prec_[d][er.second] + kGateAlpha * hit;
+        }
+        gate_pred_[d][li].clear();
+    }
     if (has_pred_[li]) {
         stats_.pred_layers++;
         stats_.pred_experts += (int64_t) pred_[li].size();
@@ -365,6 +405,7 @@ void expert_hook::end_decode() {
         if (timing_ && last_li_ >= 0) charge_pager(last_li_);
     }
     std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
+    clear_gate_preds();
     flush_ubatch();
     if (stage_used_) {  // give the staging pages back until the next oversize ubatch
         madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
@@ -421,6 +462,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         flush_ubatch();
         std::fill(mode_.begin(), mode_.end(), (uint8_t) REGION);
         std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
+        clear_gate_preds();
         stats_.ubatches++;
         stats_.tokens += n_tokens;
         if (pg_) pg_->begin_pass();

@@ -58,7 +58,13 @@
 // previous token; UNION is lookahead first, then previous, capped at a byte budget. With depth
 // d > 1, layer l's topk also starts the predictions of layers l+2 .. l+d (the same predictor
 // applied that many layers ahead), queued behind l+1's, so the device has work queued while
-// l+1 computes; each layer's batch stays in flight until that layer's topk. Prefetch
+// l+1 computes; each layer's batch stays in flight until that layer's topk. The gate
+// (min_precision > 0): a predicted expert that is not resident is read only while predictions
+// of its rank (position in the predictor's list, per depth) that were not resident have been
+// selected at their layer at least that often (an EMA, scored at each layer's topk whether they
+// were read or not, so a closed rank can reopen). Resident predictions cost nothing and are
+// where a predictor is right most often, so the reads it would issue can be mostly wrong even
+// when its precision is high. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
@@ -92,6 +98,7 @@ struct hook_stats {
     int64_t pred_experts = 0;    // experts predicted (sum of |predicted set|)
     int64_t pred_actual = 0;     // experts the router then selected (sum of |actual set|)
     int64_t pred_correct = 0;    // |predicted ∩ actual|, summed: precision = correct/experts, recall = correct/actual
+    int64_t pred_gated = 0;      // predicted non-resident experts not read: their rank's precision was below the gate
 };
 
 // One decode call's time in one MoE layer, microseconds (see "Time split" above).
@@ -131,7 +138,8 @@ public:
     double skip_cold() const { return skip_tau_; }
     // Next-layer prefetch (see above); budget_bytes caps each layer's prediction (0 = no cap
     // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
-    void set_prefetch(int mode, int64_t budget_bytes, int depth = 1);  // depth: layers ahead, 1..4
+    // depth: layers ahead, 1..4; min_precision: the gate (see "Prefetch" above), 0 = read every prediction.
+    void set_prefetch(int mode, int64_t budget_bytes, int depth = 1, double min_precision = 0);
     int  prefetch() const { return pf_mode_; }
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {
@@ -232,6 +240,15 @@ private:
     int                                      pf_mode_ = PF_OFF;
     int64_t                                  pf_budget_ = 0;
     int                                      pf_depth_ = 1;
+    double                                   pf_min_prec_ = 0;
+    static constexpr int                     kMaxDepth = 4;
+    // The gate: per depth, per rank in the prediction, an EMA (weight kGateAlpha on the newest) of
+    // "a prediction of this rank that was not resident when made was selected at its layer";
+    // starts at 1. And per depth, per layer, those predictions (expert, rank) awaiting the layer's topk.
+    static constexpr double                  kGateAlpha = 0.05;
+    std::vector<double>                      rank_prec_[kMaxDepth];
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> gate_pred_[kMaxDepth];
+    void clear_gate_preds();
     std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
     std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass
     std::vector<std::vector<int32_t>>        prev_ids_;     // per layer: previous single token's experts

@@ -87,10 +87,13 @@ public:
         return n;
     }
     // Moves the queued jobs whose tag pred(tag) accepts ahead of the others, each group keeping
-    // its order: reads that became urgent (a speculative read the caller now needs).
+    // its order, and makes them ordinary (not background): reads that became urgent (a
+    // speculative read the caller now waits for).
     template <class F> void promote(F pred) {
         std::lock_guard<std::mutex> lk(mu_);
-        std::stable_partition(queue_.begin(), queue_.end(), [&](const io_job * j) { return pred(j->tag); });
+        auto mid = std::stable_partition(queue_.begin(), queue_.end(), [&](const io_job * j) { return pred(j->tag); });
+        for (auto it = queue_.begin(); it != mid; ++it) (*it)->background = false;
+        if (queue_.begin() != mid) cv_work_.notify_all();  // a worker held back by the background limit may take them
     }
     // Jobs queued or running.
     bool busy() {

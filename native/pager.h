@@ -180,7 +180,8 @@ public:
     // other (mispredicted) experts of li that no I/O thread has started are cancelled first, so
     // the wait is only for what is needed (and what is already being read).
     void prefetch_finish_for(int li, const int32_t * ids, int n);
-    // Cancels the queued reads of li's batches of experts not in ids[0..n).
+    // Cancels the queued reads of li's batches of experts not in ids[0..n), and moves the others
+    // to the front of the queue as ordinary (not background) jobs.
     void prefetch_cancel_others(int li, const int32_t * ids, int n);
     bool prefetch_active() const { return !pf_.empty(); }
     bool prefetch_active(int li) const {

@@ -85,7 +85,10 @@ void pager::prefetch_cancel_others(int li, const int32_t * ids, int n) {
     std::vector<int> keep;
     for (int i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < n_expert_) keep.push_back(unit_id(li, ids[i]));
-    pool_->cancel_pending([&](int u) { return u / n_expert_ != li || std::find(keep.begin(), keep.end(), u) != keep.end(); });
+    auto kept = [&](int u) { return std::find(keep.begin(), keep.end(), u) != keep.end(); };
+    pool_->cancel_pending([&](int u) { return u / n_expert_ != li || kept(u); });
+    // The requested ones are waited for now: first in the queue, no longer background.
+    pool_->promote([&](int u) { return u / n_expert_ == li && pf_inflight_[u] && kept(u); });
 }
 
 void pager::prefetch_finish_for(int li, const int32_t * ids, int n) {

@@ -154,3 +154,26 @@ def test_depth_knob_errors(mini_gguf):
         epqlab.Session(mini_gguf, prefetch="lookahead", prefetch_depth=2.0)
     with pytest.raises(ValueError, match="prefetch_depth needs a predictor"):
         epqlab.Session(mini_gguf, prefetch_depth=2)
+
+
+def test_gate_reads_fewer_and_predicts_the_same(default_path, ref):  # noqa: F811
+    """The gate changes which predictions are read, never the predictions nor the logits: with
+    min_precision 1 a rank closes at its first wrong non-resident prediction (an EMA that starts at
+    1 never returns to it), so fewer experts are read than with the gate off, the predictor's
+    scores are identical, and the closed ranks' predictions are counted as gated."""
+    runs = {}
+    for gate in (0.0, 1.0):
+        st = _check_identical(default_path, ref, "lru", "lookahead", 0, True, min_precision=gate)
+        runs[gate] = st
+    off, strict = runs[0.0], runs[1.0]
+    assert off["pred_gated"] == 0 and strict["pred_gated"] > 0
+    assert strict["prefetch_units"] < off["prefetch_units"]
+    for k in ("pred_layers", "pred_experts", "pred_actual", "pred_correct"):
+        assert strict[k] == off[k], k
+
+
+def test_gate_knob_errors(mini_gguf):
+    with pytest.raises(ValueError, match=r"prefetch_min_precision must be a number in \[0, 1\]"):
+        epqlab.Session(mini_gguf, prefetch="lookahead", prefetch_min_precision=1.5)
+    with pytest.raises(ValueError, match="prefetch_min_precision needs a predictor"):
+        epqlab.Session(mini_gguf, prefetch_min_precision=0.5)
