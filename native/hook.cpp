@@ -355,7 +355,7 @@ void expert_hook::start_prefetch(int li, int k) {
         std::vector<int32_t> issue;
         for (size_t r = 0; r < pred.size(); r++) {
             const int32_t e = pred[r];
-            if (pg_->is_resident(nl, e)) {
+            if (pg_->is_resident(nl, e) || pg_->in_flight(nl, e)) {  // no read to gate
                 issue.push_back(e);
                 continue;
             }

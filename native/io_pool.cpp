@@ -192,6 +192,7 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
         j.done = false;
         j.notify = false;
         j.cancelable = false;
+        j.background = false;
         j.dontneed = dontneed;
         if (j.fd < 0) j.fd = fd;
     }
@@ -210,7 +211,7 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
         }
         return;
     }
-    enqueue(fd, dontneed, jobs);
+    enqueue(fd, dontneed, jobs, 0, jobs.size(), true);  // waited for now: ahead of queued speculation
     wait_jobs(jobs, 0, jobs.size());
 }
 

@@ -1,5 +1,7 @@
 // io_pool: a fixed set of worker threads that execute positioned reads from file descriptors
-// into caller-owned memory, taken from one FIFO queue of jobs.
+// into caller-owned memory, taken from one queue of jobs: in order, except that a caller may put
+// jobs at the front or promote queued ones, and that at most background_limit background jobs
+// run at once (a worker passes over the others).
 //
 // Invariant: a job handed to the pool is finished exactly once (read, failed, or cancelled
 // before a worker claimed it), its result (bytes read, errno, duration) is written before it
@@ -55,8 +57,8 @@ public:
     io_pool(const io_pool &) = delete;
     io_pool & operator=(const io_pool &) = delete;
 
-    // Executes all jobs on the workers (or inline when there is one job or one thread and
-    // nothing is queued), reading with pread from each job's fd (fd when the job has none);
+    // Executes all jobs on the workers, queued ahead of every job already queued (or inline when
+    // there is one job or one thread and nothing is queued), reading with pread from each job's fd (fd when the job has none);
     // when dontneed is set, drops the read range from the page cache afterwards (buffered
     // mode). Blocks until every job of it is done.
     void run(int fd, bool dontneed, std::vector<io_job> & jobs);
@@ -84,6 +86,7 @@ public:
         int n = 0;
         for (io_job * j : queue_)
             if (j->cancelable && !j->cancel && !keep(j->tag)) { j->cancel = true; n++; }
+        if (n) cv_work_.notify_all();  // a cancelled background job is claimable beyond the limit
         return n;
     }
     // Moves the queued jobs whose tag pred(tag) accepts ahead of the others, each group keeping

@@ -380,9 +380,9 @@ void pager::evict(int u, int loading_li) {
     stats_.evictions_by_group[(stale ? 0 : 1) + (left ? 0 : 2)]++;
     stats_.evictions++;
     erase_evictable(u);
-    const int64_t t0 = io_now_us();
     slot & sl = slots_[x.slot];
     if (sl.pending) run_pending(sl.pending);  // done already by u's reads into this slot; cheap then
+    const int64_t t0 = io_now_us();
     sl.pending = unmap_deferred(u);
     std::atomic_store(&unit_pending_[u], sl.pending);
     stats_.evict_unmap_us += io_now_us() - t0;
@@ -753,7 +753,13 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         }
     } catch (...) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
+        // Experts of li a batch is still reading were pinned as hits: settle them before they are
+        // unpinned (and become evictable).
         for (size_t i = 0; i < placed; i++) free_unit_slot(misses[i]);
+        try {
+            finish_batches(li);
+        } catch (...) {
+        }
         release_layer(li);
         throw;
     }
@@ -914,22 +920,30 @@ void pager::redo_refused_direct(std::vector<io_job> & jobs) {
     bool redo = false;
     for (auto & j : jobs) redo |= j.err == EINVAL;
     if (!redo) return;
-    // Queued prefetch reads hold the descriptors about to be closed: let them finish first (their
-    // results are settled by prefetch_finish as usual), so none reads a reused descriptor number.
+    // Queued reads hold the descriptors about to be closed: let them finish first, so none reads a
+    // reused descriptor number. Prefetch results are settled by their batch as usual; a pending
+    // pipelined load's refused reads are redone here too (its own redo would find direct_ off).
     for (auto & b : pf_) pool_->wait_jobs(b->jobs, 0, b->jobs.size());
+    std::vector<std::vector<io_job> *> sets{&jobs};
+    if (dm_active_ && &jobs != &dm_jobs_) {
+        pool_->wait_jobs(dm_jobs_, 0, dm_jobs_.size());
+        sets.push_back(&dm_jobs_);
+    }
     std::vector<int> fds(files_.size(), -1);
     for (size_t i = 0; i < files_.size(); i++) fds[i] = open(files_[i].path.c_str(), O_RDONLY | O_CLOEXEC);
     if (std::find(fds.begin(), fds.end(), -1) == fds.end()) {
-        for (auto & j : jobs) {
-            for (size_t i = 0; i < files_.size(); i++)
-                if (j.fd == files_[i].fd) j.fd = fds[i];
-        }
+        for (auto * js : sets)
+            for (auto & j : *js)
+                for (size_t i = 0; i < files_.size(); i++)
+                    if (j.fd == files_[i].fd) j.fd = fds[i];
         for (size_t i = 0; i < files_.size(); i++) {
             close(files_[i].fd);
             files_[i].fd = fds[i];
         }
         direct_ = false;
-        for (auto & j : jobs) if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
+        for (auto * js : sets)
+            for (auto & j : *js)
+                if (j.err == EINVAL) { std::vector<io_job> one{j}; pool_->run(j.fd, true, one); j = one[0]; }
     } else {
         for (int fd : fds) if (fd >= 0) close(fd);
     }

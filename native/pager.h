@@ -184,6 +184,7 @@ public:
     // to the front of the queue as ordinary (not background) jobs.
     void prefetch_cancel_others(int li, const int32_t * ids, int n);
     bool prefetch_active() const { return !pf_.empty(); }
+    bool in_flight(int li, int e) const { return pf_inflight_[unit_id(li, e)] != 0; }  // a batch is reading it
     bool prefetch_active(int li) const {
         for (const auto & b : pf_) if (b->li == li) return true;
         return false;

@@ -11,6 +11,7 @@
 #include "pager.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +39,8 @@ int pager::prefetch_start(int li, const int32_t * ids, int n, bool background) {
             b->protected_.push_back(u);
         }
     }
+    if (!background)  // predicted again, one layer ahead: reads queued as background become ordinary
+        pool_->promote([&](int u) { return pf_inflight_[u] && std::find(want.begin(), want.end(), u) != want.end(); });
     for (int u : want) {
         if (units_[u].slot >= 0) continue;  // resident, or being read
         int s;
@@ -109,15 +112,26 @@ void pager::finish_batches(int li) {
             ++it;
         }
     }
-    for (auto & b : done) finish_batch(*b);
-}
-
-void pager::finish_batch(pf_batch & b) {
+    // Every batch's reads (and so its workers' mmaps) complete before any is settled: settling
+    // one may unmap a failed unit's pages, which must not race with a worker of another batch of
+    // the same layer mapping a neighbour; and no job outlives its batch if settling throws.
     const int64_t t0 = io_now_us();
-    pool_->wait_jobs(b.jobs, 0, b.jobs.size());
+    for (auto & b : done) pool_->wait_jobs(b->jobs, 0, b->jobs.size());
     const int64_t waited = io_now_us() - t0;
     stats_.prefetch_wait_us += waited;
     stats_.io_wait_us += waited;
+    std::exception_ptr first;
+    for (auto & b : done) {
+        try {
+            finish_batch(*b);
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    }
+    if (first) std::rethrow_exception(first);
+}
+
+void pager::finish_batch(pf_batch & b) {  // its jobs were waited for (finish_batches)
     std::vector<int> bad;
     for (size_t i = 0; i < b.jobs.size(); i++) {
         const io_job & j = b.jobs[i];
@@ -188,10 +202,16 @@ void pager::load_failed_prefetches(int li, const int32_t * ids, int n) {
     size_t placed = 0;
     try {
         for (int u : late) {
-            stats_.hits--;  // counted as a hit while its prefetch was in flight: a miss after all
+            stats_.hits--;  // counted as a hit (and its prefetch as used) while in flight: a miss after all
             stats_.layer_hits[li]--;
             if (!stats_.pass_hits.empty()) stats_.pass_hits.back()--;
             stats_.misses++;
+            stats_.prefetch_used--;
+            for (const auto & m : maps_[li]) {
+                int64_t p0, p1;
+                expert_pages(m, u % n_expert_, p0, p1);
+                stats_.prefetch_used_bytes -= (p1 - p0) * page_;
+            }
             const int s = take_slot(li, unit_bytes_[li]);
             units_[u].slot = s;
             slots_[s].unit = u;
