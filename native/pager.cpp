@@ -546,13 +546,19 @@ void pager::run_pending(const std::shared_ptr<unmap_task> & t) const {
     });
 }
 
-void pager::run_pending_around(int li, int ti, int e) const {
-    const tensor_map & m = maps_[li][ti];
-    int64_t p0, p1, lo, hi, lo2, hi2;
+void pager::sharing_experts(const tensor_map & m, int e, int64_t & e_lo, int64_t & e_hi) const {
+    int64_t p0, p1, lo, hi;
     expert_pages(m, e, p0, p1);
-    page_experts(m, p0, lo, hi);
-    page_experts(m, p1 - 1, lo2, hi2);
-    for (int64_t e2 = std::min<int64_t>(lo, e); e2 <= std::max<int64_t>(hi2, e); e2++)
+    page_experts(m, p0, e_lo, hi);
+    page_experts(m, p1 - 1, lo, e_hi);
+    e_lo = std::min<int64_t>(e_lo, e);
+    e_hi = std::max<int64_t>(e_hi, e);
+}
+
+void pager::run_pending_around(int li, int ti, int e) const {
+    int64_t lo, hi;
+    sharing_experts(maps_[li][ti], e, lo, hi);
+    for (int64_t e2 = lo; e2 <= hi; e2++)
         if (auto t = std::atomic_load(&unit_pending_[li * n_expert_ + e2])) run_pending(t);
 }
 

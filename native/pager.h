@@ -332,6 +332,8 @@ private:
     void expert_pages(const tensor_map & t, int e, int64_t & p0, int64_t & p1) const;
     // First and last expert whose slice of tensor t touches file page p.
     void page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_t & e_hi) const;
+    // First and last expert whose slice of tensor t shares a page with expert e's slice (e included).
+    void sharing_experts(const tensor_map & t, int e, int64_t & e_lo, int64_t & e_hi) const;
     // Maps file page p of tensor ti of layer li as the invariant says: from the slot of a resident
     // expert that touches it, else PROT_NONE.
     void restore_page(int li, int ti, int64_t p);

@@ -180,11 +180,9 @@ void pager::finish_batch(pf_batch & b) {  // its jobs were waited for (finish_ba
 bool pager::inflight_neighbour(int u) const {
     const int li = u / n_expert_, e = u % n_expert_;
     for (const tensor_map & m : maps_[li]) {
-        int64_t p0, p1, lo, hi, lo2, hi2;
-        expert_pages(m, e, p0, p1);
-        page_experts(m, p0, lo, hi);
-        page_experts(m, p1 - 1, lo2, hi2);
-        for (int64_t e2 = lo; e2 <= hi2; e2++)
+        int64_t lo, hi;
+        sharing_experts(m, e, lo, hi);
+        for (int64_t e2 = lo; e2 <= hi; e2++)
             if (e2 != e && pf_inflight_[li * n_expert_ + e2]) return true;
     }
     return false;
