@@ -3,13 +3,14 @@
 Usage:
     .venv/bin/python bench/bench_overlap.py [--model PATH] [--limit 1.5GiB | --arena 1GiB]
         [--n-predict 16] [--repeats 3] [--threads 1] [--rows off,lookahead,previous,union,segments,union+segments]
-        [--segment 512KiB] [--budget BYTES] [--read-mbps 350] [--out results/overlap.json]
+        [--segment 512KiB] [--budget BYTES] [--read-mbps 350] [--predictor P.npz] [--out results/overlap.json]
 
 Each run is its own child process (``epqlab.strict.run``: a cgroup v1 child of this process's
 memory cgroup with the limit set before the model loads, page cache of the model dropped first),
 greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
-T_compute), ``lookahead`` / ``previous`` / ``union`` (next-layer prefetch predictors,
-epqlab.prefetch), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
+T_compute), ``lookahead`` / ``previous`` / ``union`` / ``trained`` (next-layer prefetch predictors,
+epqlab.prefetch; ``trained`` needs ``--predictor``, fitted by ``epqlab predictor fit`` on the shipped
+calibration texts, never on this benchmark's prompt), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
 ``union+segments``, ``pipeline`` / ``<predictor>+pipeline`` (``Session(pipeline_reads=True)``: each
 expert matmul waits only for its own matrix's reads); ``<predictor>@<d>`` prefetches d layers ahead
 (``prefetch_depth``), ``<predictor>:<p>`` sets the gate (``prefetch_min_precision``; 0 = off). ``--read-mbps`` caps the device's read rate with a blkio cgroup so every row
@@ -47,10 +48,10 @@ PROMPT = ("A CPU cache is a small, fast memory that sits between the processor a
           "It keeps copies of recently used data so that")
 
 
-PREDICTORS = ("lookahead", "previous", "union")
+PREDICTORS = ("lookahead", "previous", "union", "trained")
 
 
-def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
+def row_kwargs(name: str, segment: int, budget: int | None, predictor: str | None = None) -> dict:
     """Session keyword arguments of a row name: ``<predictor>[@depth][:min_precision][+segments][+pipeline]``."""
     kw: dict = {}
     spec, _, gate = name.split("+")[0].partition(":")
@@ -63,6 +64,10 @@ def row_kwargs(name: str, segment: int, budget: int | None) -> dict:
             kw["prefetch_min_precision"] = float(gate)
         if pf == "union" and budget:
             kw["prefetch_budget"] = budget
+        if pf == "trained":
+            if not predictor:
+                raise SystemExit("trained rows need --predictor PATH (epqlab predictor fit MODEL PATH)")
+            kw["prefetch_predictor"] = predictor
     if "segments" in name:
         kw["read_segment_bytes"] = segment
     kw["pipeline_reads"] = "pipeline" in name  # explicit: the Session's default is on
@@ -218,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--read-mbps", type=float, default=None,
                     help="cap reads from the model's device at this many MB/s (a blkio cgroup): a device of fixed speed")
     ap.add_argument("--out", default=None, help="write the rows and every run as JSON here")
+    ap.add_argument("--predictor", default=None,
+                    help="trained rows: a predictor .npz fitted on the model (epqlab predictor fit; not on PROMPT)")
     a = ap.parse_args(argv)
     kw = {"n_threads": a.threads, "n_ctx": a.n_ctx}
     if a.io_threads:
@@ -236,7 +243,7 @@ def main(argv=None) -> int:
         for name in names:
             mb_s = disk_mb_s(model)
             df = strict.run(model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, repeats=1,
-                            progress=False, **kw, **row_kwargs(name, seg, budget))
+                            progress=False, **kw, **row_kwargs(name, seg, budget, a.predictor))
             run = df.attrs["runs"][0]
             run["disk_mb_s"] = mb_s
             raw[name].append(run)

@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `epqlab --help` lists them.
-COMMANDS = ["info", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "model", "report"]
+COMMANDS = ["info", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "predictor", "model", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:

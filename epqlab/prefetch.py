@@ -10,6 +10,8 @@ logits stay bit-identical to plain llama.cpp. Predictors:
   input taken from the graph (the hidden state barely changes between layers), top-k.
 - ``"previous"``: the experts layer l+1 used for the previous token.
 - ``"union"``: lookahead first, then previous, capped at ``prefetch_budget`` bytes per layer.
+- ``"trained"``: lookahead with weights learned from the model's own router inputs
+  (:mod:`epqlab.predictor`; pass ``prefetch_predictor``): a linear map per layer and depth.
 
 The gate (``prefetch_min_precision``, default 0.5; 0 turns it off): a predicted expert that is not
 resident is read only while the predictions of its rank (its position in the predictor's list) that
@@ -32,7 +34,7 @@ import numbers
 
 from .units import parse_bytes
 
-PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3}
+PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3, "trained": 4}
 # The gate's default: read a predicted, non-resident expert only while predictions of its rank
 # were selected at least half the time (a read more likely useful than wasted).
 DEFAULT_MIN_PRECISION = 0.5
@@ -82,6 +84,31 @@ def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool, depth=1,
             raise ValueError(f"prefetch_budget must be > 0 bytes per layer, got {prefetch_budget!r}")
     gate = DEFAULT_MIN_PRECISION if min_precision is None else float(min_precision)
     return PREFETCH_MODES[prefetch], budget, int(depth), gate
+
+
+def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: int, n_embd: int | None):
+    """The :class:`epqlab.predictor.ExpertPredictor` for ``prefetch="trained"`` (``predictor``: one,
+    or the path of one saved with ``.save``), or None for the other predictors.
+
+    Raises:
+        ValueError: "trained" without a predictor, a predictor with another predictor, one fitted
+            for another model shape (layers, experts, width), or a depth beyond the predictor's.
+        EpqlabError: the path is not a saved predictor.
+    """
+    from .predictor import ExpertPredictor
+
+    if prefetch != "trained":
+        if predictor is not None:
+            raise ValueError("prefetch_predictor is used by prefetch='trained' only")
+        return None
+    if predictor is None:
+        raise ValueError("prefetch='trained' needs prefetch_predictor: fit one with epqlab.predictor.fit_predictor "
+                         "(or `epqlab predictor fit`) and pass it or its .npz path")
+    p = predictor if isinstance(predictor, ExpertPredictor) else ExpertPredictor.load(predictor)
+    p.check_model(n_layers, n_expert, n_embd)
+    if depth > p.depth:
+        raise ValueError(f"prefetch_depth {depth} exceeds the predictor's depth {p.depth}; fit it with depth={depth}")
+    return p
 
 
 def prefetch_fields(d: dict) -> dict:

@@ -23,7 +23,7 @@ from .generation import Generation, Stream
 from .layout import ModelLayout, inspect
 from .memory import PeakTracker, cpu_threads, read_bytes, sample
 from .pager import MAX_IO_THREADS, POLICIES, Pager, default_io_threads
-from .prefetch import check_prefetch
+from .prefetch import check_prefetch, resolve_predictor
 from .time_split import TimeSplitLog
 from .tokens import token_array
 from .units import parse_bytes
@@ -115,7 +115,9 @@ class Session:
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
         prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
-            ``"union"`` (:mod:`epqlab.prefetch`); timing only, logits unchanged. Not with ``skip_cold``.
+            ``"union"`` | ``"trained"`` (:mod:`epqlab.prefetch`); timing only, logits unchanged. Not with ``skip_cold``.
+        prefetch_predictor: with ``prefetch="trained"``: an :class:`epqlab.predictor.ExpertPredictor`
+            fitted on this model, or the path of one saved with ``.save``.
         prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
         prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 4.
         prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.prefetch`), in [0, 1]; default 0.5,
@@ -149,7 +151,7 @@ class Session:
                  n_batch: int = 512, n_ubatch: int = 512, pager: bool = True, route_log=None, stats_file=None,
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
                  skip_cold: float | None = None, prefetch: str | None = None, prefetch_budget=None, prefetch_depth: int = 1,
-                 prefetch_min_precision: float | None = None,
+                 prefetch_min_precision: float | None = None, prefetch_predictor=None,
                  read_segment_bytes=None, pipeline_reads: bool | None = None):
         from ._native import core
 
@@ -188,6 +190,9 @@ class Session:
         self._pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth,
                                   prefetch_min_precision)
         self.prefetch = prefetch if self._pf[0] else None
+        n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
+        self._predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers),
+                                            lay.n_expert, int(n_embd) if n_embd else None)
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         if pipeline_reads is None:
             pipeline_reads = bool(pager) and skip_cold is None
@@ -283,6 +288,8 @@ class Session:
             self._engine.attach_pager(self._pager.native)
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)
+            if self._predictor is not None:
+                self._engine.set_predictor(self._predictor.W, self._predictor.b)
             self._engine.set_prefetch(*self._pf)
             self._engine.set_pipeline(self.pipeline_reads)
             self._pager.native.read_segment_bytes = self.read_segment_bytes

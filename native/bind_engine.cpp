@@ -118,6 +118,14 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_prefetch(mode, budget_bytes, depth, min_precision);
         }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1, py::arg("min_precision") = 0.0)
+        .def("set_predictor", [](engine & e, py::array_t<float, py::array::c_style | py::array::forcecast> W,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> b) {
+            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/hook.h TRAINED).
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            if (W.ndim() != 4 || b.ndim() != 3 || b.shape(0) != W.shape(0) || b.shape(1) != W.shape(1) || b.shape(2) != W.shape(2))
+                throw std::invalid_argument("predictor W must be [depth, n_layers, n_expert, n_embd] and b [depth, n_layers, n_expert]");
+            e.hook()->set_predictor(W.data(), b.data(), (int) W.shape(0), (int) W.shape(1), (int) W.shape(2), (int64_t) W.shape(3));
+        }, py::arg("W"), py::arg("b"))
         .def("set_pipeline", [](engine & e, bool on) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_pipeline(on);
@@ -164,5 +172,20 @@ void register_engine(py::module_ & m) {
             e.hook()->clear_route();
             return out;
         })
-        .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; });
+        .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; })
+        .def("set_capture_inputs", [](engine & e, bool on) {
+            // Router-input log on/off (native/hook.h); needs route recording.
+            if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
+            e.hook()->set_capture_inputs(on);
+        })
+        .def("take_router_inputs", [](engine & e) -> py::tuple {
+            // The router-input log as float32 [n_tokens * n_moe_layers * n_embd] (flat) and n_embd; clears it.
+            if (!e.hook()) return py::make_tuple(py::array_t<float>(), (int64_t) 0);
+            const auto & r = e.hook()->router_inputs();
+            py::array_t<float> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            const int64_t dim = e.hook()->router_input_dim();
+            e.hook()->clear_router_inputs();
+            return py::make_tuple(out, (int64_t) dim);
+        });
 }

@@ -4,6 +4,7 @@
 #include "hook.h"
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -184,7 +185,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
     }
     const char * name = ggml_get_name(t);
     if (strncmp(name, TOPK_PREFIX, sizeof(TOPK_PREFIX) - 1) == 0) return true;
-    if (pf_mode_ != PF_OFF && strncmp(name, LOGITS_PREFIX, sizeof(LOGITS_PREFIX) - 1) == 0 && t->op == GGML_OP_MUL_MAT) {
+    if ((pf_mode_ != PF_OFF || capture_) && strncmp(name, LOGITS_PREFIX, sizeof(LOGITS_PREFIX) - 1) == 0 && t->op == GGML_OP_MUL_MAT) {
         const int li = layer_of_block(atoi(name + sizeof(LOGITS_PREFIX) - 1));
         if (li >= 0) {
             gate_inp_[li] = t->src[0];  // a model tensor: the same object in every graph
@@ -278,7 +279,9 @@ void expert_hook::clear_gate_preds() {
 void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double min_precision) {
     if (depth < 1 || depth > kMaxDepth) throw std::invalid_argument("prefetch depth must be 1..4 layers ahead, got " + std::to_string(depth));
     if (!(min_precision >= 0 && min_precision <= 1)) throw std::invalid_argument("prefetch min_precision must be in [0, 1]");
-    if (mode < PF_OFF || mode > PF_UNION) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
+    if (mode == PF_TRAINED && depth > pw_depth_)
+        throw std::invalid_argument("the trained predictor has depth " + std::to_string(pw_depth_) + ", asked for " + std::to_string(depth));
+    if (mode < PF_OFF || mode > PF_TRAINED) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
     if (mode != PF_OFF && skip_tau_ >= 0)
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
     if (budget_bytes < 0) throw std::invalid_argument("prefetch budget must be >= 0 bytes");
@@ -292,6 +295,49 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
         rank_prec_[d].clear();
         gate_pred_[d].assign(n_layers_, {});
     }
+}
+
+void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd) {
+    if (n_layers != n_layers_) throw std::invalid_argument("the predictor has " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
+    if (depth < 1 || depth > kMaxDepth || n_expert < 1 || n_embd < 1) throw std::invalid_argument("bad predictor shape");
+    if (pg_) pg_->prefetch_finish();
+    const size_t nw = (size_t) depth * n_layers * n_expert * n_embd;
+    pw_.assign(W, W + nw);
+    pb_.assign(b, b + (size_t) depth * n_layers * n_expert);
+    pw_depth_ = depth;
+    pw_exp_ = n_expert;
+    pw_embd_ = n_embd;
+}
+
+void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
+    if (pf_mode_ != PF_TRAINED) return lookahead(li, nl, k, out);
+    const ggml_tensor * h = hidden_[li];
+    const int d = nl - li;
+    if (!h || !h->data || h->type != GGML_TYPE_F32 || h->ne[0] != pw_embd_ || h->ne[1] != 1 || d > pw_depth_) return;
+    const int64_t n_embd = pw_embd_, n_exp = pw_exp_;
+    const float * x = (const float *) h->data;
+    const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
+    logit_buf_.assign((size_t) n_exp, 0.0f);
+    for (int64_t e = 0; e < n_exp; e++) {
+        const float * r = &pw_[(base + e) * n_embd];
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = 0;
+        for (; i + 8 <= n_embd; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += r[i + j] * x[i + j];
+        for (; i < n_embd; i++) acc[0] += r[i] * x[i];
+        logit_buf_[e] = pb_[base + e] + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    top_of_logits(k, out);
+}
+
+void expert_hook::top_of_logits(int k, std::vector<int32_t> & out) {
+    const int64_t n_exp = (int64_t) logit_buf_.size();
+    std::vector<int32_t> idx((size_t) n_exp);
+    for (int64_t e = 0; e < n_exp; e++) idx[e] = (int32_t) e;
+    const int kk = (int) std::min<int64_t>(k, n_exp);
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int32_t a, int32_t b) { return logit_buf_[a] > logit_buf_[b] || (logit_buf_[a] == logit_buf_[b] && a < b); });
+    out.assign(idx.begin(), idx.begin() + kk);
 }
 
 void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
@@ -319,12 +365,7 @@ void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
         for (; i < n_embd; i++) acc[0] += r[i] * x[i];
         logit_buf_[e] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
-    std::vector<int32_t> idx((size_t) n_exp);
-    for (int64_t e = 0; e < n_exp; e++) idx[e] = (int32_t) e;
-    const int kk = (int) std::min<int64_t>(k, n_exp);
-    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
-                      [&](int32_t a, int32_t b) { return logit_buf_[a] > logit_buf_[b] || (logit_buf_[a] == logit_buf_[b] && a < b); });
-    out.assign(idx.begin(), idx.begin() + kk);
+    top_of_logits(k, out);
 }
 
 void expert_hook::start_prefetch(int li, int k) {
@@ -334,7 +375,7 @@ void expert_hook::start_prefetch(int li, int k) {
         const int nl = li + d;
         if (nl >= n_layers_) break;
         std::vector<int32_t> pred;
-        if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION) lookahead(li, nl, k, pred);
+        if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION || pf_mode_ == PF_TRAINED) predict(li, nl, k, pred);
         if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
             for (int32_t e : prev_ids_[nl])
                 if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
@@ -444,8 +485,25 @@ void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) stats_.ubatches);
+        if (capture_) inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
     }
+    ub_inputs_.clear();
     ub_tokens_ = 0;
+}
+
+void expert_hook::capture_input(int li, int n_tokens) {
+    const ggml_tensor * h = hidden_[li];
+    if (!h || !h->data || h->type != GGML_TYPE_F32 || h->ne[1] != n_tokens || h->nb[0] != sizeof(float))
+        throw std::runtime_error("router input of MoE layer " + std::to_string(li) + " is not a float32 [n_embd, n_tokens] tensor");
+    if (in_dim_ == 0) in_dim_ = h->ne[0];
+    if (h->ne[0] != in_dim_) throw std::runtime_error("router inputs differ in width between layers");
+    if (ub_inputs_.empty())
+        ub_inputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+    const int skip = ub_tokens_ - n_tokens;  // as in the route log: the computed rows are the last ones
+    for (int j = 0; j < n_tokens; j++) {
+        const float * src = (const float *) ((const char *) h->data + j * h->nb[1]);
+        std::copy(src, src + in_dim_, &ub_inputs_[((size_t) (j + skip) * n_layers_ + li) * in_dim_]);
+    }
 }
 
 void expert_hook::on_topk(ggml_tensor * t) {
@@ -485,6 +543,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         const int skip = ub_tokens_ - n_tokens;
         for (int j = 0; j < n_tokens; j++)
             std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) (j + skip) * n_layers_ + li) * k]);
+        if (capture_) capture_input(li, n_tokens);
     }
     if (!pg_) {
         last_li_ = li;

@@ -55,7 +55,9 @@
 // rest, and only what is still missing is read. Predictors: LOOKAHEAD applies layer l+1's router weights
 // (ffn_gate_inp, captured from the graph) to layer l's router input (the src[1] of
 // ffn_moe_logits-<il>) and takes the top-k; PREVIOUS takes the experts layer l+1 used for the
-// previous token; UNION is lookahead first, then previous, capped at a byte budget. With depth
+// previous token; UNION is lookahead first, then previous, capped at a byte budget; TRAINED is
+// lookahead with learned weights: W[d-1][l] (n_expert x n_embd) and b[d-1][l] map layer l's router
+// input to layer l+d's router logits (set_predictor; fitted by epqlab/predictor.py). With depth
 // d > 1, layer l's topk also starts the predictions of layers l+2 .. l+d (the same predictor
 // applied that many layers ahead), queued behind l+1's, so the device has work queued while
 // l+1 computes; each layer's batch stays in flight until that layer's topk. The gate
@@ -113,7 +115,7 @@ struct call_time {
     int64_t io_busy_us = 0;  // wall time with at least one expert read in progress (pager::io_busy_us)
 };
 
-enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3 };
+enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3, PF_TRAINED = 4 };
 
 class expert_hook {
 public:
@@ -141,6 +143,8 @@ public:
     // depth: layers ahead, 1..4; min_precision: the gate (see "Prefetch" above), 0 = read every prediction.
     void set_prefetch(int mode, int64_t budget_bytes, int depth = 1, double min_precision = 0);
     int  prefetch() const { return pf_mode_; }
+    // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
+    void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {
         if (on && skip_tau_ >= 0)
@@ -174,6 +178,19 @@ public:
     const std::vector<int32_t> & route_ubatch() const { return route_ub_; }
     int route_k() const { return route_k_; }
     void clear_route() { route_.clear(); route_ub_.clear(); }
+
+    // Router-input log (set_capture_inputs; off by default), the training data of a learned
+    // predictor: for every routed token, every MoE layer's router input (the src[1] of
+    // ffn_moe_logits-<il>, float32) in processing order, [n_tokens][n_moe_layers][n_embd]; rows
+    // of a layer that did not compute the token (the last layer outside the output rows) are NaN.
+    // Needs route recording on (the rows align with route()).
+    void set_capture_inputs(bool on) {
+        if (on && !record_) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
+        capture_ = on;
+    }
+    const std::vector<float> & router_inputs() const { return inputs_; }
+    int64_t router_input_dim() const { return in_dim_; }
+    void clear_router_inputs() { inputs_.clear(); }
 
 private:
     enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2, PENDING = 3 };
@@ -221,6 +238,11 @@ private:
     std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
     int                                      ub_tokens_ = 0;
     int                                      route_k_ = 0;
+    bool                                     capture_ = false;
+    std::vector<float>                       inputs_;       // router-input log [tokens][L][in_dim_]
+    std::vector<float>                       ub_inputs_;    // current ubatch
+    int64_t                                  in_dim_ = 0;
+    void capture_input(int li, int n_tokens);
     hook_stats                               stats_;
     // time split
     bool                                     timing_ = true;
@@ -255,4 +277,9 @@ private:
     std::vector<std::vector<int32_t>>        pred_;         // per layer: this pass's prediction
     std::vector<uint8_t>                     has_pred_;
     std::vector<float>                       row_buf_, logit_buf_;
+    std::vector<float>                       pw_, pb_;      // TRAINED predictor (set_predictor)
+    int                                      pw_depth_ = 0, pw_exp_ = 0;
+    int64_t                                  pw_embd_ = 0;
+    void predict(int li, int nl, int k, std::vector<int32_t> & out);
+    void top_of_logits(int k, std::vector<int32_t> & out);  // top-k of logit_buf_ (ties: lower id)
 };

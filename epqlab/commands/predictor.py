@@ -1,0 +1,58 @@
+"""``epqlab predictor fit MODEL OUT.npz`` fits the learned expert predictor of ``prefetch="trained"``
+(:mod:`epqlab.predictor`) on the shipped calibration texts (or ``--text``); ``epqlab predictor eval MODEL
+P.npz`` scores it against router lookahead on a held-out text (recall of the top-k, per depth)."""
+from __future__ import annotations
+
+import time
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predictor", help="fit / evaluate the learned expert predictor for prefetch='trained'")
+    ps = p.add_subparsers(dest="predictor_cmd", metavar="ACTION", required=True)
+    f = ps.add_parser("fit", help="record router inputs on calibration text and fit the predictor")
+    f.add_argument("model", help="path to a MoE .gguf")
+    f.add_argument("out", help="where to save the predictor (.npz)")
+    f.add_argument("--tokens", type=int, default=1024, help="calibration tokens (default 1024)")
+    f.add_argument("--depth", type=int, default=2, help="layers ahead it predicts, 1..4 (default 2)")
+    f.add_argument("--text", default=None, help="a UTF-8 calibration file (default: the shipped calibration texts)")
+    f.set_defaults(func=run_fit)
+    e = ps.add_parser("eval", help="top-k recall of the predictor and of router lookahead on a held-out text")
+    e.add_argument("model", help="path to the MoE .gguf the predictor was fitted on")
+    e.add_argument("predictor", help="a predictor .npz")
+    e.add_argument("--text", default="prose", help="a UTF-8 file or a held-out text: prose, code, legal (default prose)")
+    e.add_argument("--tokens", type=int, default=256, help="tokens evaluated (default 256)")
+    e.set_defaults(func=run_eval)
+
+
+def run_fit(args) -> int:
+    from pathlib import Path
+
+    from ..predictor import fit_for_model
+
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else None
+    t0 = time.perf_counter()
+    p = fit_for_model(args.model, n_tokens=args.tokens, depth=args.depth, text=text)
+    out = p.save(args.out)
+    L, E, D = p.shape
+    print(f"fitted on {p.n_tokens} tokens in {time.perf_counter() - t0:.0f} s: depth {p.depth}, {L} layers x {E} experts "
+          f"x width {D}, ridge alpha {', '.join(f'{a:g}' for a in p.alpha)}; saved {out}")
+    return 0
+
+
+def run_eval(args) -> int:
+    from ..predictor import ExpertPredictor, predictor_recall, record_router_inputs, router_weights
+    from ..session import Session
+    from .ppl import load_text
+
+    name, text = load_text(args.text)
+    p = ExpertPredictor.load(args.predictor)
+    with Session(args.model, pager=False, n_ctx=256) as s:
+        ids = s.tokenize(text)[:args.tokens]
+    H, routes = record_router_inputs(args.model, ids)
+    Ws, bs = router_weights(args.model)
+    p.check_model(len(Ws), Ws[0].shape[0], Ws[0].shape[1])
+    print(f"{name}: {len(ids)} tokens, top-{routes.shape[2]} recall (|predicted ∩ selected| / |selected|)")
+    for d in range(1, p.depth + 1):
+        la, tr = predictor_recall(H, routes, Ws, bs, None, d), predictor_recall(H, routes, Ws, bs, p, d)
+        print(f"  {d} layer(s) ahead: lookahead {la:.3f}  trained {tr:.3f}")
+    return 0

@@ -1,0 +1,116 @@
+"""The learned expert predictor (prefetch="trained", issue 14): router inputs recorded from the graph
+reproduce the routes the model took (NumPy top-k of the GGUF router), the engine's scored hits equal
+a NumPy count from the same inputs and the fitted weights, the fit beats router lookahead on held-out
+text, logits stay bit-identical to plain llama.cpp, and bad predictors are refused by name."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab import predictor as P
+from epqlab.data import heldout_texts
+from epqlab.errors import EpqlabError
+from test_overlap import _check_identical, default_path, ref  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def fitted(default_path):
+    """(predictor fitted on 400 calibration tokens at depth 2, routers, biases)."""
+    with epqlab.Session(default_path, pager=False, n_ctx=256) as s:
+        ids = P.calibration_tokens(s, 400)
+    H, routes = P.record_router_inputs(default_path, ids)
+    Ws, bs = P.router_weights(default_path)
+    return P.fit_predictor(H, routes, Ws, bs, depth=2), Ws, bs
+
+
+@pytest.fixture(scope="module")
+def heldout(default_path):
+    with epqlab.Session(default_path, pager=False, n_ctx=256) as s:
+        ids = s.tokenize(heldout_texts()["code"])[:300]
+    return P.record_router_inputs(default_path, ids)
+
+
+def test_recorded_router_inputs_reproduce_the_routes(default_path, heldout, fitted):
+    H, routes = heldout
+    _, Ws, bs = fitted
+    T, L, k = routes.shape
+    assert H.shape[:2] == (T, L) and not np.isnan(H).any()
+    for l in range(L):  # the router applied in NumPy (float64) to the captured input picks the same experts
+        logits = H[:, l].astype(np.float64) @ Ws[l].T.astype(np.float64) + bs[l]
+        assert P._hits(P._topk(logits, k), routes[:, l]) >= 0.99 * T * k, l
+
+
+def test_trained_predictor_beats_lookahead_on_heldout_text(heldout, fitted):
+    H, routes = heldout
+    p, Ws, bs = fitted
+    for d in (1, 2):
+        la, tr = P.predictor_recall(H, routes, Ws, bs, None, d), P.predictor_recall(H, routes, Ws, bs, p, d)
+        assert tr > la + 0.01, (d, la, tr)
+
+
+def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
+    """The engine's scored prediction (depth 1) against a NumPy top-k of W h + b on the router inputs it
+    saw, decode steps only."""
+    p, _, _ = fitted
+    with epqlab.Session(default_path, arena_bytes="6MiB", prefetch="trained", prefetch_predictor=p, prefetch_depth=2,
+                        route_log=tmp_path / "r.npz") as s:
+        s._engine.set_capture_inputs(True)
+        g = s.generate(heldout_texts()["prose"][:200], 12)
+        flat, dim = s._engine.take_router_inputs()
+        routes = np.concatenate([x[0] for x in s._route_parts])
+        ubs = np.concatenate([x[2] for x in s._route_parts])
+    st = g.stats
+    T, L, k = routes.shape
+    H = np.asarray(flat).reshape(T, L, dim)
+    u, c = np.unique(ubs, return_counts=True)
+    single = np.isin(ubs, u[c == 1])  # single-token ubatches: the decode steps that prefetch
+    assert single.sum() == 11
+    hits = sum(P._hits(P._topk(H[single, l].astype(np.float64) @ p.W[0, l].T.astype(np.float64) + p.b[0, l], k),
+                       routes[single, l + 1]) for l in range(L - 1))
+    assert st["pred_experts"] == single.sum() * (L - 1) * k
+    assert abs(st["pred_correct"] - hits) <= 2, (st["pred_correct"], hits)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_trained_prefetch_keeps_logits_bit_identical(default_path, ref, fitted, pipeline, tmp_path):
+    p, _, _ = fitted
+    path = p.save(tmp_path / "pred.npz")  # the saved file: round trip included
+    st = _check_identical(default_path, ref, "lru", "trained", 0, pipeline, depth=2, predictor=str(path))
+    assert st["pred_correct"] / st["pred_experts"] > 0.5
+
+
+def test_predictor_errors(default_path, fitted, tmp_path):
+    p, _, _ = fitted
+    with pytest.raises(ValueError, match="needs prefetch_predictor"):
+        epqlab.Session(default_path, prefetch="trained")
+    with pytest.raises(ValueError, match="prefetch='trained' only"):
+        epqlab.Session(default_path, prefetch="lookahead", prefetch_predictor=p)
+    with pytest.raises(ValueError, match="exceeds the predictor's depth"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=p, prefetch_depth=3)
+    other = P.ExpertPredictor(p.W[:, :-1], p.b[:, :-1], p.alpha, p.n_tokens)
+    with pytest.raises(ValueError, match="fit one on this model"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=other)
+    bad = tmp_path / "not.npz"
+    bad.write_bytes(b"no")
+    with pytest.raises(EpqlabError, match="not an epqlab expert predictor"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=bad)
+    with epqlab.Session(default_path, arena_bytes="6MiB") as s:
+        with pytest.raises(ValueError, match="needs route recording"):
+            s._engine.set_capture_inputs(True)
+    with pytest.raises(ValueError, match="too few"):
+        P.fit_predictor(np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 1), np.int32),
+                        [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
+
+
+def test_cli_fit_and_eval(default_path, tmp_path, capsys):
+    from epqlab.cli import main
+
+    out = tmp_path / "p.npz"
+    assert main(["predictor", "fit", str(default_path), str(out), "--tokens", "200", "--depth", "1"]) == 0
+    assert os.path.exists(out)
+    assert main(["predictor", "eval", str(default_path), str(out), "--text", "legal", "--tokens", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "1 layer(s) ahead: lookahead" in text and "trained" in text
