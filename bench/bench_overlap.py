@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python bench/bench_overlap.py [--model PATH] [--limit 1.5GiB | --arena 1GiB]
         [--n-predict 16] [--repeats 3] [--threads 1] [--rows off,lookahead,previous,union,segments,union+segments]
-        [--segment 512KiB] [--budget BYTES] [--read-mbps 350] [--predictor P.npz] [--out results/overlap.json]
+        [--segment 512KiB] [--budget BYTES] [--read-mbps 350] [--predictor P.npz] [--policy lfu] [--out results/overlap.json]
 
 Each run is its own child process (``epqlab.strict.run``: a cgroup v1 child of this process's
 memory cgroup with the limit set before the model loads, page cache of the model dropped first),
@@ -25,7 +25,10 @@ T_dev is the run's disk-busy time per token (wall time with at least one expert 
 wasted prefetch bytes included) and T_compute the median compute time of the ``off`` runs (their
 time split minus io wait and map: compute not slowed by concurrent reads). A run whose reads were
 completely hidden behind unslowed compute scores 1.0. Columns: decode tok/s (median, min-max),
-time/token (median), the ratio (median over repeats, min-max), T_dev (median), disk MB/s (median), read ms/MB
+time/token (median), the ratio (median over repeats, min-max), the per-token ratio sum_i wall_i /
+sum_i max(T_dev_i, T_compute_i) (decode step i's own disk-busy time against the off runs' median compute
+time of step i: the first steps after the prefill read most of their experts and are I/O bound while the
+rest are compute bound, so the max of the means understates the bound), T_dev (median), disk MB/s (median), read ms/MB
 (the summed duration of the run's reads per MB: ~3 on the fast disk, ~6-7 throttled, at 6 I/O
 threads), the row's own remaining I/O wait and compute time, prefetch precision / recall, MB read in vain per
 token, decode hit rate and MB read per token.
@@ -161,6 +164,9 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "ratio": med(r["ratio"] for r in runs if r.get("ratio") is not None) if any(r.get("ratio") for r in runs) else None,
         "ratio_min": min((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
         "ratio_max": max((r["ratio"] for r in runs if r.get("ratio") is not None), default=None),
+        "ratio_tok": med(r["ratio_tok"] for r in runs if r.get("ratio_tok") is not None) if any(r.get("ratio_tok") for r in runs) else None,
+        "ratio_tok_min": min((r["ratio_tok"] for r in runs if r.get("ratio_tok") is not None), default=None),
+        "ratio_tok_max": max((r["ratio_tok"] for r in runs if r.get("ratio_tok") is not None), default=None),
         "read_us_per_mb": med(s["read_us"] / max(1, s["bytes_read"]) * 1e6 for s in st),
         "disk_mb_s": med(r["disk_mb_s"] for r in runs if r.get("disk_mb_s")) if any(r.get("disk_mb_s") for r in runs) else None,
         "arena_bytes": st[0]["arena_bytes"], "io_threads": st[0]["io_threads"],
@@ -170,7 +176,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_dev, T_comp of off) (min-max) | T_dev ms | "
+    head = ("| row | decode tok/s (min-max) | time/token ms | / max(T_dev, T_comp of off) (min-max) | "
+            "/ per-token bound (min-max) | T_dev ms | "
             "disk MB/s | read ms/MB | io wait ms | T_comp ms | precision | recall | wasted MB/tok | hit rate | MB/tok |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -180,9 +187,10 @@ def table(rows: list[dict]) -> str:
         pf = r["row"].split("+")[0].partition(":")[0].partition("@")[0] in PREDICTORS
         ratio = (f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r.get("ratio") is not None else "-")
         disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
+        rt = (f"{r['ratio_tok']:.2f} ({r['ratio_tok_min']:.2f}-{r['ratio_tok_max']:.2f})" if r.get("ratio_tok") is not None else "-")
         out.append(
             f"| {r['row']} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f}) | "
-            f"{r['time_per_token_ms']:.0f} | {ratio} | {r['io_busy_ms']:.0f} | {disk} | {r['read_us_per_mb'] / 1e3:.1f} | {r['split_ms']['io_ms']:.0f} | {r['t_compute_ms']:.0f} | "
+            f"{r['time_per_token_ms']:.0f} | {ratio} | {rt} | {r['io_busy_ms']:.0f} | {disk} | {r['read_us_per_mb'] / 1e3:.1f} | {r['split_ms']['io_ms']:.0f} | {r['t_compute_ms']:.0f} | "
             + (f"{r['precision']:.2f} | {r['recall']:.2f} | {r['wasted_mb_per_token']:.1f}" if pf else "- | - | -")
             + f" | {r['decode_hit_rate']:.2f} | {r['mb_per_token']:.0f} |")
     off = next((r for r in rows if r["row"] == "off" and r["status"] == "PASS"), None)
@@ -200,11 +208,21 @@ def bound_ratios(raw: dict) -> None:
             if r.get("status") == "PASS"]
     comp = [c for c in comp if c]
     t_comp = statistics.median(comp) if comp else None
+    # per token: the off runs' median compute time of decode step i (every row generates the same tokens)
+    series = [((r.get("stats") or {}).get("time_split_tokens") or {}).get("t_compute_ms") for r in raw.get("off", [])
+              if r.get("status") == "PASS"]
+    series = [x for x in series if x]
+    comp_i = [statistics.median(v) for v in zip(*series)] if series else []
     for runs in raw.values():
         for r in runs:
             ts = (r.get("stats") or {}).get("time_split") or {}
             bound = max(ts.get("io_busy_ms") or 0, t_comp or 0)
             r["ratio"] = ts["wall_ms"] / bound if bound and ts.get("wall_ms") and r.get("status") == "PASS" else None
+            tk = (r.get("stats") or {}).get("time_split_tokens") or {}
+            wall, busy = tk.get("wall_ms") or [], tk.get("io_busy_ms") or []
+            r["ratio_tok"] = None
+            if r.get("status") == "PASS" and wall and len(busy) == len(wall) == len(comp_i):
+                r["ratio_tok"] = sum(wall) / sum(max(b, c) for b, c in zip(busy, comp_i))
 
 
 def main(argv=None) -> int:
@@ -220,13 +238,14 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", default="512KiB", help="segment size of the segments rows")
     ap.add_argument("--budget", default=None, help="union: bytes prefetched per layer at most")
     ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--policy", default="lru", help="eviction policy of every row (default lru)")
     ap.add_argument("--read-mbps", type=float, default=None,
                     help="cap reads from the model's device at this many MB/s (a blkio cgroup): a device of fixed speed")
     ap.add_argument("--out", default=None, help="write the rows and every run as JSON here")
     ap.add_argument("--predictor", default=None,
                     help="trained rows: a predictor .npz fitted on the model (epqlab predictor fit; not on PROMPT)")
     a = ap.parse_args(argv)
-    kw = {"n_threads": a.threads, "n_ctx": a.n_ctx}
+    kw = {"n_threads": a.threads, "n_ctx": a.n_ctx, "policy": a.policy}
     if a.io_threads:
         kw["io_threads"] = a.io_threads
     if a.arena:
@@ -254,7 +273,7 @@ def main(argv=None) -> int:
     rows = [summarize(name, raw[name]) for name in names]
     texts = {r["text"] for r in rows if r["status"] == "PASS"}
     print(table(rows))
-    print(f"\nall rows generated the same tokens: {len(texts) == 1}; limit {a.limit}, arena "
+    print(f"\nall rows generated the same tokens: {len(texts) == 1}; policy {a.policy}, limit {a.limit}, arena "
           f"{fmt_bytes(rows[0].get('arena_bytes', 0))}, {a.threads} compute thread(s), "
           f"{rows[0].get('io_threads')} I/O threads, {a.n_predict} tokens, {a.repeats} runs per row")
     if a.out:

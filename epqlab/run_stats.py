@@ -9,7 +9,7 @@ import numpy as np
 
 from .memory import read_bytes, sample
 from .prefetch import PREFETCH_COUNTERS, prefetch_fields
-from .time_split import decode_summary
+from .time_split import decode_series, decode_summary
 
 # Pager + hook counters differenced per run (pager.h / hook.h name each one).
 COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
@@ -107,6 +107,7 @@ def run_stats(session, n_prompt: int, n_gen: int, passes: int, t_prefill: float,
         "memory_limit_mode": "sampled",
         "prefetch": session.prefetch, "read_segment_bytes": session.read_segment_bytes, **prefetch_fields(d),
         "time_split": decode_split(session, passes),
+        "time_split_tokens": decode_series(session._tsplit.frame("token").tail(passes)) if passes else {},
     }
 
 

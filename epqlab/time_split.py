@@ -93,6 +93,21 @@ def decode_summary(df) -> dict:
     return out
 
 
+def decode_series(df) -> dict:
+    """Per single-token decode call, in order, milliseconds: ``wall_ms``, ``io_busy_ms`` (device busy),
+    ``t_compute_ms`` (wall - io wait - map). A per-token bound sum_i max(T_dev_i, T_compute_i) needs them:
+    the first decode steps after a prefill can be I/O bound while the rest are compute bound, and the
+    max of the means then understates the bound."""
+    d = df[df["n_tokens"] == 1]
+    if len(d) == 0:
+        return {}
+    out = {"wall_ms": (d["wall_us"] / 1e3).round(3).tolist(),
+           "t_compute_ms": ((d["wall_us"] - d["io_us"] - d["map_us"]) / 1e3).round(3).tolist()}
+    if "io_busy_us" in d:
+        out["io_busy_ms"] = (d["io_busy_us"] / 1e3).round(3).tolist()
+    return out
+
+
 def format_summary(s: dict) -> str:
     """One line for the CLI: the decode split per token, ms and share of the wall time."""
     if not s:

@@ -27,8 +27,11 @@ def add_session_args(p) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stats-file", default=None, help="append run stats as JSON lines")
     p.add_argument("--route-log", default=None, help="save the route log (NPZ) here")
-    p.add_argument("--prefetch", default=None, choices=["lookahead", "previous", "union"],
+    p.add_argument("--prefetch", default=None, choices=["lookahead", "previous", "union", "trained"],
                    help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
+    p.add_argument("--predictor", default=None,
+                   help="--prefetch trained: a predictor .npz fitted on this model (epqlab predictor fit)")
+    p.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead the predictor prefetches, 1..4")
     p.add_argument("--prefetch-budget", default=None, help="bytes prefetched per layer at most, e.g. 64MiB")
     p.add_argument("--read-segment", default=None, help="split expert reads into segments of this size, e.g. 512KiB")
     p.add_argument("--no-pipeline-reads", action="store_true",
@@ -95,6 +98,8 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
                  dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),
                  prefetch_budget=getattr(args, "prefetch_budget", None),
+                 prefetch_predictor=getattr(args, "predictor", None),
+                 prefetch_depth=getattr(args, "prefetch_depth", 1),
                  read_segment_bytes=getattr(args, "read_segment", None),
                  pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None) as s:
         if s.auto_budget is not None:
