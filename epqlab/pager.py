@@ -218,6 +218,20 @@ class Pager:
     def read_delay_us(self, us: int) -> None:
         self._p.read_delay_us = int(us)
 
+    @property
+    def read_rate_limit(self) -> int:
+        """Bench knob: expert reads are served as by a device of this many bytes/s with no burst credit
+        (one shared device clock; each read takes bytes / rate on it, in the order reads start, and
+        ends no earlier than the real read); 0 = off. A blkio throttle grants an idle cgroup a slice's
+        worth of bytes at once, so it favours bursty reads (bench/README.md)."""
+        return int(self._p.read_rate_limit)
+
+    @read_rate_limit.setter
+    def read_rate_limit(self, bytes_per_s: int) -> None:
+        if bytes_per_s < 0:
+            raise ValueError(f"read_rate_limit must be >= 0 bytes/s (0 = off), got {bytes_per_s}")
+        self._p.read_rate_limit = int(bytes_per_s)
+
     def release_layer(self, layer: int) -> None:
         """Unpin the experts of GGUF block ``layer`` (they stay resident until evicted) and remove
         its zero overlay."""

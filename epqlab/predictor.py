@@ -10,10 +10,10 @@ regression shrunk toward lookahead, so that with little data it falls back to lo
 
     W_{l,d} = G_{l+d} + A,   A = argmin ||X A^T + 1 b^T - (Y - X G_{l+d}^T)||^2 + lam ||A||^2
 
-with ``X`` = recorded ``h_l`` rows [T, n_embd], ``Y = H_{l+d} G_{l+d}^T`` (+ the router's bias, if any)
-the router logits the model computed [T, n_expert], ``b`` an unpenalised intercept and ``lam`` =
-``alpha * trace(X_c^T X_c) / n_embd`` with ``alpha`` chosen on the last ``val_fraction`` of the
-calibration tokens (top-k recall). The prediction is top-k of ``W_{l,d} h_l + b``. Fit on one text,
+with ``X`` = recorded ``h_l`` rows [T, n_embd], ``A`` [n_expert, n_embd], ``Y = H_{l+d} G_{l+d}^T`` (+ the
+router's bias, if any) the router logits the model computed [T, n_expert], ``b`` an unpenalised intercept
+and ``lam`` = ``alpha * trace(X_c^T X_c) / n_embd`` with ``alpha`` chosen by top-k recall on held-back
+blocks of the calibration tokens. The prediction is top-k of ``W_{l,d} h_l + b``. Fit on one text,
 evaluate on another (:func:`predictor_recall`): a predictor scored on its calibration text overstates
 itself.
 """
@@ -63,6 +63,7 @@ class ExpertPredictor:
         return h @ self.W[d - 1, layer].T + self.b[d - 1, layer]
 
     def save(self, path) -> Path:
+        """Write the predictor as NPZ (``.npz`` appended when missing, as NumPy does); returns the path written."""
         path = Path(path)
         np.savez(path, W=self.W, b=self.b, alpha=np.asarray(self.alpha, np.float64), n_tokens=self.n_tokens)
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
@@ -70,13 +71,21 @@ class ExpertPredictor:
     @classmethod
     def load(cls, path) -> "ExpertPredictor":
         """Raises EpqlabError when the file is not a predictor saved by :meth:`save`."""
+        import zipfile
+
         try:
             with np.load(path) as z:
                 W, b = z["W"].astype(np.float32, copy=False), z["b"].astype(np.float32, copy=False)
-                return cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]))
-        except (OSError, KeyError, ValueError) as e:
+                p = cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]))
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as e:
             raise EpqlabError(f"{path} is not an epqlab expert predictor ({e}); fit one with "
                               "epqlab.predictor.fit_predictor and save it with .save(path)") from None
+        if W.ndim != 4 or b.shape != W.shape[:3] or not 1 <= W.shape[0] <= 4:
+            raise EpqlabError(f"{path}: predictor arrays W {W.shape} and b {b.shape} are not [depth<=4, layers, "
+                              "experts, width] and [depth, layers, experts]; refit it")
+        if not (np.isfinite(W).all() and np.isfinite(b).all()):
+            raise EpqlabError(f"{path}: the predictor's weights are not finite (NaN or inf); refit it")
+        return p
 
     def check_model(self, n_layers: int, n_expert: int, n_embd: int | None = None) -> None:
         """Raises ValueError when the predictor was fitted for another shape of model (n_embd None: not checked)."""
@@ -129,10 +138,10 @@ def record_router_inputs(model, tokens, n_ctx: int | None = None) -> tuple[np.nd
                 pass
             flat, dim = s._engine.take_router_inputs()
             routes = np.concatenate([p[0] for p in s._route_parts])
-    L = routes.shape[1]
-    H = np.asarray(flat, np.float32).reshape(-1, L, int(dim))
-    if H.shape[0] != routes.shape[0]:
-        raise EpqlabError(f"recorded {H.shape[0]} router inputs for {routes.shape[0]} routed tokens")
+    T, L = routes.shape[:2]
+    if int(dim) <= 0 or flat.size != T * L * int(dim):
+        raise EpqlabError(f"recorded {flat.size} router-input values for {T} routed tokens x {L} layers x width {dim}")
+    H = np.asarray(flat, np.float32).reshape(T, L, int(dim))
     return H, routes.astype(np.int32)
 
 
@@ -151,11 +160,15 @@ def _router_logits(H: np.ndarray, Ws, bs, l: int) -> np.ndarray:
 
 def fit_predictor(H: np.ndarray, routes: np.ndarray, Ws, bs, depth: int = 1, val_fraction: float = 0.2,
                   alphas=ALPHAS) -> ExpertPredictor:
-    """Fit the predictor (module docstring) on recorded router inputs ``H`` [T, L, n_embd] and routes
-    [T, L, k] (from :func:`record_router_inputs`); ``Ws, bs`` from :func:`router_weights`.
+    """Fit the predictor (module docstring) on recorded router inputs ``H`` float32 [T, L, n_embd] and
+    routes int32 [T, L, k] (from :func:`record_router_inputs`); ``Ws, bs`` from :func:`router_weights`.
+    ``alphas``: ridge strengths tried (relative to the mean eigenvalue of X^T X); the one with the best
+    top-k recall on the validation tokens (blocks of 32 tokens, ``val_fraction`` of them, spread over the
+    text) is refitted on all T tokens. Memory: a few n_embd x n_embd float64 matrices per layer.
 
     Raises:
-        ValueError: depth outside 1..4, fewer than 16 calibration tokens, or shapes that disagree.
+        ValueError: depth outside 1..4, fewer than 16 calibration tokens, non-finite inputs, a
+            val_fraction outside (0, 1), or shapes that disagree.
     """
     if not 1 <= depth <= 4:
         raise ValueError(f"depth must be 1..4 layers ahead, got {depth}")
@@ -165,13 +178,22 @@ def fit_predictor(H: np.ndarray, routes: np.ndarray, Ws, bs, depth: int = 1, val
         raise ValueError(f"router inputs {H.shape}, routes {routes.shape} and {len(Ws)} routers disagree")
     if T < 16:
         raise ValueError(f"{T} calibration tokens are too few to fit a predictor; record at least a few hundred")
-    nv = max(1, int(T * val_fraction))
-    tr, va = slice(0, T - nv), slice(T - nv, T)
+    if not np.isfinite(H).all():
+        raise ValueError("router inputs contain NaN/inf rows (a layer that did not compute some tokens: record with "
+                         "record_router_inputs, which outputs every token's logits)")
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    # validation: one block of 32 tokens in every 1/val_fraction blocks, so it spans the whole text (the
+    # calibration texts are concatenated genre after genre; a tail split would hold out one genre)
+    cycle = max(2, round(1 / val_fraction))
+    is_va = (np.arange(T) // 32) % cycle == cycle - 1
+    if not is_va.any() or is_va.all():
+        is_va = np.arange(T) >= T - max(1, int(T * val_fraction))
+    tr, va = np.flatnonzero(~is_va), np.flatnonzero(is_va)
     W = np.zeros((depth, L, E, D), np.float32)
     b = np.zeros((depth, L, E), np.float32)
     chosen = []
     for d in range(1, depth + 1):
-        solves = {}
         hits = {a: 0 for a in alphas}
         for l in range(L - d):
             X = H[:, l].astype(np.float64)
@@ -184,7 +206,6 @@ def fit_predictor(H: np.ndarray, routes: np.ndarray, Ws, bs, depth: int = 1, val
             for a in alphas:
                 A = np.linalg.solve(XtX + a * scale * np.eye(D), XtR)  # [D, E]
                 c = rm - xm @ A
-                solves[(l, a)] = (A, c)
                 pl = X[va] @ (Ws[l + d].T.astype(np.float64) + A) + c
                 hits[a] += _hits(_topk(pl, k), routes[va, l + d])
         best = max(alphas, key=lambda a: (hits[a], a))
@@ -232,9 +253,10 @@ def calibration_tokens(session, n_tokens: int, text: str | None = None) -> list[
     if text is not None:
         ids = session.tokenize(text)
     else:
-        texts = list(calibration_texts().values())
-        share = -(-n_tokens // len(texts))
-        ids = [t for x in texts for t in session.tokenize(x)[:share]]
+        toks = [session.tokenize(x) for x in calibration_texts().values()]
+        share = -(-n_tokens // len(toks))
+        ids = [t for x in toks for t in x[:share]]
+        ids += [t for x in toks for t in x[share:]][:max(0, n_tokens - len(ids))]  # a short text's shortfall
     if len(ids) < n_tokens:
         raise ValueError(f"the calibration text has {len(ids)} tokens, fewer than the {n_tokens} asked for")
     return ids[:n_tokens]

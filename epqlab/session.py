@@ -122,6 +122,8 @@ class Session:
         prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 4.
         prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.prefetch`), in [0, 1]; default 0.5,
             0 reads every prediction.
+        read_rate_limit: bench knob, bytes per second (int or "350MB"): expert reads are served as by a
+            device of that speed with no burst credit (:attr:`epqlab.Pager.read_rate_limit`); None = the disk as it is.
         read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
             spread over the I/O threads (``None``/0: one read per slice).
         pipeline_reads: in single-token decode steps, queue a layer's missing experts' reads matrix
@@ -152,7 +154,7 @@ class Session:
                  direct_io: bool = True, arena_bytes=None, dense_weights: str | None = None, hot_experts=None,
                  skip_cold: float | None = None, prefetch: str | None = None, prefetch_budget=None, prefetch_depth: int = 1,
                  prefetch_min_precision: float | None = None, prefetch_predictor=None,
-                 read_segment_bytes=None, pipeline_reads: bool | None = None):
+                 read_segment_bytes=None, pipeline_reads: bool | None = None, read_rate_limit=None):
         from ._native import core
 
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -194,6 +196,9 @@ class Session:
         self._predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers),
                                             lay.n_expert, int(n_embd) if n_embd else None)
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
+        self.read_rate_limit = parse_bytes(read_rate_limit) if read_rate_limit else 0
+        if self.read_rate_limit and not pager:
+            raise ValueError("read_rate_limit paces the pager's expert reads; drop pager=False")
         if pipeline_reads is None:
             pipeline_reads = bool(pager) and skip_cold is None
         if pipeline_reads and skip_cold is not None:
@@ -266,6 +271,10 @@ class Session:
         io1 = read_bytes()
         self.load_report = dict(self._engine.load_report())
         self.load_report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
+        if self._predictor is not None:
+            # the hook's own float32 copy is made before the budget's sample, so it is counted
+            self._engine.set_predictor(self._predictor.W, self._predictor.b)
+            self._predictor = None  # ours (loaded from a path) is freed; a caller's stays theirs
         after = sample()
         untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
         self.used_before_arena = after.total + untouched
@@ -288,11 +297,10 @@ class Session:
             self._engine.attach_pager(self._pager.native)
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)
-            if self._predictor is not None:
-                self._engine.set_predictor(self._predictor.W, self._predictor.b)
             self._engine.set_prefetch(*self._pf)
             self._engine.set_pipeline(self.pipeline_reads)
             self._pager.native.read_segment_bytes = self.read_segment_bytes
+            self._pager.read_rate_limit = self.read_rate_limit
             self._peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
         self.n_vocab = int(self._engine.n_vocab)
         self.n_ctx = int(self._engine.n_ctx)

@@ -126,6 +126,7 @@ void register_pager(py::module_ & m) {
         .def_property_readonly("prefetch_active", [](const pager & p) { return p.prefetch_active(); })
         .def_property("read_segment_bytes", &pager::read_segment_bytes, &pager::set_read_segment_bytes)
         .def_property("read_delay_us", &pager::read_delay_us, &pager::set_read_delay_us)
+        .def_property("read_rate_limit", &pager::read_rate_limit, &pager::set_read_rate_limit)
         .def("release_layer", &pager::release_layer)
         .def("release_all", &pager::release_all)
         .def("begin_pass", &pager::begin_pass)

@@ -4,6 +4,7 @@
 #include "hook.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <cstring>
 #include <sys/mman.h>
@@ -300,6 +301,14 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
 void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd) {
     if (n_layers != n_layers_) throw std::invalid_argument("the predictor has " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
     if (depth < 1 || depth > kMaxDepth || n_expert < 1 || n_embd < 1) throw std::invalid_argument("bad predictor shape");
+    if (pg_ && n_expert != pg_->n_expert())
+        throw std::invalid_argument("the predictor has " + std::to_string(n_expert) + " experts per layer, the model " + std::to_string(pg_->n_expert()));
+    if (pf_mode_ == PF_TRAINED && depth < pf_depth_)
+        throw std::invalid_argument("the trained prefetch runs at depth " + std::to_string(pf_depth_) + ", the new predictor has " + std::to_string(depth));
+    for (size_t i = 0, n = (size_t) depth * n_layers * n_expert * n_embd; i < n; i++)
+        if (!std::isfinite(W[i])) throw std::invalid_argument("the predictor's weights are not finite (NaN or inf): refit it");
+    for (size_t i = 0, n = (size_t) depth * n_layers * n_expert; i < n; i++)
+        if (!std::isfinite(b[i])) throw std::invalid_argument("the predictor's biases are not finite (NaN or inf): refit it");
     if (pg_) pg_->prefetch_finish();
     const size_t nw = (size_t) depth * n_layers * n_expert * n_embd;
     pw_.assign(W, W + nw);
@@ -313,7 +322,12 @@ void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     if (pf_mode_ != PF_TRAINED) return lookahead(li, nl, k, out);
     const ggml_tensor * h = hidden_[li];
     const int d = nl - li;
-    if (!h || !h->data || h->type != GGML_TYPE_F32 || h->ne[0] != pw_embd_ || h->ne[1] != 1 || d > pw_depth_) return;
+    if (!h || !h->data || h->type != GGML_TYPE_F32 || h->ne[1] != 1 || d > pw_depth_) return;
+    const ggml_tensor * g = gate_inp_[nl];  // the model's router of nl (seen in an earlier pass)
+    if (!g) return;  // not seen yet (a first pass of one token): no prediction, as for lookahead
+    if (h->ne[0] != pw_embd_ || g->ne[1] != pw_exp_)  // stored and reported after llama_decode
+        throw std::runtime_error("the trained predictor (" + std::to_string(pw_exp_) + " experts x width " + std::to_string(pw_embd_) +
+                                 ") does not fit this model's routers (" + std::to_string(g->ne[1]) + " x " + std::to_string(h->ne[0]) + ")");
     const int64_t n_embd = pw_embd_, n_exp = pw_exp_;
     const float * x = (const float *) h->data;
     const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
@@ -485,7 +499,10 @@ void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) stats_.ubatches);
-        if (capture_) inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
+        if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
+            if (ub_inputs_.empty()) ub_inputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+            inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
+        }
     }
     ub_inputs_.clear();
     ub_tokens_ = 0;

@@ -85,7 +85,21 @@ void io_pool::exec(io_job & j) {
             posix_fadvise(fd, (off_t) j.offset, (off_t) j.got, POSIX_FADV_DONTNEED);
         }
     }
+    if (rate_ > 0 && j.got > 0) pace(t0, j.got);
     j.t_us = io_now_us() - t0;
+}
+
+void io_pool::pace(int64_t t_start, int64_t bytes) {
+    int64_t end;
+    {
+        std::lock_guard<std::mutex> lk(rate_mu_);
+        if (rate_ <= 0) return;
+        const int64_t start = std::max(t_start, dev_free_us_);
+        end = start + bytes * 1000000 / rate_;
+        dev_free_us_ = end;
+    }
+    const int64_t now = io_now_us();
+    if (end > now) std::this_thread::sleep_for(std::chrono::microseconds(end - now));
 }
 
 // A job whose destination is a file (the arena memfd): read kBounceBytes at a time into this

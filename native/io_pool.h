@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -121,6 +122,19 @@ public:
     void set_delay_us(int64_t delay_us) { delay_us_ = delay_us; }
     int64_t delay_us() const { return delay_us_; }
 
+    // Bench hook: a device no faster than bytes_per_s, without burst credit. Reads are served one
+    // at a time in the order they start, each taking its bytes / bytes_per_s on one shared device
+    // clock: a read that starts while the clock is ahead of now queues behind it, and it completes
+    // no earlier than its slot on the clock ends (nor than the real read does). A blkio throttle is
+    // not such a device: it grants a group that was idle a slice's worth of bytes at once, which
+    // favours bursty reads. 0 disables.
+    void set_rate_limit(int64_t bytes_per_s) {
+        std::lock_guard<std::mutex> lk(rate_mu_);
+        rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
+        dev_free_us_ = 0;
+    }
+    int64_t rate_limit() const { return rate_.load(); }
+
     // Test hook: the n-th read from now (1-based) fails with errno err. 0 disables.
     void inject_fault(int64_t nth, int err);
 
@@ -148,5 +162,9 @@ private:
     int64_t                  fault_countdown_ = 0;
     int                      fault_err_       = 0;
     int64_t                  delay_us_        = 0;
+    std::mutex               rate_mu_;
+    std::atomic<int64_t>     rate_{0};
+    int64_t                  dev_free_us_ = 0;  // set_rate_limit's device clock (under rate_mu_)
+    void pace(int64_t t_start, int64_t bytes);             // sleeps until the read's slot on it ends
 };
 

@@ -144,6 +144,7 @@ public:
     // Throws pager_io_error on a failed or short read.
     void * stage_tensor(int li, int ti, const int32_t * ids, int n, char * dst);
     int64_t stage_bytes(int li, int ti) const { return maps_.at(li).at(ti).region_bytes; }
+    int32_t n_expert() const { return n_expert_; }  // experts per MoE layer
     int64_t max_stage_bytes() const {
         int64_t mx = 0;
         for (const auto & ms : maps_) for (const auto & m : ms) mx = std::max(mx, m.region_bytes);
@@ -210,6 +211,9 @@ public:
     // Test hook: every read sleeps this many microseconds first (io_pool::set_delay_us).
     void set_read_delay_us(int64_t us) { pool_->set_delay_us(us); }
     int64_t read_delay_us() const { return pool_->delay_us(); }
+    // Bench hook: reads served as by a device of this many bytes/s (io_pool::set_rate_limit); 0 = off.
+    void set_read_rate_limit(int64_t bps) { pool_->set_rate_limit(bps); }
+    int64_t read_rate_limit() const { return pool_->rate_limit(); }
     int64_t unit_bytes(int li) const { return unit_bytes_.at(li); }
     // Starts a new forward pass (token or ubatch): "current" experts become "stale".
     void begin_pass();

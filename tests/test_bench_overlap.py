@@ -41,3 +41,39 @@ def test_per_token_bound_hand_computed(bench):
         for r in pf])
     assert row["ratio_tok"] == pytest.approx(pf[0]["ratio_tok"])
     assert "per-token bound" in bench.table([row])
+
+
+def test_decode_series_matches_the_split(tmp_path):
+    """The per-step series in run stats average to the time split's per-token means."""
+    import epqlab
+    import epqlab.models
+
+    with epqlab.Session(epqlab.models.default_model(progress=False), arena_bytes="6MiB", n_threads=1) as s:
+        st = s.generate("A CPU cache is", 6).stats
+    ts, tk = st["time_split"], st["time_split_tokens"]
+    assert len(tk["wall_ms"]) == len(tk["io_busy_ms"]) == len(tk["t_compute_ms"]) == ts["calls"] == 5
+    assert sum(tk["wall_ms"]) / 5 == pytest.approx(ts["wall_ms"], rel=1e-3)
+    assert sum(tk["t_compute_ms"]) / 5 == pytest.approx(ts["t_compute_ms"], rel=1e-3)
+
+
+def test_read_rate_limit_paces_reads():
+    """With a 20 MB/s device model, generating takes at least the bytes read / 20 MB/s; without it, far less."""
+    import time
+
+    import epqlab
+    import epqlab.models
+
+    path = epqlab.models.default_model(progress=False)
+    out = {}
+    for rate in (None, 20_000_000):
+        with epqlab.Session(path, arena_bytes="6MiB", n_threads=1, read_rate_limit=rate) as s:
+            s.generate("A CPU cache is", 2)  # warm the arena's slots and llama's graph
+            t0 = time.perf_counter()
+            g = s.generate("Memory is paged in", 8)
+            out[rate] = (time.perf_counter() - t0, g.stats["bytes_read"])
+    t, b = out[20_000_000]
+    assert b > 5_000_000 and t >= 0.95 * b / 20e6, out
+    t0, b0 = out[None]
+    assert t0 < 0.5 * b0 / 20e6, out  # the pacing is what made it slow, not the disk
+    with pytest.raises(ValueError, match="drop pager=False"):
+        epqlab.Session(path, pager=False, read_rate_limit="10MB")

@@ -78,6 +78,8 @@ def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
 def test_trained_prefetch_keeps_logits_bit_identical(default_path, ref, fitted, pipeline, tmp_path):
     p, _, _ = fitted
     path = p.save(tmp_path / "pred.npz")  # the saved file: round trip included
+    q = P.ExpertPredictor.load(path)
+    assert np.array_equal(q.W, p.W) and np.array_equal(q.b, p.b) and q.alpha == p.alpha
     st = _check_identical(default_path, ref, "lru", "trained", 0, pipeline, depth=2, predictor=str(path))
     assert st["pred_correct"] / st["pred_experts"] > 0.5
 
@@ -93,13 +95,29 @@ def test_predictor_errors(default_path, fitted, tmp_path):
     other = P.ExpertPredictor(p.W[:, :-1], p.b[:, :-1], p.alpha, p.n_tokens)
     with pytest.raises(ValueError, match="fit one on this model"):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=other)
-    bad = tmp_path / "not.npz"
-    bad.write_bytes(b"no")
-    with pytest.raises(EpqlabError, match="not an epqlab expert predictor"):
-        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=bad)
+    fewer = P.ExpertPredictor(p.W[:, :, :-1], p.b[:, :, :-1], p.alpha, p.n_tokens)  # one expert short
+    with pytest.raises(ValueError, match="fit one on this model"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=fewer)
+    for content in (b"no", b""):
+        bad = tmp_path / "not.npz"
+        bad.write_bytes(content)
+        with pytest.raises(EpqlabError, match="not an epqlab expert predictor"):
+            epqlab.Session(default_path, prefetch="trained", prefetch_predictor=bad)
+    W = p.W.copy()
+    W[0, 0, 0, 0] = np.nan
+    P.ExpertPredictor(W, p.b, p.alpha, p.n_tokens).save(tmp_path / "nan.npz")
+    with pytest.raises(EpqlabError, match="not finite"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=tmp_path / "nan.npz")
+    with epqlab.Session(default_path, arena_bytes="6MiB") as s:  # the native check, below the Python one
+        with pytest.raises(ValueError, match="experts per layer"):
+            s._engine.set_predictor(fewer.W, fewer.b)
     with epqlab.Session(default_path, arena_bytes="6MiB") as s:
         with pytest.raises(ValueError, match="needs route recording"):
             s._engine.set_capture_inputs(True)
+    H = np.ones((32, 2, 8), np.float32)
+    H[0, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        P.fit_predictor(H, np.zeros((32, 2, 1), np.int32), [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
     with pytest.raises(ValueError, match="too few"):
         P.fit_predictor(np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 1), np.int32),
                         [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
