@@ -298,6 +298,16 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
     }
 }
 
+// A dot product with 8 independent partial sums (vectorizable; a predictor need not match ggml's rounding).
+static float dot8(const float * r, const float * x, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += r[i + j] * x[i + j];
+    for (; i < n; i++) acc[0] += r[i] * x[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd) {
     if (n_layers != n_layers_) throw std::invalid_argument("the predictor has " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
     if (depth < 1 || depth > kMaxDepth || n_expert < 1 || n_embd < 1) throw std::invalid_argument("bad predictor shape");
@@ -333,13 +343,7 @@ void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
     logit_buf_.assign((size_t) n_exp, 0.0f);
     for (int64_t e = 0; e < n_exp; e++) {
-        const float * r = &pw_[(base + e) * n_embd];
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t i = 0;
-        for (; i + 8 <= n_embd; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] += r[i + j] * x[i + j];
-        for (; i < n_embd; i++) acc[0] += r[i] * x[i];
-        logit_buf_[e] = pb_[base + e] + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        logit_buf_[e] = pb_[base + e] + dot8(&pw_[(base + e) * n_embd], x, n_embd);
     }
     top_of_logits(k, out);
 }
@@ -371,13 +375,7 @@ void expert_hook::lookahead(int li, int nl, int k, std::vector<int32_t> & out) {
             tr->to_float(row, row_buf_.data(), n_embd);
             r = row_buf_.data();
         }
-        // 8 independent partial sums (vectorizable; a predictor need not match ggml's rounding)
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t i = 0;
-        for (; i + 8 <= n_embd; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] += r[i + j] * x[i + j];
-        for (; i < n_embd; i++) acc[0] += r[i] * x[i];
-        logit_buf_[e] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        logit_buf_[e] = dot8(r, x, n_embd);
     }
     top_of_logits(k, out);
 }

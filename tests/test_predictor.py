@@ -132,7 +132,7 @@ def test_cli_fit_and_eval(default_path, tmp_path, capsys):
     assert main(["predictor", "eval", str(default_path), str(out), "--text", "legal", "--tokens", "64"]) == 0
     text = capsys.readouterr().out
     assert "1 layer(s) ahead: lookahead" in text and "trained" in text
-    assert main(["run", str(default_path), "-n", "4", "--ram-budget", "600MiB", "--prefetch", "trained",
+    assert main(["run", str(default_path), "-n", "4", "--prefetch", "trained",
                  "--predictor", str(out)]) == 0
     assert "trained: precision" in capsys.readouterr().out
     # a depth the predictor was not fitted for: one clean error line
