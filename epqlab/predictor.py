@@ -41,12 +41,15 @@ class ExpertPredictor:
         b: float32 [depth, n_layers, n_expert]: intercepts.
         alpha: the ridge strength chosen per depth (relative; see the module docstring).
         n_tokens: calibration tokens the fit used.
+        model_fingerprint: :func:`router_fingerprint` of the model it was fitted on ("" = unknown); a
+            Session refuses a predictor whose fingerprint is not the model's.
     """
 
     W: np.ndarray
     b: np.ndarray
     alpha: tuple
     n_tokens: int
+    model_fingerprint: str = ""
 
     @property
     def depth(self) -> int:
@@ -65,7 +68,8 @@ class ExpertPredictor:
     def save(self, path) -> Path:
         """Write the predictor as NPZ (``.npz`` appended when missing, as NumPy does); returns the path written."""
         path = Path(path)
-        np.savez(path, W=self.W, b=self.b, alpha=np.asarray(self.alpha, np.float64), n_tokens=self.n_tokens)
+        np.savez(path, W=self.W, b=self.b, alpha=np.asarray(self.alpha, np.float64), n_tokens=self.n_tokens,
+                 model_fingerprint=np.asarray(self.model_fingerprint))
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
 
     @classmethod
@@ -76,7 +80,8 @@ class ExpertPredictor:
         try:
             with np.load(path) as z:
                 W, b = z["W"].astype(np.float32, copy=False), z["b"].astype(np.float32, copy=False)
-                p = cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]))
+                fp = str(z["model_fingerprint"]) if "model_fingerprint" in z.files else ""
+                p = cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]), fp)
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as e:
             raise EpqlabError(f"{path} is not an epqlab expert predictor ({e}); fit one with "
                               "epqlab.predictor.fit_predictor and save it with .save(path)") from None
@@ -93,6 +98,23 @@ class ExpertPredictor:
         if (L, E) != (n_layers, n_expert) or (n_embd is not None and D != n_embd):
             raise ValueError(f"the predictor was fitted for {L} MoE layers x {E} experts x width {D}, the model has "
                              f"{n_layers} x {n_expert} x {n_embd}: fit one on this model (epqlab.predictor.fit_predictor)")
+
+
+def router_fingerprint(model) -> str:
+    """SHA-1 (hex) of the first MoE layer's router tensor bytes as stored in the GGUF, with the model's
+    MoE layer count: cheap (one tensor of n_expert x n_embd) and different between models of one shape."""
+    import hashlib
+
+    from .layout import _open_reader, inspect
+
+    lay = inspect(model)
+    il = lay.moe_layers[0]
+    t = next((t for t in _open_reader(Path(lay.path)).tensors if t.name == f"blk.{il}.ffn_gate_inp.weight"), None)
+    if t is None:
+        raise ValueError(f"{lay.path}: block {il} has no router (blk.{il}.ffn_gate_inp.weight)")
+    h = hashlib.sha1(np.ascontiguousarray(t.data).tobytes())
+    h.update(f"|{len(lay.moe_layers)}".encode())
+    return h.hexdigest()
 
 
 def router_weights(model) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -272,4 +294,6 @@ def fit_for_model(model, n_tokens: int = 1024, depth: int = 2, text: str | None 
         ids = calibration_tokens(s, n_tokens, text)
     H, routes = record_router_inputs(model, ids)
     Ws, bs = router_weights(model)
-    return fit_predictor(H, routes, Ws, bs, depth=depth)
+    p = fit_predictor(H, routes, Ws, bs, depth=depth)
+    p.model_fingerprint = router_fingerprint(model)
+    return p

@@ -86,13 +86,15 @@ def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool, depth=1,
     return PREFETCH_MODES[prefetch], budget, int(depth), gate
 
 
-def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: int, n_embd: int | None):
+def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: int, n_embd: int | None,
+                      model=None):
     """The :class:`epqlab.predictor.ExpertPredictor` for ``prefetch="trained"`` (``predictor``: one,
     or the path of one saved with ``.save``), or None for the other predictors.
 
     Raises:
         ValueError: "trained" without a predictor, a predictor with another predictor, one fitted
-            for another model shape (layers, experts, width), or a depth beyond the predictor's.
+            for another model shape (layers, experts, width) or on another model (its
+            ``model_fingerprint`` is not ``model``'s), or a depth beyond the predictor's.
         EpqlabError: the path is not a saved predictor.
     """
     from .predictor import ExpertPredictor
@@ -106,6 +108,12 @@ def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: 
                          "(or `epqlab predictor fit`) and pass it or its .npz path")
     p = predictor if isinstance(predictor, ExpertPredictor) else ExpertPredictor.load(predictor)
     p.check_model(n_layers, n_expert, n_embd)
+    if p.model_fingerprint and model is not None:
+        from .predictor import router_fingerprint
+
+        if router_fingerprint(model) != p.model_fingerprint:
+            raise ValueError(f"the predictor was fitted on another model (its router fingerprint is not {model}'s): "
+                             "fit one on this model (epqlab predictor fit)")
     if depth > p.depth:
         raise ValueError(f"prefetch_depth {depth} exceeds the predictor's depth {p.depth}; fit it with depth={depth}")
     return p

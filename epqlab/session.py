@@ -194,7 +194,7 @@ class Session:
         self.prefetch = prefetch if self._pf[0] else None
         n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
         self._predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers),
-                                            lay.n_expert, int(n_embd) if n_embd else None)
+                                            lay.n_expert, int(n_embd) if n_embd else None, lay.path)
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         self.read_rate_limit = parse_bytes(read_rate_limit) if read_rate_limit else 0
         if self.read_rate_limit and not pager:

@@ -95,6 +95,10 @@ def test_predictor_errors(default_path, fitted, tmp_path):
     other = P.ExpertPredictor(p.W[:, :-1], p.b[:, :-1], p.alpha, p.n_tokens)
     with pytest.raises(ValueError, match="fit one on this model"):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=other)
+    import dataclasses
+
+    with pytest.raises(ValueError, match="fitted on another model"):
+        epqlab.Session(default_path, prefetch="trained", prefetch_predictor=dataclasses.replace(p, model_fingerprint="0" * 40))
     fewer = P.ExpertPredictor(p.W[:, :, :-1], p.b[:, :, :-1], p.alpha, p.n_tokens)  # one expert short
     with pytest.raises(ValueError, match="fit one on this model"):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=fewer)
@@ -129,6 +133,7 @@ def test_cli_fit_and_eval(default_path, tmp_path, capsys):
     out = tmp_path / "p.npz"
     assert main(["predictor", "fit", str(default_path), str(out), "--tokens", "200", "--depth", "1"]) == 0
     assert os.path.exists(out)
+    assert P.ExpertPredictor.load(out).model_fingerprint == P.router_fingerprint(default_path)
     assert main(["predictor", "eval", str(default_path), str(out), "--text", "legal", "--tokens", "64"]) == 0
     text = capsys.readouterr().out
     assert "1 layer(s) ahead: lookahead" in text and "trained" in text
