@@ -287,8 +287,18 @@ def calibration_tokens(session, n_tokens: int, text: str | None = None) -> list[
 def fit_for_model(model, n_tokens: int = 1024, depth: int = 2, text: str | None = None) -> ExpertPredictor:
     """Record ``n_tokens`` calibration tokens' router inputs on ``model`` (plain llama.cpp, no memory
     limit: the whole model is mapped) and fit a predictor ``depth`` layers ahead. Takes ~2 min for
-    1200 tokens of a 24-layer, 2048-wide model on 2 cores (recording ~70 s, fitting ~35 s per depth)."""
+    1200 tokens of a 24-layer, 2048-wide model on 2 cores (recording ~70 s, fitting ~35 s per depth).
+
+    Raises:
+        ValueError: depth outside 1..4 or fewer than 16 tokens (checked before recording), or a
+            calibration text shorter than ``n_tokens``.
+    """
     from .session import Session
+
+    if not 1 <= depth <= 4:
+        raise ValueError(f"depth must be 1..4 layers ahead, got {depth}")
+    if n_tokens < 16:
+        raise ValueError(f"{n_tokens} calibration tokens are too few to fit a predictor; use a few hundred or more")
 
     with Session(model, pager=False, n_ctx=256) as s:
         ids = calibration_tokens(s, n_tokens, text)

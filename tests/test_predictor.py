@@ -131,6 +131,8 @@ def test_cli_fit_and_eval(default_path, tmp_path, capsys):
     from epqlab.cli import main
 
     out = tmp_path / "p.npz"
+    assert main(["predictor", "fit", str(default_path), str(out), "--depth", "5"]) == 1  # refused before recording
+    assert "depth must be 1..4" in capsys.readouterr().err
     assert main(["predictor", "fit", str(default_path), str(out), "--tokens", "200", "--depth", "1"]) == 0
     assert os.path.exists(out)
     assert P.ExpertPredictor.load(out).model_fingerprint == P.router_fingerprint(default_path)
