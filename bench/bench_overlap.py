@@ -56,11 +56,17 @@ PROMPT = ("A CPU cache is a small, fast memory that sits between the processor a
 PREDICTORS = ("lookahead", "previous", "union", "trained")
 
 
+def row_spec(name: str) -> tuple[str, str, str]:
+    """(predictor or other first part, depth, gate) of a row name ``<predictor>[@depth][:min_precision][+...]``."""
+    spec, _, gate = name.split("+")[0].partition(":")
+    pf, _, depth = spec.partition("@")
+    return pf, depth, gate
+
+
 def row_kwargs(name: str, segment: int, budget: int | None, predictor: str | None = None) -> dict:
     """Session keyword arguments of a row name: ``<predictor>[@depth][:min_precision][+segments][+pipeline]``."""
     kw: dict = {}
-    spec, _, gate = name.split("+")[0].partition(":")
-    pf, _, depth = spec.partition("@")
+    pf, depth, gate = row_spec(name)
     if pf in PREDICTORS:
         kw["prefetch"] = pf
         if depth:
@@ -186,7 +192,7 @@ def table(rows: list[dict]) -> str:
         if r["status"] != "PASS":
             out.append(f"| {r['row']} | FAIL: {r.get('reason')} |")
             continue
-        pf = r["row"].split("+")[0].partition(":")[0].partition("@")[0] in PREDICTORS
+        pf = row_spec(r["row"])[0] in PREDICTORS
         ratio = (f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r.get("ratio") is not None else "-")
         disk = f"{r['disk_mb_s']:.0f}" if r.get("disk_mb_s") else "-"
         rt = (f"{r['ratio_tok']:.2f} ({r['ratio_tok_min']:.2f}-{r['ratio_tok_max']:.2f})" if r.get("ratio_tok") is not None else "-")
@@ -262,7 +268,7 @@ def main(argv=None) -> int:
         kw["arena_bytes"] = parse_bytes(a.arena)
     seg, budget = parse_bytes(a.segment), parse_bytes(a.budget) if a.budget else None
     names = a.rows.split(",")
-    if any(n.split("+")[0].partition(":")[0].partition("@")[0] == "trained" for n in names) and not a.predictor:
+    if any(row_spec(n)[0] == "trained" for n in names) and not a.predictor:
         ap.error("trained rows need --predictor PATH (epqlab predictor fit MODEL PATH)")
     if "off" not in names:
         names.insert(0, "off")  # the bound of every ratio

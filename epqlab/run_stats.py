@@ -106,15 +106,18 @@ def run_stats(session, n_prompt: int, n_gen: int, passes: int, t_prefill: float,
         **peak_fields(session), "memory": memory_parts(session),
         "memory_limit_mode": "sampled",
         "prefetch": session.prefetch, "read_segment_bytes": session.read_segment_bytes, **prefetch_fields(d),
-        "time_split": decode_split(session, passes),
-        "time_split_tokens": decode_series(session._tsplit.frame("token").tail(passes)) if passes else {},
+        **decode_split(session, passes),
     }
 
 
 def decode_split(session, passes: int) -> dict:
-    """Summary of the time split (:mod:`epqlab.time_split`) of the last ``passes`` decode calls."""
+    """The time split (:mod:`epqlab.time_split`) of the last ``passes`` decode calls, from one frame:
+    ``time_split`` (per-token means) and ``time_split_tokens`` (per-step series)."""
     session._tsplit.take(session._engine)
-    return decode_summary(session._tsplit.frame("token").tail(passes)) if passes else {}
+    if not passes:
+        return {"time_split": {}, "time_split_tokens": {}}
+    frame = session._tsplit.frame("token").tail(passes)
+    return {"time_split": decode_summary(frame), "time_split_tokens": decode_series(frame)}
 
 
 def cumulative_stats(session) -> dict:

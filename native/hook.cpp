@@ -498,12 +498,16 @@ void expert_hook::flush_ubatch() {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) stats_.ubatches);
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
-            if (ub_inputs_.empty()) ub_inputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+            start_ubatch_inputs();
             inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
         }
     }
     ub_inputs_.clear();
     ub_tokens_ = 0;
+}
+
+void expert_hook::start_ubatch_inputs() {  // this ubatch's rows, NaN until a layer fills them
+    if (ub_inputs_.empty()) ub_inputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
 }
 
 void expert_hook::capture_input(int li, int n_tokens) {
@@ -512,8 +516,7 @@ void expert_hook::capture_input(int li, int n_tokens) {
         throw std::runtime_error("router input of MoE layer " + std::to_string(li) + " is not a float32 [n_embd, n_tokens] tensor");
     if (in_dim_ == 0) in_dim_ = h->ne[0];
     if (h->ne[0] != in_dim_) throw std::runtime_error("router inputs differ in width between layers");
-    if (ub_inputs_.empty())
-        ub_inputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+    start_ubatch_inputs();
     const int skip = ub_tokens_ - n_tokens;  // as in the route log: the computed rows are the last ones
     for (int j = 0; j < n_tokens; j++) {
         const float * src = (const float *) ((const char *) h->data + j * h->nb[1]);

@@ -243,6 +243,7 @@ private:
     std::vector<float>                       ub_inputs_;    // current ubatch
     int64_t                                  in_dim_ = 0;
     void capture_input(int li, int n_tokens);
+    void start_ubatch_inputs();
     hook_stats                               stats_;
     // time split
     bool                                     timing_ = true;

@@ -46,11 +46,11 @@ def run_eval(args) -> int:
 
     name, text = load_text(args.text)
     p = ExpertPredictor.load(args.predictor)
+    Ws, bs = router_weights(args.model)
+    p.check_model(len(Ws), Ws[0].shape[0], Ws[0].shape[1])  # before recording, which takes a while
     with Session(args.model, pager=False, n_ctx=256) as s:
         ids = s.tokenize(text)[:args.tokens]
     H, routes = record_router_inputs(args.model, ids)
-    Ws, bs = router_weights(args.model)
-    p.check_model(len(Ws), Ws[0].shape[0], Ws[0].shape[1])
     print(f"{name}: {len(ids)} tokens, top-{routes.shape[2]} recall (|predicted ∩ selected| / |selected|)")
     for d in range(1, p.depth + 1):
         la, tr = predictor_recall(H, routes, Ws, bs, None, d), predictor_recall(H, routes, Ws, bs, p, d)
