@@ -315,14 +315,14 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
         throw std::invalid_argument("the predictor has " + std::to_string(n_expert) + " experts per layer, the model " + std::to_string(pg_->n_expert()));
     if (pf_mode_ == PF_TRAINED && depth < pf_depth_)
         throw std::invalid_argument("the trained prefetch runs at depth " + std::to_string(pf_depth_) + ", the new predictor has " + std::to_string(depth));
-    for (size_t i = 0, n = (size_t) depth * n_layers * n_expert * n_embd; i < n; i++)
-        if (!std::isfinite(W[i])) throw std::invalid_argument("the predictor's weights are not finite (NaN or inf): refit it");
-    for (size_t i = 0, n = (size_t) depth * n_layers * n_expert; i < n; i++)
-        if (!std::isfinite(b[i])) throw std::invalid_argument("the predictor's biases are not finite (NaN or inf): refit it");
+    const size_t nb = (size_t) depth * n_layers * n_expert, nw = nb * (size_t) n_embd;
+    if (!std::all_of(W, W + nw, [](float v) { return std::isfinite(v); }))
+        throw std::invalid_argument("the predictor's weights are not finite (NaN or inf): refit it");
+    if (!std::all_of(b, b + nb, [](float v) { return std::isfinite(v); }))
+        throw std::invalid_argument("the predictor's biases are not finite (NaN or inf): refit it");
     if (pg_) pg_->prefetch_finish();
-    const size_t nw = (size_t) depth * n_layers * n_expert * n_embd;
     pw_.assign(W, W + nw);
-    pb_.assign(b, b + (size_t) depth * n_layers * n_expert);
+    pb_.assign(b, b + nb);
     pw_depth_ = depth;
     pw_exp_ = n_expert;
     pw_embd_ = n_embd;
@@ -342,9 +342,7 @@ void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     const float * x = (const float *) h->data;
     const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
     logit_buf_.assign((size_t) n_exp, 0.0f);
-    for (int64_t e = 0; e < n_exp; e++) {
-        logit_buf_[e] = pb_[base + e] + dot8(&pw_[(base + e) * n_embd], x, n_embd);
-    }
+    for (int64_t e = 0; e < n_exp; e++) logit_buf_[e] = pb_[base + e] + dot8(&pw_[(base + e) * n_embd], x, n_embd);
     top_of_logits(k, out);
 }
 

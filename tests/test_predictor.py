@@ -115,6 +115,8 @@ def test_predictor_errors(default_path, fitted, tmp_path):
     with epqlab.Session(default_path, arena_bytes="6MiB") as s:  # the native check, below the Python one
         with pytest.raises(ValueError, match="experts per layer"):
             s._engine.set_predictor(fewer.W, fewer.b)
+        with pytest.raises(ValueError, match="not finite"):
+            s._engine.set_predictor(W, p.b)
     with epqlab.Session(default_path, arena_bytes="6MiB") as s:
         with pytest.raises(ValueError, match="needs route recording"):
             s._engine.set_capture_inputs(True)
