@@ -10,7 +10,9 @@ memory cgroup with the limit set before the model loads, page cache of the model
 greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
 T_compute), ``lookahead`` / ``previous`` / ``union`` / ``trained`` (next-layer prefetch predictors,
 epqlab.prefetch; ``trained`` needs ``--predictor``, fitted by ``epqlab predictor fit`` on the shipped
-calibration texts, never on this benchmark's prompt), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
+calibration texts, never on this benchmark's prompt), ``oracle`` (the ceiling of every predictor:
+the routes of a run of the same prompt recorded first, so what it still waits for is the mechanism's
+own cost, not a wrong guess), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
 ``union+segments``, ``pipeline`` / ``<predictor>+pipeline`` (``Session(pipeline_reads=True)``: each
 expert matmul waits only for its own matrix's reads); ``<predictor>@<d>`` prefetches d layers ahead
 (``prefetch_depth``), ``<predictor>:<p>`` sets the gate (``prefetch_min_precision``; 0 = off). ``--read-mbps`` caps the device's read rate with a blkio cgroup so every row
@@ -41,8 +43,10 @@ import argparse
 import atexit
 import mmap
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 from epqlab import strict
@@ -53,7 +57,7 @@ PROMPT = ("A CPU cache is a small, fast memory that sits between the processor a
           "It keeps copies of recently used data so that")
 
 
-PREDICTORS = ("lookahead", "previous", "union", "trained")
+PREDICTORS = ("lookahead", "previous", "union", "trained", "oracle")
 
 
 def row_spec(name: str) -> tuple[str, str, str]:
@@ -63,8 +67,10 @@ def row_spec(name: str) -> tuple[str, str, str]:
     return pf, depth, gate
 
 
-def row_kwargs(name: str, segment: int, budget: int | None, predictor: str | None = None) -> dict:
-    """Session keyword arguments of a row name: ``<predictor>[@depth][:min_precision][+segments][+pipeline]``."""
+def row_kwargs(name: str, segment: int, budget: int | None, predictor: str | None = None,
+               oracle_log: str | None = None) -> dict:
+    """Session keyword arguments of a row name: ``<predictor>[@depth][:min_precision][+segments][+pipeline]``;
+    ``oracle_log``: the route log oracle rows replay (:func:`record_oracle_log`)."""
     kw: dict = {}
     pf, depth, gate = row_spec(name)
     if pf in PREDICTORS:
@@ -79,10 +85,29 @@ def row_kwargs(name: str, segment: int, budget: int | None, predictor: str | Non
             if not predictor:
                 raise SystemExit("trained rows need --predictor PATH (epqlab predictor fit MODEL PATH)")
             kw["prefetch_predictor"] = predictor
+        if pf == "oracle":
+            kw["prefetch_predictor"] = oracle_log
+            # recording decodes the prompt with every position's logits: the same prompt pass as the
+            # recorded run's, so the same tokens and routes follow (this run's log is thrown away)
+            kw["route_log"] = oracle_log + ".replay.npz"
     if "segments" in name:
         kw["read_segment_bytes"] = segment
     kw["pipeline_reads"] = "pipeline" in name  # explicit: the Session's default is on
     return kw
+
+
+def record_oracle_log(model: str, limit: str, n_predict: int, kw: dict) -> str:
+    """Record the route log the oracle rows replay: one run of PROMPT with the rows' settings, no prefetch,
+    routes saved to a temporary folder (removed at exit). Returns its path; SystemExit if the run fails."""
+    folder = tempfile.mkdtemp(prefix="epqlab-oracle-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "routes.npz")
+    df = strict.run(model, levels=limit, prompt=PROMPT, n_predict=n_predict, repeats=1, progress=False,
+                    route_log=path, **kw)
+    run = df.attrs["runs"][0]
+    if run.get("status") != "PASS" or not os.path.exists(path):
+        raise SystemExit(f"recording the oracle's route log failed: {run.get('reason')}")
+    return path
 
 
 def disk_mb_s(path: str, n_bytes: int = 128 << 20, block: int = 4 << 20) -> float | None:
@@ -275,12 +300,14 @@ def main(argv=None) -> int:
     model = a.model or str(__import__("epqlab.models", fromlist=["default_model"]).default_model(progress=False))
     if a.read_mbps:
         print(f"[overlap] reads capped at {a.read_mbps:.0f} MB/s: {throttle_reads(model, a.read_mbps)}", file=sys.stderr)
+    oracle_log = record_oracle_log(model, a.limit, a.n_predict, kw) if any(
+        row_spec(n)[0] == "oracle" for n in names) else None
     raw: dict = {name: [] for name in names}
     for rep in range(a.repeats):  # interleaved: the disk's state drifts between fast and throttled
         for name in names:
             mb_s = disk_mb_s(model)
             df = strict.run(model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, repeats=1,
-                            progress=False, **kw, **row_kwargs(name, seg, budget, a.predictor))
+                            progress=False, **kw, **row_kwargs(name, seg, budget, a.predictor, oracle_log))
             run = df.attrs["runs"][0]
             run["disk_mb_s"] = mb_s
             raw[name].append(run)

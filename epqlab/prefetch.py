@@ -12,6 +12,12 @@ logits stay bit-identical to plain llama.cpp. Predictors:
 - ``"union"``: lookahead first, then previous, capped at ``prefetch_budget`` bytes per layer.
 - ``"trained"``: lookahead with weights learned from the model's own router inputs
   (:mod:`epqlab.predictor`; pass ``prefetch_predictor``): a linear map per layer and depth.
+- ``"oracle"``: the ceiling of every predictor, for studies, not a predictor: it replays the routes of an
+  earlier identical run (``prefetch_predictor``: its route log, recorded with the same prompt, settings
+  and calls), so the wait that remains is the mechanism's own (prefetch window, device order), not a
+  wrong guess. The n-th single-token forward pass of the Session uses the n-th one of the log; past
+  the log's end nothing is predicted. A log of another run gives wrong predictions, visible as
+  precision < 1; logits stay exact either way.
 
 The gate (``prefetch_min_precision``, default 0.5; 0 turns it off): a predicted expert that is not
 resident is read only while the predictions of its rank (its position in the predictor's list) that
@@ -34,7 +40,7 @@ import numbers
 
 from .units import parse_bytes
 
-PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3, "trained": 4}
+PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3, "trained": 4, "oracle": 5}
 # The gate's default: read a predicted, non-resident expert only while predictions of its rank
 # were selected at least half the time (a read more likely useful than wasted).
 DEFAULT_MIN_PRECISION = 0.5
@@ -89,7 +95,8 @@ def check_prefetch(prefetch, prefetch_budget, skip_cold, paged: bool, depth=1,
 def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: int, n_embd: int | None,
                       model=None):
     """The :class:`epqlab.predictor.ExpertPredictor` for ``prefetch="trained"`` (``predictor``: one,
-    or the path of one saved with ``.save``), or None for the other predictors.
+    or the path of one saved with ``.save``), the routes of :func:`oracle_routes` for ``"oracle"``,
+    or None for the other predictors.
 
     Raises:
         ValueError: "trained" without a predictor, a predictor with another predictor, one fitted
@@ -99,9 +106,11 @@ def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: 
     """
     from .predictor import ExpertPredictor
 
+    if prefetch == "oracle":
+        return oracle_routes(predictor, n_layers, n_expert)
     if prefetch != "trained":
         if predictor is not None:
-            raise ValueError("prefetch_predictor is used by prefetch='trained' only")
+            raise ValueError("prefetch_predictor is used by prefetch='trained' and 'oracle' only")
         return None
     if predictor is None:
         raise ValueError("prefetch='trained' needs prefetch_predictor: fit one with epqlab.predictor.fit_predictor "
@@ -117,6 +126,36 @@ def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: 
     if depth > p.depth:
         raise ValueError(f"prefetch_depth {depth} exceeds the predictor's depth {p.depth}; fit it with depth={depth}")
     return p
+
+
+def oracle_routes(route_log, n_layers: int, n_expert: int):
+    """The ``"oracle"`` predictor's table: int32 ``[n_steps, n_layers, k]``, the routes of ``route_log``'s
+    single-token forward passes (its decode steps) in order.
+
+    Args:
+        route_log: an :class:`epqlab.routes.RouteLog` or the path of one (``Session(route_log=...)``)
+            recorded from the same model, prompt and calls as the run that replays it.
+
+    Raises:
+        ValueError: no route log, or one of another model shape (MoE layers, experts per layer).
+        RouteLogError: the path is not a valid route log, or it predates ubatch ids (record it again).
+    """
+    import numpy as np
+
+    from .routes.log import RouteLog, RouteLogError
+
+    if route_log is None:
+        raise ValueError("prefetch='oracle' needs prefetch_predictor: the route log of an earlier run of the same "
+                         "prompt (Session(route_log=PATH)); the oracle replays its routes")
+    log = route_log if isinstance(route_log, RouteLog) else RouteLog.load(route_log)
+    if log.ubatch is None:
+        raise RouteLogError("this route log has no ubatch ids, so its decode steps cannot be told apart; "
+                            "record it again with Session(route_log=...)")
+    if log.n_layers != n_layers or log.n_expert != n_expert:
+        raise ValueError(f"the route log is of a model with {log.n_layers} MoE layers x {log.n_expert} experts, "
+                         f"this one has {n_layers} x {n_expert}: record the oracle's log on this model")
+    _, first, count = np.unique(log.ubatch, return_index=True, return_counts=True)
+    return np.ascontiguousarray(log.experts[np.sort(first[count == 1])], dtype=np.int32)
 
 
 def prefetch_fields(d: dict) -> dict:

@@ -115,9 +115,11 @@ class Session:
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
         prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
-            ``"union"`` | ``"trained"`` (:mod:`epqlab.prefetch`); timing only, logits unchanged. Not with ``skip_cold``.
+            ``"union"`` | ``"trained"``, or the study ceiling ``"oracle"`` (:mod:`epqlab.prefetch`); timing only,
+            logits unchanged. Not with ``skip_cold``.
         prefetch_predictor: with ``prefetch="trained"``: an :class:`epqlab.predictor.ExpertPredictor`
-            fitted on this model, or the path of one saved with ``.save``.
+            fitted on this model, or the path of one saved with ``.save``; with ``"oracle"``: the route
+            log (RouteLog or path) of an earlier run with the same prompt and calls.
         prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
         prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 4.
         prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.prefetch`), in [0, 1]; default 0.5,
@@ -271,6 +273,9 @@ class Session:
         io1 = read_bytes()
         self.load_report = dict(self._engine.load_report())
         self.load_report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
+        self._oracle = self._predictor if prefetch == "oracle" else None
+        if self._oracle is not None:
+            self._predictor = None
         if self._predictor is not None:
             # the hook's own float32 copy is made before the budget's sample, so it is counted
             self._engine.set_predictor(self._predictor.W, self._predictor.b)
@@ -298,6 +303,8 @@ class Session:
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)
             self._engine.set_prefetch(*self._pf)
+            if self._oracle is not None:
+                self._engine.set_oracle(self._oracle)
             self._engine.set_pipeline(self.pipeline_reads)
             self._pager.native.read_segment_bytes = self.read_segment_bytes
             self._pager.read_rate_limit = self.read_rate_limit

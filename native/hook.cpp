@@ -282,7 +282,7 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
     if (!(min_precision >= 0 && min_precision <= 1)) throw std::invalid_argument("prefetch min_precision must be in [0, 1]");
     if (mode == PF_TRAINED && depth > pw_depth_)
         throw std::invalid_argument("the trained predictor has depth " + std::to_string(pw_depth_) + ", asked for " + std::to_string(depth));
-    if (mode < PF_OFF || mode > PF_TRAINED) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
+    if (mode < PF_OFF || mode > PF_ORACLE) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
     if (mode != PF_OFF && skip_tau_ >= 0)
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
     if (budget_bytes < 0) throw std::invalid_argument("prefetch budget must be >= 0 bytes");
@@ -328,7 +328,28 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
     pw_embd_ = n_embd;
 }
 
+void expert_hook::set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k) {
+    if (n_layers != n_layers_) throw std::invalid_argument("the oracle's routes have " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
+    if (k < 1 || n_steps < 0) throw std::invalid_argument("the oracle's routes need k >= 1 experts per layer");
+    const size_t n = (size_t) n_steps * n_layers * k;
+    const int64_t n_exp = pg_ ? pg_->n_expert() : INT32_MAX;
+    if (!std::all_of(routes, routes + n, [&](int32_t e) { return e >= 0 && e < n_exp; }))
+        throw std::invalid_argument("the oracle's routes hold an expert id outside [0, " + std::to_string(n_exp) + ")");
+    if (pg_) pg_->prefetch_finish();
+    oracle_.assign(routes, routes + n);
+    oracle_steps_ = n_steps;
+    oracle_k_ = k;
+    oracle_step_ = -1;
+}
+
 void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
+    if (pf_mode_ == PF_ORACLE) {  // the replayed step's routes; none past the table's end
+        if (oracle_step_ >= 0 && oracle_step_ < oracle_steps_) {
+            const int32_t * r = &oracle_[((size_t) oracle_step_ * n_layers_ + nl) * oracle_k_];
+            out.assign(r, r + std::min(k, oracle_k_));
+        }
+        return;
+    }
     if (pf_mode_ != PF_TRAINED) return lookahead(li, nl, k, out);
     const ggml_tensor * h = hidden_[li];
     const int d = nl - li;
@@ -385,7 +406,7 @@ void expert_hook::start_prefetch(int li, int k) {
         const int nl = li + d;
         if (nl >= n_layers_) break;
         std::vector<int32_t> pred;
-        if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION || pf_mode_ == PF_TRAINED) predict(li, nl, k, pred);
+        if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION || pf_mode_ == PF_TRAINED || pf_mode_ == PF_ORACLE) predict(li, nl, k, pred);
         if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
             for (int32_t e : prev_ids_[nl])
                 if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
@@ -569,6 +590,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         mode_[li] = ZERO;
         return;
     }
+    if (n_tokens == 1 && li == 0) oracle_step_++;  // the oracle's clock: single-token ubatches
     if (pf_mode_ != PF_OFF && n_tokens == 1) score_prediction(li, ids);
     if (last_li_ >= 0) {
         try {

@@ -66,7 +66,9 @@
 // selected at their layer at least that often (an EMA, scored at each layer's topk whether they
 // were read or not, so a closed rank can reopen). Resident predictions cost nothing and are
 // where a predictor is right most often, so the reads it would issue can be mostly wrong even
-// when its precision is high. Prefetch
+// when its precision is high. ORACLE is the ceiling of any predictor, for studies: it replays
+// the routes of an earlier identical run (set_oracle: one row per single-token ubatch, in the
+// order this hook sees them), so what it still waits for is the mechanism's own cost. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
@@ -115,7 +117,7 @@ struct call_time {
     int64_t io_busy_us = 0;  // wall time with at least one expert read in progress (pager::io_busy_us)
 };
 
-enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3, PF_TRAINED = 4 };
+enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3, PF_TRAINED = 4, PF_ORACLE = 5 };
 
 class expert_hook {
 public:
@@ -145,6 +147,10 @@ public:
     int  prefetch() const { return pf_mode_; }
     // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
     void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
+    // The ORACLE's routes: int32 [n_steps][n_layers][k], row i = the experts each MoE layer
+    // selects in the i-th single-token ubatch counted from this call. Throws std::invalid_argument
+    // on a wrong layer count, k < 1 or an id outside [0, n_expert).
+    void set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k);
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {
         if (on && skip_tau_ >= 0)
@@ -272,6 +278,10 @@ private:
     std::vector<double>                      rank_prec_[kMaxDepth];
     std::vector<std::vector<std::pair<int32_t, int32_t>>> gate_pred_[kMaxDepth];
     void clear_gate_preds();
+    std::vector<int32_t>                     oracle_;       // ORACLE: [steps][n_layers_][oracle_k_]
+    int                                      oracle_k_ = 0;
+    int64_t                                  oracle_steps_ = 0;
+    int64_t                                  oracle_step_ = -1; // single-token ubatches since set_oracle, minus one
     std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
     std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass
     std::vector<std::vector<int32_t>>        prev_ids_;     // per layer: previous single token's experts

@@ -77,3 +77,17 @@ def test_read_rate_limit_paces_reads():
     assert t0 < 0.5 * b0 / 20e6, out  # the pacing is what made it slow, not the disk
     with pytest.raises(ValueError, match="drop pager=False"):
         epqlab.Session(path, pager=False, read_rate_limit="10MB")
+
+
+def test_oracle_row_replays_a_recorded_run(bench, tmp_path):
+    """The oracle row: its log is recorded by the bench itself, every prediction is right, the tokens are the
+    off row's, and the log's folder is the bench's own (a temporary folder)."""
+    import json
+
+    out = tmp_path / "o.json"
+    assert bench.main(["--rows", "off,oracle@2+pipeline", "--n-predict", "5", "--repeats", "1",
+                       "--arena", "6MiB", "--limit", "1GiB", "--out", str(out)]) == 0
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    off, oracle = rows["off"], rows["oracle@2+pipeline"]
+    assert off["status"] == oracle["status"] == "PASS"
+    assert oracle["precision"] == 1.0 and oracle["recall"] == 1.0 and off["text"] == oracle["text"]

@@ -1,0 +1,64 @@
+"""The oracle prefetch (the ceiling of every predictor): replaying an earlier identical run's routes,
+every prediction is right, logits stay bit-identical to plain llama.cpp, and bad logs are refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab.prefetch import oracle_routes
+from epqlab.routes import RouteLog
+from epqlab.routes.log import RouteLogError
+from test_overlap import N_STEPS, THREADS, _check_identical, default_path, ref  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def recorded(default_path, ref, tmp_path_factory):
+    """The route log of plain llama.cpp running the same greedy trace as ``ref``."""
+    path = tmp_path_factory.mktemp("oracle") / "routes.npz"
+    toks = ref[0]
+    with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=path) as s:
+        s.greedy_trace(toks, N_STEPS)
+    return RouteLog.load(path), path
+
+
+@pytest.mark.parametrize("pipeline,depth", [(False, 1), (True, 2)])
+def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, recorded, pipeline, depth):
+    log, path = recorded
+    # single-token forward passes counted from the log's ubatch ids alone
+    ub, n = np.unique(log.ubatch, return_counts=True)
+    n_single = int((n == 1).sum())
+    assert n_single >= N_STEPS - 1
+    st = _check_identical(default_path, ref, "lru", "oracle", 0, pipeline, depth=depth, predictor=str(path))
+    # every single-token pass predicts layers 1..L-1 one layer ahead (layer 0 has no layer before it),
+    # k experts each, and all of them are right
+    want = n_single * (log.n_layers - 1) * log.k
+    assert st["pred_experts"] == want and st["pred_correct"] == want and st["pred_actual"] == want
+
+
+def test_oracle_table_is_the_logs_decode_steps(recorded):
+    log, path = recorded
+    table = oracle_routes(path, log.n_layers, log.n_expert)
+    decode = log.experts[log.phase == 1]  # a greedy trace decodes one token per forward pass
+    assert table.dtype == np.int32 and np.array_equal(table[-len(decode):], decode)
+
+
+def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
+    log, path = recorded
+    with pytest.raises(ValueError, match="needs prefetch_predictor"):
+        epqlab.Session(default_path, prefetch="oracle")
+    with pytest.raises(ValueError, match="record the oracle's log on this model"):
+        epqlab.Session(mini_gguf, prefetch="oracle", prefetch_predictor=path)
+    old = RouteLog(log.experts, log.layers, log.phase, log.expert_bytes, log.n_expert, log.meta, ubatch=None)
+    with pytest.raises(RouteLogError, match="no ubatch ids"):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=old)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a route log")
+    with pytest.raises(RouteLogError):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=bad)
+    # natively: an id outside the model's experts (a hand-made table)
+    with epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=log) as s:
+        table = oracle_routes(log, log.n_layers, log.n_expert)
+        table[0, 0, 0] = log.n_expert
+        with pytest.raises(ValueError, match="outside"):
+            s._engine.set_oracle(table)
