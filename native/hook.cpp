@@ -403,8 +403,17 @@ void expert_hook::start_prefetch(int li, int k) {
     const int64_t t0 = io_now_us();
     const int64_t map0 = pg_->stats().map_us;
     for (int d = 1; d <= pf_depth_; d++) {
-        const int nl = li + d;
-        if (nl >= n_layers_) break;
+        int nl = li + d;
+        const bool wrap = nl >= n_layers_;  // the next token's layer nl - n_layers_
+        if (wrap) {
+            nl -= n_layers_;
+            if (pf_mode_ != PF_ORACLE || nl >= li) break;
+            if (oracle_step_ + 1 < oracle_steps_) {  // the oracle's next row, read in a carried batch
+                const int32_t * r = &oracle_[((size_t) (oracle_step_ + 1) * n_layers_ + nl) * oracle_k_];
+                pg_->prefetch_start(nl, r, std::min(k, oracle_k_), true, true);
+            }
+            continue;
+        }
         std::vector<int32_t> pred;
         if (pf_mode_ == PF_LOOKAHEAD || pf_mode_ == PF_UNION || pf_mode_ == PF_TRAINED || pf_mode_ == PF_ORACLE) predict(li, nl, k, pred);
         if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
@@ -473,7 +482,9 @@ void expert_hook::end_decode() {
         } catch (...) {
             if (!error_) error_ = std::current_exception();
         }
-        pg_->prefetch_finish();  // a prediction past the last layer's request: settle it
+        // a prediction past the last layer's request: settle it (the oracle's wrapped ones stay
+        // in flight for the next token, unless this decode failed)
+        pg_->prefetch_finish(pf_mode_ == PF_ORACLE && !error_);
         if (timing_ && last_li_ >= 0) charge_pager(last_li_);
     }
     std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);

@@ -172,11 +172,13 @@ public:
     // and retries; every other pager operation first finishes every batch.
     // background: the batch's reads are io_job::background (deep speculation, a layer beyond the
     // next): few run at once, so they never hold every I/O thread.
-    int  prefetch_start(int li, const int32_t * ids, int n, bool background = false);
-    // Waits for every batch in flight; the units whose reads all completed were mapped by the
+    // carried: the batch is for the next forward pass (a prediction past the last layer that
+    // wrapped around to the next token's first layers): prefetch_finish(true) leaves it in flight.
+    int  prefetch_start(int li, const int32_t * ids, int n, bool background = false, bool carried = false);
+    // Waits for every batch in flight (keep_carried: but the carried ones); the units whose reads all completed were mapped by the
     // I/O worker that finished them (page tables prefaulted, off the compute thread) and become
     // resident and evictable, not pinned; frees the slots of failed ones. No-op when none.
-    void prefetch_finish();
+    void prefetch_finish(bool keep_carried = false);
     // The same for the batches of layer li only, when li is about to request ids[0..n): reads of
     // other (mispredicted) experts of li that no I/O thread has started are cancelled first, so
     // the wait is only for what is needed (and what is already being read).
@@ -429,10 +431,11 @@ private:
         std::vector<int>    job_unit;
         std::vector<int>    units;       // units placed by this batch
         std::vector<int>    protected_;  // predicted units already resident: out of the evictable sets
+        bool                carried = false;  // for the next pass (prefetch_start)
     };
     std::vector<std::unique_ptr<pf_batch>> pf_;
     void finish_batch(pf_batch & b);     // prefetch_finish of one batch (it is then dropped)
-    void finish_batches(int li);         // every batch of layer li (-1: all)
+    void finish_batches(int li, bool keep_carried = false);  // every batch of layer li (-1: all; keep_carried: but carried ones)
     std::vector<uint8_t>         pf_inflight_;    // per unit: a batch is reading it (compute thread only)
     std::vector<uint8_t>         pf_prot_;        // per unit: protected by a batch (out of the evictable sets)
     // Per unit being read by a batch: jobs still running, whether one failed or was cancelled,

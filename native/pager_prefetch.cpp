@@ -6,7 +6,9 @@
 // it; the finish flags it). Victims of any slot taken while batches are in flight are units in
 // the evictable sets that share no page with a unit being read, so no eviction races with a
 // worker's mmap. Pinned units are never victims; a batch's predicted resident units leave the
-// evictable sets until the batch's layer is finished. Only the compute thread changes pager
+// evictable sets until the batch's layer is finished. A carried batch (the next token's layers)
+// outlives the decode that started it under the same rules: the next request of its layer, or
+// any other pager operation, finishes it. Only the compute thread changes pager
 // state; workers touch the per-unit atomics and the region pages of the units they read.
 #include "pager.h"
 
@@ -15,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-int pager::prefetch_start(int li, const int32_t * ids, int n, bool background) {
+int pager::prefetch_start(int li, const int32_t * ids, int n, bool background, bool carried) {
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     try {
         check_file();
@@ -24,6 +26,7 @@ int pager::prefetch_start(int li, const int32_t * ids, int n, bool background) {
     }
     auto b = std::make_unique<pf_batch>();
     b->li = li;
+    b->carried = carried;
     // First protect every predicted expert already resident (and evictable): the prefetch must
     // not evict its own predictions to make room for others.
     std::vector<int> want;
@@ -99,13 +102,13 @@ void pager::prefetch_finish_for(int li, const int32_t * ids, int n) {
     finish_batches(li);
 }
 
-void pager::prefetch_finish() { finish_batches(-1); }
+void pager::prefetch_finish(bool keep_carried) { finish_batches(-1, keep_carried); }
 
-void pager::finish_batches(int li) {
+void pager::finish_batches(int li, bool keep_carried) {
     // Taken out of pf_ first: finishing may not recurse into the same batch.
     std::vector<std::unique_ptr<pf_batch>> done;
     for (auto it = pf_.begin(); it != pf_.end();) {
-        if (li < 0 || (*it)->li == li) {
+        if ((li < 0 && !(keep_carried && (*it)->carried)) || (*it)->li == li) {
             done.push_back(std::move(*it));
             it = pf_.erase(it);
         } else {

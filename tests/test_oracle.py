@@ -9,7 +9,7 @@ import epqlab
 from epqlab.prefetch import oracle_routes
 from epqlab.routes import RouteLog
 from epqlab.routes.log import RouteLogError
-from test_overlap import N_STEPS, THREADS, _check_identical, default_path, ref  # noqa: F401 (fixtures)
+from test_overlap import N_STEPS, THREADS, _check_identical, _small_arena, default_path, ref  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +62,21 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
         table[0, 0, 0] = log.n_expert
         with pytest.raises(ValueError, match="outside"):
             s._engine.set_oracle(table)
+
+
+def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):
+    """A log longer than the trace: the last step's wrapped batch (the next token's first layers) is
+    still in flight when the trace ends; a prefill from an empty context, stats and close all settle it,
+    and the prefill's logits are plain llama.cpp's."""
+    toks, (rp, rs, rg) = ref
+    path = tmp_path / "long.npz"
+    with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=path) as s:
+        s.greedy_trace(toks, N_STEPS + 3)
+    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
+                        prefetch_depth=2, n_threads=THREADS, io_threads=2, route_log=tmp_path / "replay.npz") as s:
+        p, st, gen = s.greedy_trace(toks, N_STEPS)
+        assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
+        assert s._pager.native.prefetch_active  # the wrapped batch of the step after the last
+        assert np.array_equal(s.logits(toks), rp)
+        stats = s.stats
+    assert stats["prefetch_units"] > 0 and stats["pred_correct"] == stats["pred_experts"] > 0

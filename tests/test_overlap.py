@@ -84,7 +84,7 @@ def test_prefetch_knob_errors(mini_gguf):
     with pytest.raises(ValueError, match="exclusive"):
         epqlab.Session(mini_gguf, prefetch="union", skip_cold=0.1)
     with pytest.raises(ValueError, match="unknown prefetch"):
-        epqlab.Session(mini_gguf, prefetch="oracle")
+        epqlab.Session(mini_gguf, prefetch="belady")
     with pytest.raises(ValueError, match="needs the pager"):
         epqlab.Session(mini_gguf, prefetch="previous", pager=False)
     with pytest.raises(ValueError, match="prefetch_budget needs"):

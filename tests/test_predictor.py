@@ -88,7 +88,7 @@ def test_predictor_errors(default_path, fitted, tmp_path):
     p, _, _ = fitted
     with pytest.raises(ValueError, match="needs prefetch_predictor"):
         epqlab.Session(default_path, prefetch="trained")
-    with pytest.raises(ValueError, match="prefetch='trained' only"):
+    with pytest.raises(ValueError, match="prefetch='trained' and 'oracle' only"):
         epqlab.Session(default_path, prefetch="lookahead", prefetch_predictor=p)
     with pytest.raises(ValueError, match="exceeds the predictor's depth"):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=p, prefetch_depth=3)
