@@ -116,6 +116,10 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
             pos += 1
     finally:
         t_decode = time.perf_counter() - t1
+        if s.prefetch == "oracle" and s.pager:
+            # the oracle's carried batch for a next token (a log longer than this run): its reads
+            # belong to this run's bytes (in vain), not the next run's
+            s.pager.native.prefetch_finish()
         st = run_stats(s, len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, counters(s),
                        n_prompt_reused=reused)
         s._runs.append(st)

@@ -16,8 +16,10 @@ logits stay bit-identical to plain llama.cpp. Predictors:
   earlier identical run (``prefetch_predictor``: its route log, recorded with the same prompt, settings
   and calls), so the wait that remains is the mechanism's own (prefetch window, device order), not a
   wrong guess. The n-th single-token forward pass of the Session uses the n-th one of the log; past
-  the log's end nothing is predicted. A log of another run gives wrong predictions, visible as
-  precision < 1; logits stay exact either way.
+  the log's end nothing is predicted. The replaying Session must record too (``route_log``): recording
+  decodes prompts in its own chunks, and a chunk of one token is a single-token pass. Its predictions
+  past the last layer are the next token's first layers (native/hook.h). A log of another run gives
+  wrong predictions, visible as precision < 1; logits stay exact either way.
 
 The gate (``prefetch_min_precision``, default 0.5; 0 turns it off): a predicted expert that is not
 resident is read only while the predictions of its rank (its position in the predictor's list) that
@@ -101,8 +103,9 @@ def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: 
     Raises:
         ValueError: "trained" without a predictor, a predictor with another predictor, one fitted
             for another model shape (layers, experts, width) or on another model (its
-            ``model_fingerprint`` is not ``model``'s), or a depth beyond the predictor's.
-        EpqlabError: the path is not a saved predictor.
+            ``model_fingerprint`` is not ``model``'s), or a depth beyond the predictor's; the errors
+            of :func:`oracle_routes` for "oracle".
+        EpqlabError: the path is not a saved predictor (RouteLogError: not a route log, for "oracle").
     """
     from .predictor import ExpertPredictor
 
@@ -154,8 +157,11 @@ def oracle_routes(route_log, n_layers: int, n_expert: int):
     if log.n_layers != n_layers or log.n_expert != n_expert:
         raise ValueError(f"the route log is of a model with {log.n_layers} MoE layers x {log.n_expert} experts, "
                          f"this one has {n_layers} x {n_expert}: record the oracle's log on this model")
-    _, first, count = np.unique(log.ubatch, return_index=True, return_counts=True)
-    return np.ascontiguousarray(log.experts[np.sort(first[count == 1])], dtype=np.int32)
+    # one forward pass = a run of equal consecutive ubatch ids (ids restart at Session.reset_stats)
+    ub = np.asarray(log.ubatch)
+    starts = np.flatnonzero(np.r_[True, ub[1:] != ub[:-1]])
+    lengths = np.diff(np.r_[starts, len(ub)])
+    return np.ascontiguousarray(log.experts[starts[lengths == 1]], dtype=np.int32)
 
 
 def prefetch_fields(d: dict) -> dict:

@@ -143,7 +143,9 @@ class Session:
         ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
             that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
             unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.prefetch.check_prefetch`),
-            ``pipeline_reads`` with ``skip_cold`` or without the pager.
+            ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
+            (:func:`epqlab.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``.
+        RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
         LlamaCppError: llama.cpp could not load the model or create the context (its own error
@@ -197,6 +199,9 @@ class Session:
         n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
         self._predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers),
                                             lay.n_expert, int(n_embd) if n_embd else None, lay.path)
+        if prefetch == "oracle" and not route_log:
+            raise ValueError("prefetch='oracle' replays a recorded run, so record this one too (route_log=PATH): "
+                             "recording decodes prompts in its own chunks, which the replayed passes must match")
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         self.read_rate_limit = parse_bytes(read_rate_limit) if read_rate_limit else 0
         if self.read_rate_limit and not pager:
@@ -273,8 +278,8 @@ class Session:
         io1 = read_bytes()
         self.load_report = dict(self._engine.load_report())
         self.load_report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
-        self._oracle = self._predictor if prefetch == "oracle" else None
-        if self._oracle is not None:
+        oracle = self._predictor if prefetch == "oracle" else None
+        if oracle is not None:
             self._predictor = None
         if self._predictor is not None:
             # the hook's own float32 copy is made before the budget's sample, so it is counted
@@ -303,8 +308,8 @@ class Session:
             if self.skip_cold is not None:
                 self._engine.set_skip_cold(self.skip_cold)
             self._engine.set_prefetch(*self._pf)
-            if self._oracle is not None:
-                self._engine.set_oracle(self._oracle)
+            if oracle is not None:
+                self._engine.set_oracle(oracle)  # a few KiB: steps x layers x k int32
             self._engine.set_pipeline(self.pipeline_reads)
             self._pager.native.read_segment_bytes = self.read_segment_bytes
             self._pager.read_rate_limit = self.read_rate_limit

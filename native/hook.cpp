@@ -330,7 +330,7 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
 
 void expert_hook::set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k) {
     if (n_layers != n_layers_) throw std::invalid_argument("the oracle's routes have " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
-    if (k < 1 || n_steps < 0) throw std::invalid_argument("the oracle's routes need k >= 1 experts per layer");
+    if (k < 1 || n_steps < 0) throw std::invalid_argument("the oracle's routes need k >= 1 experts per layer and n_steps >= 0");
     const size_t n = (size_t) n_steps * n_layers * k;
     const int64_t n_exp = pg_ ? pg_->n_expert() : INT32_MAX;
     if (!std::all_of(routes, routes + n, [&](int32_t e) { return e >= 0 && e < n_exp; }))
@@ -410,7 +410,9 @@ void expert_hook::start_prefetch(int li, int k) {
             if (pf_mode_ != PF_ORACLE || nl >= li) break;
             if (oracle_step_ + 1 < oracle_steps_) {  // the oracle's next row, read in a carried batch
                 const int32_t * r = &oracle_[((size_t) (oracle_step_ + 1) * n_layers_ + nl) * oracle_k_];
-                pg_->prefetch_start(nl, r, std::min(k, oracle_k_), true, true);
+                int n = std::min(k, oracle_k_);
+                if (pf_budget_ > 0) n = (int) std::min<int64_t>(n, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
+                if (n > 0) pg_->prefetch_start(nl, r, n, true, true);
             }
             continue;
         }

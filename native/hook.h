@@ -70,10 +70,11 @@
 // the routes of an earlier identical run (set_oracle: one row per single-token ubatch, in the
 // order this hook sees them), so what it still waits for is the mechanism's own cost. Its
 // predictions past the last MoE layer wrap around to the next token's first layers (the next
-// row), in batches end_decode leaves in flight, so the device also works through sampling and
-// the next token's first attention (not scored, as the other predictions past the last layer;
-// the learned predictors have no hidden state of the next token, and the previous token's
-// experts, tried there, saved 3 of 145 misses on the skewed 8 GiB model). Prefetch
+// row), in carried batches end_decode leaves in flight, so the device also works through
+// sampling and the next token's first attention; they are not scored (precision/recall count
+// predictions made within a pass). The other predictors stop at the last layer: the learned
+// ones have no hidden state of the next token, and the previous token's experts, tried there,
+// saved 3 of 145 misses on the skewed 8 GiB model. Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
@@ -154,7 +155,7 @@ public:
     void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
     // The ORACLE's routes: int32 [n_steps][n_layers][k], row i = the experts each MoE layer
     // selects in the i-th single-token ubatch counted from this call. Throws std::invalid_argument
-    // on a wrong layer count, k < 1 or an id outside [0, n_expert).
+    // on a wrong layer count, k < 1 or (with a pager attached) an id outside [0, n_expert).
     void set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k);
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {

@@ -80,8 +80,8 @@ def test_read_rate_limit_paces_reads():
 
 
 def test_oracle_row_replays_a_recorded_run(bench, tmp_path):
-    """The oracle row: its log is recorded by the bench itself, every prediction is right, the tokens are the
-    off row's, and the log's folder is the bench's own (a temporary folder)."""
+    """The oracle row: its log is recorded by the bench itself, every prediction is right, and the tokens are
+    the off row's."""
     import json
 
     out = tmp_path / "o.json"

@@ -23,17 +23,21 @@ def recorded(default_path, ref, tmp_path_factory):
 
 
 @pytest.mark.parametrize("pipeline,depth", [(False, 1), (True, 2)])
-def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, recorded, pipeline, depth):
+def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, recorded, pipeline, depth, tmp_path):
     log, path = recorded
     # single-token forward passes counted from the log's ubatch ids alone
     ub, n = np.unique(log.ubatch, return_counts=True)
     n_single = int((n == 1).sum())
     assert n_single >= N_STEPS - 1
-    st = _check_identical(default_path, ref, "lru", "oracle", 0, pipeline, depth=depth, predictor=str(path))
+    st = _check_identical(default_path, ref, "lru", "oracle", 0, pipeline, depth=depth, predictor=str(path),
+                          route_log=tmp_path / "replay.npz")
     # every single-token pass predicts layers 1..L-1 one layer ahead (layer 0 has no layer before it),
     # k experts each, and all of them are right
     want = n_single * (log.n_layers - 1) * log.k
     assert st["pred_experts"] == want and st["pred_correct"] == want and st["pred_actual"] == want
+    # every unit read ahead, the wrapped ones (the next step's first layers) included, was used: a wrong
+    # row would be read in vain
+    assert st["prefetch_used"] == st["prefetch_units"] - st["prefetch_cancelled"] - st["prefetch_failed"] > 0
 
 
 def test_oracle_table_is_the_logs_decode_steps(recorded):
@@ -47,6 +51,8 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
     log, path = recorded
     with pytest.raises(ValueError, match="needs prefetch_predictor"):
         epqlab.Session(default_path, prefetch="oracle")
+    with pytest.raises(ValueError, match="record this one too"):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=path)
     with pytest.raises(ValueError, match="record the oracle's log on this model"):
         epqlab.Session(mini_gguf, prefetch="oracle", prefetch_predictor=path)
     old = RouteLog(log.experts, log.layers, log.phase, log.expert_bytes, log.n_expert, log.meta, ubatch=None)
@@ -57,7 +63,7 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
     with pytest.raises(RouteLogError):
         epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=bad)
     # natively: an id outside the model's experts (a hand-made table)
-    with epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=log) as s:
+    with epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=log, route_log=tmp_path / "r.npz") as s:
         table = oracle_routes(log, log.n_layers, log.n_expert)
         table[0, 0, 0] = log.n_expert
         with pytest.raises(ValueError, match="outside"):
@@ -66,8 +72,8 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
 
 def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):
     """A log longer than the trace: the last step's wrapped batch (the next token's first layers) is
-    still in flight when the trace ends; a prefill from an empty context, stats and close all settle it,
-    and the prefill's logits are plain llama.cpp's."""
+    still in flight when the trace ends; a prefill from an empty context settles it and gives plain
+    llama.cpp's logits, and closing with one in flight waits for it."""
     toks, (rp, rs, rg) = ref
     path = tmp_path / "long.npz"
     with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=path) as s:
@@ -80,3 +86,7 @@ def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):
         assert np.array_equal(s.logits(toks), rp)
         stats = s.stats
     assert stats["prefetch_units"] > 0 and stats["pred_correct"] == stats["pred_experts"] > 0
+    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
+                        n_threads=THREADS, io_threads=2, route_log=tmp_path / "replay2.npz") as s:
+        s.greedy_trace(toks, N_STEPS)
+        assert s._pager.native.prefetch_active  # closed with the batch in flight

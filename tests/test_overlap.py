@@ -45,12 +45,13 @@ def _small_arena(path, factor=1.5):
     return int(epqlab.Pager.min_arena_bytes(lay) * factor)
 
 
-def _check_identical(path, ref, policy, prefetch, segment, pipeline=False, depth=1, min_precision=None, predictor=None):
+def _check_identical(path, ref, policy, prefetch, segment, pipeline=False, depth=1, min_precision=None, predictor=None,
+                     route_log=None):
     toks, (rp, rs, rg) = ref
     with epqlab.Session(path, arena_bytes=_small_arena(path), policy=policy, prefetch=prefetch,
                         read_segment_bytes=segment or None, io_threads=2, n_threads=THREADS,
                         pipeline_reads=pipeline, prefetch_depth=depth, prefetch_predictor=predictor,
-                        prefetch_min_precision=min_precision if prefetch else None) as s:
+                        prefetch_min_precision=min_precision if prefetch else None, route_log=route_log) as s:
         p, st, gen = s.greedy_trace(toks, N_STEPS)
         stats = s.stats
     assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
