@@ -121,7 +121,8 @@ class Session:
             fitted on this model, or the path of one saved with ``.save``; with ``"oracle"``: the route
             log (RouteLog or path) of an earlier run with the same prompt and calls.
         prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
-        prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 4.
+        prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 8
+            (a trained predictor: up to the depth it was fitted for, at most 4).
         prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.prefetch`), in [0, 1]; default 0.5,
             0 reads every prediction.
         read_rate_limit: bench knob, bytes per second (int or "350MB"): expert reads are served as by a

@@ -278,7 +278,7 @@ void expert_hook::clear_gate_preds() {
 }
 
 void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double min_precision) {
-    if (depth < 1 || depth > kMaxDepth) throw std::invalid_argument("prefetch depth must be 1..4 layers ahead, got " + std::to_string(depth));
+    if (depth < 1 || depth > kMaxDepth) throw std::invalid_argument("prefetch depth must be 1.." + std::to_string(kMaxDepth) + " layers ahead, got " + std::to_string(depth));
     if (!(min_precision >= 0 && min_precision <= 1)) throw std::invalid_argument("prefetch min_precision must be in [0, 1]");
     if (mode == PF_TRAINED && depth > pw_depth_)
         throw std::invalid_argument("the trained predictor has depth " + std::to_string(pw_depth_) + ", asked for " + std::to_string(depth));

@@ -148,7 +148,7 @@ public:
     double skip_cold() const { return skip_tau_; }
     // Next-layer prefetch (see above); budget_bytes caps each layer's prediction (0 = no cap
     // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
-    // depth: layers ahead, 1..4; min_precision: the gate (see "Prefetch" above), 0 = read every prediction.
+    // depth: layers ahead, 1..kMaxDepth (8); min_precision: the gate (see "Prefetch" above), 0 = read every prediction.
     void set_prefetch(int mode, int64_t budget_bytes, int depth = 1, double min_precision = 0);
     int  prefetch() const { return pf_mode_; }
     // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
@@ -276,7 +276,7 @@ private:
     int64_t                                  pf_budget_ = 0;
     int                                      pf_depth_ = 1;
     double                                   pf_min_prec_ = 0;
-    static constexpr int                     kMaxDepth = 4;
+    static constexpr int                     kMaxDepth = 8;
     // The gate: per depth, per rank in the prediction, an EMA (weight kGateAlpha on the newest) of
     // "a prediction of this rank that was not resident when made was selected at its layer";
     // starts at 1. And per depth, per layer, those predictions (expert, rank) awaiting the layer's topk.

@@ -22,7 +22,7 @@ def recorded(default_path, ref, tmp_path_factory):
     return RouteLog.load(path), path
 
 
-@pytest.mark.parametrize("pipeline,depth", [(False, 1), (True, 2)])
+@pytest.mark.parametrize("pipeline,depth", [(False, 1), (True, 2), (True, 8)])
 def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, recorded, pipeline, depth, tmp_path):
     log, path = recorded
     # single-token forward passes counted from the log's ubatch ids alone

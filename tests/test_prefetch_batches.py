@@ -148,10 +148,12 @@ def test_depth_two_default_model(default_path, ref):  # noqa: F811
 
 
 def test_depth_knob_errors(mini_gguf):
-    with pytest.raises(ValueError, match="prefetch_depth must be an int in 1..4"):
+    with pytest.raises(ValueError, match="prefetch_depth must be an int in 1..8"):
         epqlab.Session(mini_gguf, prefetch="lookahead", prefetch_depth=0)
-    with pytest.raises(ValueError, match="prefetch_depth must be an int in 1..4"):
+    with pytest.raises(ValueError, match="prefetch_depth must be an int in 1..8"):
         epqlab.Session(mini_gguf, prefetch="lookahead", prefetch_depth=2.0)
+    with pytest.raises(ValueError, match="prefetch_depth must be an int in 1..8"):
+        epqlab.Session(mini_gguf, prefetch="lookahead", prefetch_depth=9)
     with pytest.raises(ValueError, match="prefetch_depth needs a predictor"):
         epqlab.Session(mini_gguf, prefetch_depth=2)
 

@@ -31,7 +31,7 @@ def add_session_args(p) -> None:
                    help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
     p.add_argument("--predictor", default=None,
                    help="--prefetch trained: a predictor .npz fitted on this model (epqlab predictor fit)")
-    p.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead the predictor prefetches, 1..4")
+    p.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead the predictor prefetches, 1..8")
     p.add_argument("--prefetch-budget", default=None, help="bytes prefetched per layer at most, e.g. 64MiB")
     p.add_argument("--read-segment", default=None, help="split expert reads into segments of this size, e.g. 512KiB")
     p.add_argument("--no-pipeline-reads", action="store_true",
