@@ -32,7 +32,8 @@ completely hidden behind unslowed compute scores 1.0. Columns: decode tok/s (med
 time/token (median), the ratio (median over repeats, min-max), the per-token ratio sum_i wall_i /
 sum_i max(T_dev_i, T_compute_i) (decode step i's own disk-busy time against the off runs' median compute
 time of step i: the first steps after the prefill read most of their experts and are I/O bound while the
-rest are compute bound, so the max of the means understates the bound), T_dev (median), disk MB/s (median), read ms/MB
+rest are compute bound, so the max of the means understates the bound; a second table splits the same
+ratio by kind of step: I/O bound, balanced (T_dev_i within 1.5x T_compute_i), compute bound), T_dev (median), disk MB/s (median), read ms/MB
 (the summed duration of the run's reads per MB: ~3 on the fast disk, ~6-7 throttled, at 6 I/O
 threads), the row's own remaining I/O wait and compute time, prefetch precision / recall, MB read in vain per
 token, decode hit rate and MB read per token.
@@ -259,6 +260,39 @@ def bound_ratios(raw: dict) -> None:
             r["ratio_tok"] = None
             if r.get("status") == "PASS" and wall and len(busy) == len(wall) == len(comp_i):
                 r["ratio_tok"] = sum(wall) / sum(max(b, c) for b, c in zip(busy, comp_i))
+                r["step_classes"] = step_classes(wall, busy, comp_i)
+
+
+# A decode step is balanced when its disk-busy time is within this factor of its compute time.
+BALANCED = 1.5
+
+
+def step_classes(wall, busy, comp) -> dict:
+    """Decode steps by kind: ``io`` (T_dev_i > BALANCED x T_compute_i), ``balanced``, ``compute``
+    (T_dev_i < T_compute_i / BALANCED), each as [sum of wall_i, sum of max(T_dev_i, T_compute_i), steps]
+    (ms, ms, count), so a row's ratio can be read where I/O and compute are comparable."""
+    out = {"io": [0.0, 0.0, 0], "balanced": [0.0, 0.0, 0], "compute": [0.0, 0.0, 0]}
+    for w, b, c in zip(wall, busy, comp):
+        kind = "io" if b > BALANCED * c else "compute" if b * BALANCED < c else "balanced"
+        o = out[kind]
+        o[0] += w
+        o[1] += max(b, c)
+        o[2] += 1
+    return out
+
+
+def class_table(raw: dict) -> str:
+    """Per row, pooled over its runs: sum wall_i / sum max(T_dev_i, T_compute_i) over each kind of step."""
+    out = [f"| row | I/O-bound steps: n, time / bound | balanced steps (T_dev within {BALANCED}x T_comp) | compute-bound steps |",
+           "|---|---|---|---|"]
+    for name, runs in raw.items():
+        tot = {k: [0.0, 0.0, 0] for k in ("io", "balanced", "compute")}
+        for r in runs:
+            for k, v in (r.get("step_classes") or {}).items():
+                tot[k] = [a + b for a, b in zip(tot[k], v)]
+        cells = [f"{v[2]}, {v[0] / v[1]:.2f}" if v[2] else "0, -" for v in tot.values()]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -318,6 +352,7 @@ def main(argv=None) -> int:
     rows = [summarize(name, raw[name]) for name in names]
     texts = {r["text"] for r in rows if r["status"] == "PASS"}
     print(table(rows))
+    print("\nby kind of decode step (the per-token bound's terms):\n" + class_table(raw))
     paced = f"device {a.device_mbps:.0f} MB/s (paced), " if a.device_mbps else ""
     print(f"\nall rows generated the same tokens: {len(texts) == 1}; {paced}policy {a.policy}, limit {a.limit}, arena "
           f"{fmt_bytes(rows[0].get('arena_bytes', 0))}, {a.threads} compute thread(s), "

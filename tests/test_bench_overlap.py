@@ -43,6 +43,16 @@ def test_per_token_bound_hand_computed(bench):
     assert "per-token bound" in bench.table([row])
 
 
+def test_step_classes_hand_computed(bench):
+    # compute 200 ms per step; disk busy 900 (I/O bound), 250 (balanced: < 1.5 x 200), 100 (compute bound)
+    cls = bench.step_classes([950, 300, 220, 260], [900, 250, 100, 290], [200, 200, 200, 200])
+    assert cls["io"] == [950, 900, 1]
+    assert cls["balanced"] == [300 + 260, 250 + 290, 2]
+    assert cls["compute"] == [220, 200, 1]
+    raw = {"off": [{"step_classes": cls}, {"step_classes": cls}]}
+    assert "| off | 2, 1.06 | 4, 1.04 | 2, 1.10 |" in bench.class_table(raw)
+
+
 def test_decode_series_matches_the_split(tmp_path):
     """The per-step series in run stats average to the time split's per-token means."""
     import epqlab
