@@ -18,7 +18,8 @@ logits stay bit-identical to plain llama.cpp. Predictors:
   wrong guess. The n-th single-token forward pass of the Session uses the n-th one of the log; past
   the log's end nothing is predicted. The replaying Session must record too (``route_log``): recording
   decodes prompts in its own chunks, and a chunk of one token is a single-token pass. Its predictions
-  past the last layer are the next token's first layers (native/hook.h). A log of another run gives
+  past the last layer are the next token's first layers when the log's next pass is the next row
+  (native/hook.h). A log of another run gives
   wrong predictions, visible as precision < 1; logits stay exact either way.
 
 The gate (``prefetch_min_precision``, default 0.5; 0 turns it off): a predicted expert that is not
@@ -135,8 +136,9 @@ def resolve_predictor(prefetch, predictor, depth: int, n_layers: int, n_expert: 
 
 
 def oracle_routes(route_log, n_layers: int, n_expert: int):
-    """The ``"oracle"`` predictor's table: int32 ``[n_steps, n_layers, k]``, the routes of ``route_log``'s
-    single-token forward passes (its decode steps) in order.
+    """The ``"oracle"`` predictor's table: the routes of ``route_log``'s single-token forward passes (its
+    decode steps) in order, int32 ``[n_steps, n_layers, k]``, and per row whether the log's next forward
+    pass is the next row (uint8 ``[n_steps]``; not at the end of a generation, whose next pass is a prompt).
 
     Args:
         route_log: an :class:`epqlab.routes.RouteLog` or the path of one (``Session(route_log=...)``)
@@ -144,8 +146,11 @@ def oracle_routes(route_log, n_layers: int, n_expert: int):
 
     Raises:
         ValueError: no route log, or one of another model shape (MoE layers, experts per layer).
+        TypeError: ``route_log`` is neither a RouteLog nor a path.
         RouteLogError: the path is not a valid route log, or it predates ubatch ids (record it again).
     """
+    import os
+
     import numpy as np
 
     from .routes.log import RouteLog, RouteLogError
@@ -153,6 +158,9 @@ def oracle_routes(route_log, n_layers: int, n_expert: int):
     if route_log is None:
         raise ValueError("prefetch='oracle' needs prefetch_predictor: the route log of an earlier run of the same "
                          "prompt (Session(route_log=PATH)); the oracle replays its routes")
+    if not isinstance(route_log, (RouteLog, str, os.PathLike)):
+        raise TypeError(f"prefetch='oracle': prefetch_predictor must be a route log (a RouteLog or the path of an "
+                        f".npz written by Session(route_log=...)), got {type(route_log).__name__}")
     log = route_log if isinstance(route_log, RouteLog) else RouteLog.load(route_log)
     if log.ubatch is None:
         raise RouteLogError("this route log has no ubatch ids, so its decode steps cannot be told apart; "
@@ -160,11 +168,15 @@ def oracle_routes(route_log, n_layers: int, n_expert: int):
     if log.n_layers != n_layers or log.n_expert != n_expert:
         raise ValueError(f"the route log is of a model with {log.n_layers} MoE layers x {log.n_expert} experts, "
                          f"this one has {n_layers} x {n_expert}: record the oracle's log on this model")
-    # one forward pass = a run of equal consecutive ubatch ids (ids restart at Session.reset_stats)
+    # one forward pass = a run of equal consecutive ubatch ids (logs of older versions restart them at
+    # Session.reset_stats, so only consecutive runs are passes)
     ub = np.asarray(log.ubatch)
     starts = np.flatnonzero(np.r_[True, ub[1:] != ub[:-1]])
-    lengths = np.diff(np.r_[starts, len(ub)])
-    return np.ascontiguousarray(log.experts[starts[lengths == 1]], dtype=np.int32)
+    single = np.diff(np.r_[starts, len(ub)]) == 1
+    rows = np.flatnonzero(single)  # pass numbers of the single-token passes
+    follows = np.r_[single[1:], False][rows]  # the pass after is single-token too: the next row
+    return (np.ascontiguousarray(log.experts[starts[rows]], dtype=np.int32),
+            np.ascontiguousarray(follows, dtype=np.uint8))
 
 
 def prefetch_fields(d: dict) -> dict:

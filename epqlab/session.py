@@ -203,6 +203,9 @@ class Session:
         if prefetch == "oracle" and not route_log:
             raise ValueError("prefetch='oracle' replays a recorded run, so record this one too (route_log=PATH): "
                              "recording decodes prompts in its own chunks, which the replayed passes must match")
+        if (prefetch == "oracle" and isinstance(prefetch_predictor, (str, os.PathLike))
+                and os.path.abspath(prefetch_predictor) == os.path.abspath(route_log)):
+            raise ValueError("prefetch='oracle' would overwrite the route log it replays: give route_log another path")
         self.read_segment_bytes = parse_bytes(read_segment_bytes) if read_segment_bytes else 0
         self.read_rate_limit = parse_bytes(read_rate_limit) if read_rate_limit else 0
         if self.read_rate_limit and not pager:
@@ -310,7 +313,7 @@ class Session:
                 self._engine.set_skip_cold(self.skip_cold)
             self._engine.set_prefetch(*self._pf)
             if oracle is not None:
-                self._engine.set_oracle(oracle)  # a few KiB: steps x layers x k int32
+                self._engine.set_oracle(*oracle)  # a few KiB: steps x layers x k int32
             self._engine.set_pipeline(self.pipeline_reads)
             self._pager.native.read_segment_bytes = self.read_segment_bytes
             self._pager.read_rate_limit = self.read_rate_limit

@@ -126,12 +126,14 @@ void register_engine(py::module_ & m) {
                 throw std::invalid_argument("predictor W must be [depth, n_layers, n_expert, n_embd] and b [depth, n_layers, n_expert]");
             e.hook()->set_predictor(W.data(), b.data(), (int) W.shape(0), (int) W.shape(1), (int) W.shape(2), (int64_t) W.shape(3));
         }, py::arg("W"), py::arg("b"))
-        .def("set_oracle", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> routes) {
-            // routes int32 [n_steps, n_layers, k] (native/hook.h ORACLE).
+        .def("set_oracle", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> routes,
+                              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> follows) {
+            // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/hook.h ORACLE).
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
-            if (routes.ndim() != 3) throw std::invalid_argument("oracle routes must be [n_steps, n_layers, k]");
-            e.hook()->set_oracle(routes.data(), (int64_t) routes.shape(0), (int) routes.shape(1), (int) routes.shape(2));
-        }, py::arg("routes"))
+            if (routes.ndim() != 3 || follows.ndim() != 1 || follows.shape(0) != routes.shape(0))
+                throw std::invalid_argument("oracle routes must be [n_steps, n_layers, k] and follows [n_steps]");
+            e.hook()->set_oracle(routes.data(), follows.data(), (int64_t) routes.shape(0), (int) routes.shape(1), (int) routes.shape(2));
+        }, py::arg("routes"), py::arg("follows"))
         .def("set_pipeline", [](engine & e, bool on) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_pipeline(on);

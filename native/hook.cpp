@@ -328,7 +328,7 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
     pw_embd_ = n_embd;
 }
 
-void expert_hook::set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k) {
+void expert_hook::set_oracle(const int32_t * routes, const uint8_t * follows, int64_t n_steps, int n_layers, int k) {
     if (n_layers != n_layers_) throw std::invalid_argument("the oracle's routes have " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
     if (k < 1 || n_steps < 0) throw std::invalid_argument("the oracle's routes need k >= 1 experts per layer and n_steps >= 0");
     const size_t n = (size_t) n_steps * n_layers * k;
@@ -337,6 +337,7 @@ void expert_hook::set_oracle(const int32_t * routes, int64_t n_steps, int n_laye
         throw std::invalid_argument("the oracle's routes hold an expert id outside [0, " + std::to_string(n_exp) + ")");
     if (pg_) pg_->prefetch_finish();
     oracle_.assign(routes, routes + n);
+    oracle_follow_.assign(follows, follows + n_steps);
     oracle_steps_ = n_steps;
     oracle_k_ = k;
     oracle_step_ = -1;
@@ -408,7 +409,8 @@ void expert_hook::start_prefetch(int li, int k) {
         if (wrap) {
             nl -= n_layers_;
             if (pf_mode_ != PF_ORACLE || nl >= li) break;
-            if (oracle_step_ + 1 < oracle_steps_) {  // the oracle's next row, read in a carried batch
+            // the oracle's next row, read in a carried batch, when it is the next forward pass
+            if (oracle_step_ >= 0 && oracle_step_ + 1 < oracle_steps_ && oracle_follow_[oracle_step_]) {
                 const int32_t * r = &oracle_[((size_t) (oracle_step_ + 1) * n_layers_ + nl) * oracle_k_];
                 int n = std::min(k, oracle_k_);
                 if (pf_budget_ > 0) n = (int) std::min<int64_t>(n, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
@@ -528,7 +530,7 @@ void expert_hook::rethrow_if_failed() {
 void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
-        route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) stats_.ubatches);
+        route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) passes_);
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
             start_ubatch_inputs();
             inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
@@ -572,6 +574,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
         clear_gate_preds();
         stats_.ubatches++;
+        passes_++;
         stats_.tokens += n_tokens;
         if (pg_) pg_->begin_pass();
         if (record_) {

@@ -154,9 +154,12 @@ public:
     // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
     void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
     // The ORACLE's routes: int32 [n_steps][n_layers][k], row i = the experts each MoE layer
-    // selects in the i-th single-token ubatch counted from this call. Throws std::invalid_argument
-    // on a wrong layer count, k < 1 or (with a pager attached) an id outside [0, n_expert).
-    void set_oracle(const int32_t * routes, int64_t n_steps, int n_layers, int k);
+    // selects in the i-th single-token ubatch counted from this call; follows[i] != 0 when the
+    // forward pass right after row i's is row i+1's (its predictions past the last layer then
+    // wrap around to it; not at the end of a generation, whose next pass is a prompt). Throws
+    // std::invalid_argument on a wrong layer count, k < 1 or (with a pager attached) an id outside
+    // [0, n_expert).
+    void set_oracle(const int32_t * routes, const uint8_t * follows, int64_t n_steps, int n_layers, int k);
     // Pipelined reads (see above). Throws std::invalid_argument with skip-cold on.
     void set_pipeline(bool on) {
         if (on && skip_tau_ >= 0)
@@ -247,6 +250,7 @@ private:
     bool                                     record_;
     std::vector<int32_t>                     route_;
     std::vector<int32_t>                     route_ub_;
+    int64_t                                  passes_ = 0;   // forward passes since creation (reset_stats keeps it)
     std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
     int                                      ub_tokens_ = 0;
     int                                      route_k_ = 0;
@@ -287,6 +291,7 @@ private:
     std::vector<int32_t>                     oracle_;       // ORACLE: [steps][n_layers_][oracle_k_]
     int                                      oracle_k_ = 0;
     int64_t                                  oracle_steps_ = 0;
+    std::vector<uint8_t>                     oracle_follow_;  // per row: the next pass is the next row
     int64_t                                  oracle_step_ = -1; // single-token ubatches since set_oracle, minus one
     std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
     std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass

@@ -42,9 +42,33 @@ def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, record
 
 def test_oracle_table_is_the_logs_decode_steps(recorded):
     log, path = recorded
-    table = oracle_routes(path, log.n_layers, log.n_expert)
+    table, follows = oracle_routes(path, log.n_layers, log.n_expert)
     decode = log.experts[log.phase == 1]  # a greedy trace decodes one token per forward pass
     assert table.dtype == np.int32 and np.array_equal(table[-len(decode):], decode)
+    # each decode step's next pass is the next step, but the last one's (there is none)
+    assert follows.tolist()[-len(decode):] == [1] * (len(decode) - 1) + [0]
+
+
+def test_oracle_replays_calls_across_reset_and_generations(default_path, tmp_path):
+    """One pass, reset_stats, then two generations: every prediction right (passes keep their own ids across
+    reset_stats), and no read ahead for a generation's last step crosses into the next run's stats (the
+    next pass is a prompt, not the next row)."""
+    def calls(s):
+        s.generate([1], n_predict=1)  # one single-token pass, then the counters restart
+        s.reset_stats()
+        return [s.generate("A CPU cache is", n_predict=5), s.generate("Memory is", n_predict=5)]
+
+    with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=tmp_path / "rec.npz") as s:
+        want = [g.tokens for g in calls(s)]
+    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_depth=2,
+                        prefetch_predictor=tmp_path / "rec.npz", n_threads=THREADS, io_threads=2,
+                        route_log=tmp_path / "replay.npz") as s:
+        gens = calls(s)
+        stats = s.stats
+    assert [g.tokens for g in gens] == want
+    assert stats["pred_experts"] > 0 and stats["pred_correct"] == stats["pred_experts"]
+    for g in gens:
+        assert 0 < g.stats["prefetch_used"] <= g.stats["prefetch_units"]
 
 
 def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
@@ -64,10 +88,16 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
         epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=bad)
     # natively: an id outside the model's experts (a hand-made table)
     with epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=log, route_log=tmp_path / "r.npz") as s:
-        table = oracle_routes(log, log.n_layers, log.n_expert)
+        table, follows = oracle_routes(log, log.n_layers, log.n_expert)
         table[0, 0, 0] = log.n_expert
         with pytest.raises(ValueError, match="outside"):
-            s._engine.set_oracle(table)
+            s._engine.set_oracle(table, follows)
+    with pytest.raises(ValueError, match="would overwrite the route log it replays"):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=path, route_log=path)
+    with pytest.raises(RouteLogError, match="is a directory"):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=tmp_path, route_log=tmp_path / "r.npz")
+    with pytest.raises(TypeError, match="prefetch_predictor must be a route log"):
+        epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=3, route_log=tmp_path / "r.npz")
 
 
 def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):

@@ -7,7 +7,8 @@ A route log is an NPZ file with
 - ``layers``       int32 ``[L]``: the GGUF block id of each MoE layer;
 - ``phase``        uint8 ``[T]``: 0 = prefill, 1 = decode;
 - ``ubatch``       int32 ``[T]``, optional (older files lack it): the forward pass (llama.cpp ubatch) each token
-                   was computed in; consecutive equal ids form one pass (:meth:`epqlab.Pager.replay` follows them);
+                   was computed in, counted from the Session's start (files of 2026-11-30 and before restart
+                   at ``reset_stats``); consecutive equal ids form one pass (:meth:`epqlab.Pager.replay` follows them);
 - ``expert_bytes`` int64 ``[L]``: bytes of one expert (gate+up+down) in each layer;
 - ``n_expert``     scalar: experts per layer;
 - ``meta``         a JSON string (model path, arch, k, prompt hash, ...).
@@ -137,6 +138,8 @@ class RouteLog:
     def load(cls, path: str | os.PathLike) -> "RouteLog":
         """Read and validate a route log NPZ; :class:`RouteLogError` names any missing or malformed array."""
         path = os.fspath(path)
+        if os.path.isdir(path):
+            raise RouteLogError(f"route log {path!r} is a directory: give the .npz file Session(route_log=...) wrote")
         if not os.path.isfile(path):
             raise RouteLogError(f"route log {path!r} does not exist")
         with open(path, "rb") as f:
