@@ -29,6 +29,13 @@ import numpy as np
 from .errors import EpqlabError
 
 ALPHAS = (1e-3, 1e-2, 1e-1, 1.0)  # ridge strengths tried, relative to the mean eigenvalue of X^T X
+MAX_DEPTH = 4  # layers ahead a predictor is fitted for (W [depth, L, E, D] float32: depth x a one-layer fit's bytes)
+MIN_TOKENS = 16  # calibration tokens a fit needs at the very least (a few hundred in practice)
+
+
+def _check_depth(depth: int) -> None:
+    if not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth must be 1..{MAX_DEPTH} layers ahead, got {depth}")
 
 
 @dataclass
@@ -85,8 +92,8 @@ class ExpertPredictor:
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as e:
             raise EpqlabError(f"{path} is not an epqlab expert predictor ({e}); fit one with "
                               "epqlab.predictor.fit_predictor and save it with .save(path)") from None
-        if W.ndim != 4 or b.shape != W.shape[:3] or not 1 <= W.shape[0] <= 4:
-            raise EpqlabError(f"{path}: predictor arrays W {W.shape} and b {b.shape} are not [depth<=4, layers, "
+        if W.ndim != 4 or b.shape != W.shape[:3] or not 1 <= W.shape[0] <= MAX_DEPTH:
+            raise EpqlabError(f"{path}: predictor arrays W {W.shape} and b {b.shape} are not [depth<={MAX_DEPTH}, layers, "
                               "experts, width] and [depth, layers, experts]; refit it")
         if not (np.isfinite(W).all() and np.isfinite(b).all()):
             raise EpqlabError(f"{path}: the predictor's weights are not finite (NaN or inf); refit it")
@@ -192,13 +199,12 @@ def fit_predictor(H: np.ndarray, routes: np.ndarray, Ws, bs, depth: int = 1, val
         ValueError: depth outside 1..4, fewer than 16 calibration tokens, non-finite inputs, a
             val_fraction outside (0, 1), or shapes that disagree.
     """
-    if not 1 <= depth <= 4:
-        raise ValueError(f"depth must be 1..4 layers ahead, got {depth}")
+    _check_depth(depth)
     T, L, D = H.shape
     E, k = Ws[0].shape[0], routes.shape[2]
     if len(Ws) != L or Ws[0].shape[1] != D or routes.shape[:2] != (T, L):
         raise ValueError(f"router inputs {H.shape}, routes {routes.shape} and {len(Ws)} routers disagree")
-    if T < 16:
+    if T < MIN_TOKENS:
         raise ValueError(f"{T} calibration tokens are too few to fit a predictor; record at least a few hundred")
     if not np.isfinite(H).all():
         raise ValueError("router inputs contain NaN/inf rows (a layer that did not compute some tokens: record with "
@@ -295,9 +301,8 @@ def fit_for_model(model, n_tokens: int = 1024, depth: int = 2, text: str | None 
     """
     from .session import Session
 
-    if not 1 <= depth <= 4:
-        raise ValueError(f"depth must be 1..4 layers ahead, got {depth}")
-    if n_tokens < 16:
+    _check_depth(depth)
+    if n_tokens < MIN_TOKENS:
         raise ValueError(f"{n_tokens} calibration tokens are too few to fit a predictor; use a few hundred or more")
 
     with Session(model, pager=False, n_ctx=256) as s:

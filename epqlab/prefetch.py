@@ -43,8 +43,8 @@ import numbers
 
 from .units import parse_bytes
 
-# Layers ahead a prefetch may read (native/hook.h kMaxDepth): the oracle at 8 layers left a balanced
-# step 1.05x its bound where 4 left 1.09x (skewed 8 GiB model, 500 MB/s device).
+# Layers ahead a prefetch may read (native/hook.h kMaxDepth). bench_overlap, skewed 8 GiB model, 500 MB/s
+# device: the oracle's balanced steps took 1.09x their bound at depth 8, 1.10x at 4 (docs/DESIGN.md "Oracle").
 MAX_DEPTH = 8
 PREFETCH_MODES = {"lookahead": 1, "previous": 2, "union": 3, "trained": 4, "oracle": 5}
 # The gate's default: read a predicted, non-resident expert only while predictions of its rank

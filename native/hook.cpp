@@ -343,12 +343,17 @@ void expert_hook::set_oracle(const int32_t * routes, const uint8_t * follows, in
     oracle_step_ = -1;
 }
 
+const int32_t * expert_hook::oracle_row(int64_t step, int nl) const {
+    return step >= 0 && step < oracle_steps_ ? &oracle_[((size_t) step * n_layers_ + nl) * oracle_k_] : nullptr;
+}
+
+int64_t expert_hook::budget_units(int nl) const {
+    return pf_budget_ > 0 ? pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)) : INT64_MAX;
+}
+
 void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     if (pf_mode_ == PF_ORACLE) {  // the replayed step's routes; none past the table's end
-        if (oracle_step_ >= 0 && oracle_step_ < oracle_steps_) {
-            const int32_t * r = &oracle_[((size_t) oracle_step_ * n_layers_ + nl) * oracle_k_];
-            out.assign(r, r + std::min(k, oracle_k_));
-        }
+        if (const int32_t * r = oracle_row(oracle_step_, nl)) out.assign(r, r + std::min(k, oracle_k_));
         return;
     }
     if (pf_mode_ != PF_TRAINED) return lookahead(li, nl, k, out);
@@ -410,12 +415,9 @@ void expert_hook::start_prefetch(int li, int k) {
             nl -= n_layers_;
             if (pf_mode_ != PF_ORACLE || nl >= li) break;
             // the oracle's next row, read in a carried batch, when it is the next forward pass
-            if (oracle_step_ >= 0 && oracle_step_ + 1 < oracle_steps_ && oracle_follow_[oracle_step_]) {
-                const int32_t * r = &oracle_[((size_t) (oracle_step_ + 1) * n_layers_ + nl) * oracle_k_];
-                int n = std::min(k, oracle_k_);
-                if (pf_budget_ > 0) n = (int) std::min<int64_t>(n, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
-                if (n > 0) pg_->prefetch_start(nl, r, n, true, true);
-            }
+            const int32_t * r = oracle_row(oracle_step_ + 1, nl);
+            const int n = (int) std::min<int64_t>(std::min(k, oracle_k_), budget_units(nl));
+            if (r && oracle_step_ >= 0 && oracle_follow_[oracle_step_] && n > 0) pg_->prefetch_start(nl, r, n, true, true);
             continue;
         }
         std::vector<int32_t> pred;
@@ -423,10 +425,7 @@ void expert_hook::start_prefetch(int li, int k) {
         if (pf_mode_ == PF_PREVIOUS || pf_mode_ == PF_UNION)
             for (int32_t e : prev_ids_[nl])
                 if (std::find(pred.begin(), pred.end(), e) == pred.end()) pred.push_back(e);
-        if (pf_budget_ > 0) {
-            const int64_t cap = std::max<int64_t>(0, pf_budget_ / std::max<int64_t>(1, pg_->unit_bytes(nl)));
-            if ((int64_t) pred.size() > cap) pred.resize((size_t) cap);
-        }
+        if ((int64_t) pred.size() > budget_units(nl)) pred.resize((size_t) budget_units(nl));
         if (d == 1) {  // scored: the prediction made one layer ahead (the last one made for nl)
             pred_[nl] = pred;
             has_pred_[nl] = !pred.empty();

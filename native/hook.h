@@ -292,6 +292,8 @@ private:
     int                                      oracle_k_ = 0;
     int64_t                                  oracle_steps_ = 0;
     std::vector<uint8_t>                     oracle_follow_;  // per row: the next pass is the next row
+    const int32_t * oracle_row(int64_t step, int nl) const;  // the table's routes of nl at step, or null
+    int64_t budget_units(int nl) const;  // experts of layer nl prefetch_budget allows (no budget: INT64_MAX)
     int64_t                                  oracle_step_ = -1; // single-token ubatches since set_oracle, minus one
     std::vector<ggml_tensor *>               gate_inp_;     // per layer: router weights (model tensor)
     std::vector<ggml_tensor *>               hidden_;       // per layer: router input of this pass
