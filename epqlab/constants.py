@@ -8,6 +8,7 @@ gguf-py (~0.3 s) with ``import epqlab``; tests/test_constants.py checks every on
 from __future__ import annotations
 
 import os
+from enum import IntEnum
 
 # ------------------------------------------------------------------------------------- eviction policies
 ONLINE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
@@ -22,6 +23,38 @@ EVICTION_GROUPS: tuple[str, ...] = ("stale_left", "current_left", "stale_right",
 """Victim groups relative to the layer being loaded (stale = not requested in this forward pass; left =
 an earlier layer); the pager counts ``evictions_<group>``."""
 DEFAULT_POLICY = "lru"
+
+# ------------------------------------------------------------------------------- codes shared with C++
+class PrefetchMode(IntEnum):
+    """Next-layer expert predictors of the hook (native ``enum prefetch_mode``, exported by the
+    engine module as ``PREFETCH_MODES``; tests/test_native_codes.py checks they agree).
+    Rules: :mod:`epqlab.engine.prefetch`."""
+
+    OFF = 0
+    LOOKAHEAD = 1
+    PREVIOUS = 2
+    UNION = 3
+    TRAINED = 4
+    ORACLE = 5
+
+
+class DenseMode(IntEnum):
+    """Where the non-expert weights live (native ``engine_config::dense_mode``, exported as
+    ``DENSE_MODES``): llama.cpp's file mapping, anonymous copies, or anonymous copies mlock'ed
+    (docs/DESIGN.md §3b)."""
+
+    MMAP = 0
+    ANON = 1
+    MLOCK = 2
+
+
+MAX_PREFETCH_DEPTH = 8
+"""Layers ahead the hook prefetches at most (native ``expert_hook::kMaxDepth``, exported as
+``MAX_PREFETCH_DEPTH``)."""
+MAX_FIT_DEPTH = 4
+"""Layers ahead a trained predictor is fitted for at most (its weights ``W [depth, L, E, D]`` float32 grow
+with depth; the hook accepts up to :data:`MAX_PREFETCH_DEPTH`, exported as ``MAX_FIT_DEPTH``)."""
+
 
 # --------------------------------------------------------------------------------------------------- GGUF
 GGUF_MAGIC = b"GGUF"
@@ -71,7 +104,7 @@ PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE")
 
 __all__ = [
     "ONLINE_POLICIES", "OFFLINE_POLICIES", "PAGER_POLICIES", "SIMULATOR_POLICIES", "EVICTION_GROUPS",
-    "DEFAULT_POLICY", "GGUF_MAGIC", "arch_key", "ggml_block", "ggml_row_bytes", "PAGE_SIZE",
+    "DEFAULT_POLICY", "PrefetchMode", "DenseMode", "MAX_PREFETCH_DEPTH", "MAX_FIT_DEPTH", "GGUF_MAGIC", "arch_key", "ggml_block", "ggml_row_bytes", "PAGE_SIZE",
     "KEY_ARCHITECTURE", "KEY_BLOCK_COUNT", "KEY_CONTEXT_LENGTH", "KEY_FEED_FORWARD_LENGTH", "KEY_EXPERT_COUNT",
     "KEY_EXPERT_USED_COUNT", "KEY_EXPERT_FEED_FORWARD_LENGTH", "KEY_EXPERT_SHARED_COUNT",
     "KEY_EXPERT_WEIGHTS_SCALE", "KEY_LEADING_DENSE_BLOCK_COUNT",
