@@ -4,7 +4,7 @@ Prints, as JSON blocks and tables:
 
 1. E, k, bytes per expert of each type; build time (``--build-runs N`` rebuilds it N times into a temp
    directory: median and all runs, with the 1-minute load average before each).
-2. Perplexity (epqlab.perplexity.perplexity, windows of 512 tokens, plain llama.cpp) of the dense
+2. Perplexity (epqlab.engine.perplexity.perplexity, windows of 512 tokens, plain llama.cpp) of the dense
    SmolLM2 and of the MoE model at every k from 1 to E, on each held-out text (epqlab.data.heldout_texts)
    and on the Python reference chapter (eval_execmodel.txt); ratio to dense at the default k.
 3. The same perplexity at the default k through llama-cpp-python's own defaults (CPU weight repacking on)
@@ -67,10 +67,9 @@ def main() -> None:
     from epqlab.data import heldout_texts, read_text
     from epqlab.layout import inspect
     from epqlab.models import DEFAULT_CONFIG, default_model
-    from epqlab.models.quality import (llama_cpp_perplexity, locality_stats, perplexity_table,
+    from epqlab.studies.model_quality import (llama_cpp_perplexity, locality_stats, perplexity_of, perplexity_table,
                                        record_prompt_routes, uniform_log)
     from epqlab.models.smollm2 import source_gguf
-    from epqlab.perplexity import perplexity
 
     res: dict = {}
     t0 = time.perf_counter()
@@ -99,12 +98,12 @@ def main() -> None:
         if k in r:
             row[f"ratio@k={k}"] = f"{r[k] / r['dense']:.3f}"
         rows.append(row)
-    print("\nperplexity (epqlab.perplexity, n_ctx 512, plain llama.cpp):")
+    print("\nperplexity (epqlab.engine.perplexity, n_ctx 512, plain llama.cpp):")
     print(fmt_table(rows, ["text", "tokens", "dense"] + [f"k={kk}" for kk in ks] + [f"ratio@k={k}"]), flush=True)
 
     print(f"\nllama-cpp-python defaults (repacking on) vs epqlab engine, k = {k}:")
     for name, text in texts.items():
-        ours = perplexity(path, text, n_ctx=512).ppl
+        ours = perplexity_of(path, text, n_ctx=512).ppl
         theirs = llama_cpp_perplexity(path, text, n_ctx=512)
         print(f"  {name:10s} engine {ours:.4f}  llama-cpp-python {theirs:.4f}  diff {100 * (theirs / ours - 1):+.3f} %")
     r = GGUFReader(path)
@@ -139,7 +138,7 @@ def main() -> None:
     ]
     print(fmt_table(rows, ["statistic", "model", "uniform"]), flush=True)
 
-    from epqlab.session import Session
+    from epqlab.engine.session import Session
 
     with Session(path, pager=False, n_ctx=512) as s:
         q = "Explain what a CPU cache is in two sentences."

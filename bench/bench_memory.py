@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_memory.py --model /work/big/q8g.gguf [--limit 1.5GiB] [--levels ...]
 
 1. One limit (default: a fifth of the file, rounded down to 64 MiB), both modes, each run a child in
-   a memory cgroup that charges page cache (``epqlab.strict``), file dropped from the page cache
+   a memory cgroup that charges page cache (``epqlab.studies.strict``), file dropped from the page cache
    before each run, ``--repeats`` runs each (medians): decode tok/s, cgroup peak and failcnt, load
    time and bytes read by the load, SSD MB/token.
 2. The device's bandwidth for this model's expert reads (``epqlab.probe_io`` at the pager's I/O
@@ -22,8 +22,8 @@ import argparse
 import statistics
 
 import epqlab
-from epqlab import strict
-from epqlab.pager import default_io_threads
+from epqlab.studies import strict, strict_report
+from epqlab.paging.pager import default_io_threads
 from epqlab.units import fmt_bytes, parse_bytes
 
 
@@ -46,7 +46,7 @@ def main():
 
     # 1. paged vs mmap under one limit
     df = strict.run(args.model, [limit], n_predict=args.n, repeats=args.repeats, mmap_baseline=True, **kw)
-    print(strict.format_table(df))
+    print(strict_report.format_table(df))
     paged = df[df["mode"] == "paged"].iloc[0]
     mm = df[df["mode"] == "mmap"].iloc[0]
 
@@ -87,8 +87,8 @@ def main():
         return
     levels = strict.parse_levels(args.levels) if args.levels else [int(limit * f) for f in (1, 1.5, 2, 3)]
     table = strict.run(args.model, levels, n_predict=args.n, repeats=args.repeats, **kw)
-    print("\n" + strict.format_table(table))
-    strict.save(table, args.results_dir, name="bench_memory")
+    print("\n" + strict_report.format_table(table))
+    strict_report.save(table, args.results_dir, name="bench_memory")
 
 
 if __name__ == "__main__":

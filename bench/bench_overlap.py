@@ -5,11 +5,11 @@ Usage:
         [--n-predict 16] [--repeats 3] [--threads 1] [--rows off,lookahead,previous,union,segments,union+segments]
         [--segment 512KiB] [--budget BYTES] [--read-mbps 350 | --device-mbps 350] [--predictor P.npz] [--policy lfu] [--out results/overlap.json]
 
-Each run is its own child process (``epqlab.strict.run``: a cgroup v1 child of this process's
+Each run is its own child process (``epqlab.studies.strict.run``: a cgroup v1 child of this process's
 memory cgroup with the limit set before the model loads, page cache of the model dropped first),
 greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
 T_compute), ``lookahead`` / ``previous`` / ``union`` / ``trained`` (next-layer prefetch predictors,
-epqlab.prefetch; ``trained`` needs ``--predictor``, fitted by ``epqlab predictor fit`` on the shipped
+epqlab.engine.prefetch; ``trained`` needs ``--predictor``, fitted by ``epqlab predictor fit`` on the shipped
 calibration texts, never on this benchmark's prompt), ``oracle`` (the ceiling of every predictor:
 the routes of a run of the same prompt recorded first, so what it still waits for is the mechanism's
 own cost, not a wrong guess), ``segments`` (expert reads split into ``--segment`` pieces over the I/O threads),
@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 
-from epqlab import strict
+from epqlab.studies import strict, strict_report
 from epqlab.results import write_json
 from epqlab.units import fmt_bytes, parse_bytes
 

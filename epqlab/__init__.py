@@ -6,13 +6,14 @@ Public API: :func:`inspect` (GGUF expert layout), :class:`Pager` (native expert 
 
 Importing epqlab is light: llama.cpp (``llama_cpp``) and epqlab's native extension load on first use
 (a :class:`Session`, a :class:`Pager`, :func:`probe_io`), so route analysis (:mod:`epqlab.routes`)
-runs in a process that never loads the engine. :class:`Session`, :class:`Generation` and
+runs in a process that never loads the engine. The package's rooms and the one direction their imports
+run are drawn in docs/DESIGN.md §1. :class:`Session`, :class:`Generation` and
 :func:`sweep` are resolved by the module ``__getattr__`` below (PEP 562).
 """
 from __future__ import annotations
 
 # No llama_cpp here: `import epqlab` loads neither libllama nor the engine extension; they load with the first
-# Session (epqlab._native imports llama_cpp before the engine module: one copy of libllama). The pager and the
+# Session (epqlab.engine.native imports llama_cpp before the engine module: one copy of libllama). The pager and the
 # I/O probe (epqlab._pager_core) never need them (docs/DESIGN.md, "Native modules").
 from .errors import (
     ArenaTooSmall,
@@ -26,10 +27,13 @@ from .errors import (
     SplitModelError,
     TruncatedModelError,
 )
+from . import _aliases
 from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
-from .pager import Pager
-from .probe import probe_io
+from .paging.pager import Pager
+from .paging.probe import probe_io
 from .units import fmt_bytes, parse_bytes
+
+_aliases.install()  # the module paths before the rooms (epqlab.studies.strict, epqlab.paging.pager, ...) keep importing
 
 from importlib.metadata import version as _version
 
@@ -37,16 +41,23 @@ __version__ = _version("epqlab")  # pyproject.toml's, the one place it is writte
 del _version
 
 # name -> module that defines it, imported on first access (PEP 562)
-_LAZY = {"Session": ".session", "Generation": ".generation", "Stream": ".generation", "sweep": ".sweeps"}
+_LAZY = {"Session": ".engine.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
+         "sweep": ".studies.sweeps"}
+# subpackages and modules reachable as attributes without an explicit import (``epqlab.models.synthesize``)
+_SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "studies", "papers", "constants", "errors",
+               "units", "results", "layout", "widgets", "server")
 
 
 def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'epqlab' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(mod, __name__), name)
+    mod = _LAZY.get(name)
+    if mod is not None:
+        value = getattr(importlib.import_module(mod, __name__), name)
+    elif name in _SUBMODULES or _aliases.target(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'epqlab' has no attribute {name!r}")
     globals()[name] = value
     return value
 

@@ -6,13 +6,14 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
+from .errors import EpqlabError
+
 # Subcommand modules, in the order `epqlab --help` lists them.
 COMMANDS = ["info", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "predictor", "model", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = argparse.ArgumentParser(prog="epqlab", description="Expert paging for MoE GGUF models on small machines.")
     p.add_argument("--version", action="version", version=f"epqlab {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -22,8 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import EpqlabError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

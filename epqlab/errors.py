@@ -47,3 +47,11 @@ class ModelChangedError(EpqlabError, OSError):
 class LlamaCppError(EpqlabError, RuntimeError):
     """llama.cpp refused to load the model or create its context (e.g. the KV cache of ``n_ctx``
     does not fit in memory); the message carries llama.cpp's own error lines."""
+
+
+class ProbeFileTooSmallError(EpqlabError, ValueError):
+    """The probed file is smaller than the largest request size; the message names both sizes."""
+
+
+class RouteLogError(EpqlabError, ValueError):
+    """A route log (file or arrays) does not follow the format of docs/DESIGN.md §6."""

@@ -9,7 +9,7 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`) and,
   with a pager, ``time_split``: the mean milliseconds per part of its decode calls
-  (:func:`epqlab.time_split.decode_summary`).
+  (:func:`epqlab.engine.time_split.decode_summary`).
 
 Scheduling: one request decodes at a time (a single worker thread owns the Session); others wait in
 arrival order. The KV cache is kept across requests, so a request whose prompt extends the previous
@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 from .results import clean_json
+from .engine.time_split import decode_summary
 
 
 def _require():
@@ -185,10 +186,9 @@ def create_app(session, *, model_name: str | None = None):
     @app.get("/v1/epqlab/stats")
     async def stats():
         def read():
-            with session._lock:  # between two decode calls: the pager's history is not growing
+            with session.decoder.lock:  # between two decode calls: the pager's history is not growing
                 out = {"model": name, "stats": clean_json(session.stats)}
                 if session.paged:  # mean ms per part of every decode call since the last reset_stats
-                    from .time_split import decode_summary
 
                     out["time_split"] = clean_json(decode_summary(session.time_split("token")))
                 return out

@@ -30,3 +30,23 @@ def mini_gguf(tiny_gguf, tmp_path_factory):
     from ggufs import shrink_vocab
 
     return shrink_vocab(tiny_gguf, tmp_path_factory.mktemp("mini") / "mini.gguf", 512)
+
+
+@pytest.fixture(scope="session")
+def default_path(default_model_path):
+    return default_model_path
+
+
+@pytest.fixture(scope="session")
+def ref(default_path):
+    """Plain llama.cpp's greedy trace of tests/exact.py's prompt on the default model."""
+    from exact import greedy_ref
+
+    return greedy_ref(default_path)
+
+
+@pytest.fixture(scope="session")
+def mini_ref(mini_gguf):
+    from exact import greedy_ref
+
+    return greedy_ref(mini_gguf)

@@ -17,7 +17,7 @@ import epqlab
 
 def main(model: str, n: int) -> None:
     proc = psutil.Process()
-    from epqlab._native import core  # noqa: F401  (the engine and libllama: what they open stays open)
+    from epqlab.engine.native import core  # noqa: F401  (the engine and libllama: what they open stays open)
 
     lay = epqlab.inspect(model)
     arena = epqlab.Pager.min_arena_bytes(lay)

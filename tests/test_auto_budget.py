@@ -7,7 +7,7 @@ import types
 import pytest
 
 import epqlab
-from epqlab import auto_budget as ab
+from epqlab.memory import auto_budget as ab
 
 GiB = 2**30
 

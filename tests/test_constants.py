@@ -42,9 +42,10 @@ def test_page_size_is_the_machines():
 
 
 def test_policies_one_definition():
-    from epqlab import pager, routes
-    from epqlab._native import core
-    from epqlab.ablation import DEFAULT_POLICIES
+    from epqlab import routes
+    from epqlab.paging import pager
+    from epqlab.engine.native import core
+    from epqlab.studies.ablation import DEFAULT_POLICIES
 
     assert set(core.POLICIES) == set(C.PAGER_POLICIES) and len(core.POLICIES) == len(C.PAGER_POLICIES)
     assert pager.POLICIES is C.ONLINE_POLICIES and pager.OFFLINE_POLICIES is C.OFFLINE_POLICIES
@@ -54,7 +55,7 @@ def test_policies_one_definition():
 
 
 def test_version_written_once():
-    from epqlab._native import core
+    from epqlab.engine.native import core
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     assert epqlab.__version__ == pyproject["project"]["version"] == core.__version__

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.ablation import hot_experts, memory_points
-from epqlab.ablation.grid import pass_rates
+from epqlab.studies.ablation import hot_experts, memory_points
+from epqlab.studies.ablation.grid import pass_rates
 
 from ggufs import LayerSpec, write_moe
 
@@ -102,7 +102,7 @@ def test_belady_never_below_online(cyc):
     ex = ex.reshape(60, 4, 2).astype(np.int32)
     for slots in (2, 4, 6, 10):
         bel = epqlab.Pager(cyc, slots * unit, policy="belady").replay(ex)["hits"]
-        for pol in epqlab.pager.POLICIES:
+        for pol in epqlab.paging.pager.POLICIES:
             assert epqlab.Pager(cyc, slots * unit, policy=pol).replay(ex)["hits"] <= bel, (slots, pol)
 
 
@@ -131,7 +131,7 @@ def test_session_refuses_offline_policy(default_model_path):
         epqlab.Session(default_model_path, policy="lru", hot_experts=[[1, 0]])
 
 
-@pytest.mark.parametrize("policy", epqlab.pager.POLICIES)
+@pytest.mark.parametrize("policy", epqlab.paging.pager.POLICIES)
 def test_live_equals_replay(default_model_path, tmp_path, policy):
     """A live run (prefill ubatches + decode) and the replay of its own route log through a fresh
     pager of the same arena agree on every counter, per forward pass too."""
@@ -200,7 +200,7 @@ def test_cli_ablate_eviction(default_model_path, tmp_path):
 
 
 def test_uniform_routes_shape():
-    from epqlab.ablation.routing_cap import uniform_routes
+    from epqlab.studies.ablation.routing_cap import uniform_routes
 
     ex = np.zeros((50, 3, 2), np.int32)
     ex[7, 1] = -1
@@ -219,8 +219,8 @@ def test_uniform_routes_shape():
 def test_online_policies_capped_on_uniform_routes(default_model_path, fraction=0.3):
     """On i.i.d. uniform routes no online policy can beat slots / (L x E) in expectation (each requested
     expert is resident with probability r_l / E, and the r_l sum to at most the slot count; see
-    epqlab.ablation.routing_cap). Belady, which sees the future, must beat it clearly."""
-    from epqlab.ablation.routing_cap import uniform_routes
+    epqlab.studies.ablation.routing_cap). Belady, which sees the future, must beat it clearly."""
+    from epqlab.studies.ablation.routing_cap import uniform_routes
 
     lay = epqlab.inspect(default_model_path)
     L, E, k = len(lay.moe_layers), lay.n_expert, lay.n_expert_used

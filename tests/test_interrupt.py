@@ -74,11 +74,11 @@ class _InterruptingEngine:
 @pytest.mark.parametrize("nth", [1, 2, 5])  # 1 = during the prefill, then during decode steps
 def test_interrupt_inside_the_decode_loop(mini_gguf, fresh, tmp_path, nth, when):
     with _open(mini_gguf, route_log=tmp_path / "r.npz") as s:
-        real = s._engine
-        s._engine = _InterruptingEngine(real, nth, when)
+        real = s.decoder.engine
+        s.decoder.engine = _InterruptingEngine(real, nth, when)
         with pytest.raises(KeyboardInterrupt):
             s.generate(P, 12)
-        s._engine = real
+        s.decoder.engine = real
         n0 = s.route_log().n_tokens
         _check_usable(s, fresh)
         log = s.route_log()

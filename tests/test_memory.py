@@ -36,7 +36,7 @@ def private_model(tmp_path_factory):
 
 def test_lazy_load_relocations_found():
     # Fails loudly after a llama.cpp upgrade that moves mmap/posix_madvise out of libllama's PLT.
-    from epqlab._native import core
+    from epqlab.engine.native import core
 
     assert core.lazy_load_check() == ""
 

@@ -313,7 +313,7 @@ def test_prompts_file_kinds():
         prompts("poetry")
 
 
-# Ratio of the default model's perplexity at its default k to the dense SmolLM2's, measured (epqlab.perplexity,
+# Ratio of the default model's perplexity at its default k to the dense SmolLM2's, measured (epqlab.engine.perplexity,
 # n_ctx 512; see DEFAULT_CONFIG's comment in epqlab/models/default.py) and rounded to 3 digits, times 1.02.
 HELDOUT_RATIO_MEASURED = {"prose": 1.142, "code": 1.193, "legal": 1.324}
 HELDOUT_RATIO_BOUND = {k: v * 1.02 for k, v in HELDOUT_RATIO_MEASURED.items()}
@@ -323,13 +323,13 @@ _PPL: dict = {}
 
 
 def _ppl(path, kind):
-    """epqlab.perplexity on a held-out text, computed once per (model, text) for the tests below."""
+    """epqlab.engine.perplexity on a held-out text, computed once per (model, text) for the tests below."""
     from epqlab.data import heldout_texts
-    from epqlab.perplexity import perplexity
+    from epqlab.studies.model_quality import perplexity_of
 
     key = (str(path), kind)
     if key not in _PPL:
-        _PPL[key] = perplexity(path, heldout_texts()[kind], n_ctx=512)
+        _PPL[key] = perplexity_of(path, heldout_texts()[kind], n_ctx=512)
     return _PPL[key]
 
 
@@ -351,7 +351,7 @@ def test_llama_cpp_default_kernels_agree_with_engine(default_model_path, kind):
     A router with near-tied logits flips experts under different rounding (the model this replaced
     differed by 1.5 % on one 726-token window)."""
     from epqlab.data import heldout_texts
-    from epqlab.models.quality import llama_cpp_perplexity
+    from epqlab.studies.model_quality import llama_cpp_perplexity
 
     ours = _ppl(default_model_path, kind).ppl
     theirs = llama_cpp_perplexity(default_model_path, heldout_texts()[kind], n_ctx=512)
@@ -363,7 +363,7 @@ def _record(path, tmp_path, name, n_tokens=256):
     random-weight model repeats itself, which would give any routing reuse)."""
     from epqlab.data import heldout_texts
     from epqlab.routes import RouteLog
-    from epqlab.session import Session
+    from epqlab.engine.session import Session
 
     log = tmp_path / f"{name}.npz"
     with Session(path, pager=False, route_log=log, n_ctx=512) as s:
@@ -381,7 +381,7 @@ def test_synth_skewed_routing_has_locality(tmp_path):
     near-constant residual component that random routers also read as a bias, so on this small shape it
     routes with uncontrolled skew -- measured LRU@10 % 0.58, top-quarter share 0.61-0.99 by layer.)"""
     from epqlab.models import synthesize
-    from epqlab.models.quality import locality_stats, uniform_log
+    from epqlab.studies.model_quality import locality_stats, uniform_log
     from epqlab.models.routing_profile import SKEWED_LRU10_BAND
 
     sk = synthesize(tmp_path / "skewed.gguf", "small", routing="skewed", progress=False)

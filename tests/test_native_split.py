@@ -15,8 +15,8 @@ CHILD = textwrap.dedent("""
     import json, sys
     import numpy as np
     from epqlab.layout import inspect
-    from epqlab.pager import Pager
-    from epqlab.probe import probe_io
+    from epqlab.paging.pager import Pager
+    from epqlab.paging.probe import probe_io
 
     model = sys.argv[1]
     lay = inspect(model)
@@ -52,8 +52,8 @@ def test_pager_and_probe_run_without_libllama(default_model_path, tmp_path):
 
 def test_engine_module_takes_the_pager_modules_pager(mini_gguf):
     import epqlab
-    from epqlab._native import engine_core
-    from epqlab._pager_native import pager_core
+    from epqlab.engine.native import engine_core
+    from epqlab.paging.native import pager_core
 
     with epqlab.Session(mini_gguf, arena_bytes=None, n_ctx=64) as s:
         assert type(s.pager.native) is pager_core.Pager  # noqa: E721  (the class, exactly)
@@ -64,10 +64,10 @@ def test_engine_module_takes_the_pager_modules_pager(mini_gguf):
 
 
 def test_counter_names_come_from_the_native_tables(mini_gguf):
-    from epqlab._native import core
+    from epqlab.engine.native import core
     from epqlab.layout import inspect
-    from epqlab.pager import Pager
-    from epqlab.run_stats import COUNTERS as _COUNTERS
+    from epqlab.paging.pager import Pager
+    from epqlab.engine.run_stats import COUNTERS as _COUNTERS
 
     lay = inspect(mini_gguf)
     p = Pager(lay, Pager.all_experts_bytes(lay), direct_io=False)

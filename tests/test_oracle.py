@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.prefetch import oracle_routes
+from epqlab.engine.prefetch import oracle_routes
 from epqlab.routes import RouteLog
 from epqlab.routes.log import RouteLogError
-from test_overlap import N_STEPS, THREADS, _check_identical, _small_arena, default_path, ref  # noqa: F401 (fixtures)
+from exact import N_STEPS, THREADS, check_identical, small_arena
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_oracle_predicts_every_expert_and_keeps_logits(default_path, ref, record
     ub, n = np.unique(log.ubatch, return_counts=True)
     n_single = int((n == 1).sum())
     assert n_single >= N_STEPS - 1
-    st = _check_identical(default_path, ref, "lru", "oracle", 0, pipeline, depth=depth, predictor=str(path),
+    st = check_identical(default_path, ref, "lru", "oracle", 0, pipeline, depth=depth, predictor=str(path),
                           route_log=tmp_path / "replay.npz")
     # every single-token pass predicts layers 1..L-1 one layer ahead (layer 0 has no layer before it),
     # k experts each, and all of them are right
@@ -60,7 +60,7 @@ def test_oracle_replays_calls_across_reset_and_generations(default_path, tmp_pat
 
     with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=tmp_path / "rec.npz") as s:
         want = [g.tokens for g in calls(s)]
-    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_depth=2,
+    with epqlab.Session(default_path, arena_bytes=small_arena(default_path), prefetch="oracle", prefetch_depth=2,
                         prefetch_predictor=tmp_path / "rec.npz", n_threads=THREADS, io_threads=2,
                         route_log=tmp_path / "replay.npz") as s:
         gens = calls(s)
@@ -91,7 +91,7 @@ def test_oracle_errors(default_path, recorded, mini_gguf, tmp_path):
         table, follows = oracle_routes(log, log.n_layers, log.n_expert)
         table[0, 0, 0] = log.n_expert
         with pytest.raises(ValueError, match="outside"):
-            s._engine.set_oracle(table, follows)
+            s.decoder.engine.set_oracle(table, follows)
     with pytest.raises(ValueError, match="would overwrite the route log it replays"):
         epqlab.Session(default_path, prefetch="oracle", prefetch_predictor=path, route_log=path)
     with pytest.raises(RouteLogError, match="is a directory"):
@@ -108,7 +108,7 @@ def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):
     path = tmp_path / "long.npz"
     with epqlab.Session(default_path, pager=False, n_threads=THREADS, route_log=path) as s:
         s.greedy_trace(toks, N_STEPS + 3)
-    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
+    with epqlab.Session(default_path, arena_bytes=small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
                         prefetch_depth=2, n_threads=THREADS, io_threads=2, route_log=tmp_path / "replay.npz") as s:
         p, st, gen = s.greedy_trace(toks, N_STEPS)
         assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
@@ -116,7 +116,7 @@ def test_oracle_batches_carried_past_a_decode(default_path, ref, tmp_path):
         assert np.array_equal(s.logits(toks), rp)
         stats = s.stats
     assert stats["prefetch_units"] > 0 and stats["pred_correct"] == stats["pred_experts"] > 0
-    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
+    with epqlab.Session(default_path, arena_bytes=small_arena(default_path), prefetch="oracle", prefetch_predictor=path,
                         n_threads=THREADS, io_threads=2, route_log=tmp_path / "replay2.npz") as s:
         s.greedy_trace(toks, N_STEPS)
         assert s._pager.native.prefetch_active  # closed with the batch in flight

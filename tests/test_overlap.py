@@ -1,4 +1,4 @@
-"""Hiding I/O behind compute (issue 14): prefetch and segment-parallel reads change timing only
+"""Hiding I/O behind compute (docs/DESIGN.md §3c): prefetch and segment-parallel reads change timing only
 (logits bit-identical to plain llama.cpp for every policy at small arenas); a wrong prediction
 never evicts a pinned expert nor the prediction's own resident experts; the time split's parts
 come from their own timestamps and an injected read delay lands in the I/O part."""
@@ -12,71 +12,21 @@ import pytest
 import epqlab
 import epqlab.models
 from epqlab.constants import ONLINE_POLICIES
+from exact import N_STEPS, THREADS, check_identical, small_arena
 from ggufs import two_class_model
-
-N_STEPS = 8
-THREADS = 1
-PROMPT = "A CPU cache is a small, fast memory that sits between the processor and main memory. It keeps"
-
-
-@pytest.fixture(scope="module")
-def default_path():
-    return epqlab.models.default_model(progress=False)
-
-
-def _ref(path):
-    with epqlab.Session(path, pager=False, n_threads=THREADS) as s:
-        toks = s.tokenize(PROMPT)
-        return toks, s.greedy_trace(toks, N_STEPS)
-
-
-@pytest.fixture(scope="module")
-def ref(default_path):
-    return _ref(default_path)
-
-
-@pytest.fixture(scope="module")
-def mini_ref(mini_gguf):
-    return _ref(mini_gguf)
-
-
-def _small_arena(path, factor=1.5):
-    lay = epqlab.inspect(path)
-    return int(epqlab.Pager.min_arena_bytes(lay) * factor)
-
-
-def _check_identical(path, ref, policy, prefetch, segment, pipeline=False, depth=1, min_precision=None, predictor=None,
-                     route_log=None):
-    toks, (rp, rs, rg) = ref
-    with epqlab.Session(path, arena_bytes=_small_arena(path), policy=policy, prefetch=prefetch,
-                        read_segment_bytes=segment or None, io_threads=2, n_threads=THREADS,
-                        pipeline_reads=pipeline, prefetch_depth=depth, prefetch_predictor=predictor,
-                        prefetch_min_precision=min_precision if prefetch else None, route_log=route_log) as s:
-        p, st, gen = s.greedy_trace(toks, N_STEPS)
-        stats = s.stats
-    assert np.array_equal(p, rp) and np.array_equal(st, rs) and gen == rg
-    assert stats["misses"] > 0 and stats["evictions"] > 0  # a small arena: the pager really paged
-    # pipelined reads really queued decode layers' misses (and only when on)
-    assert (stats["pipelined_loads"] > 0) == pipeline
-    if prefetch:
-        # the prefetch really ran and was scored: otherwise this test would not test it
-        assert stats["prefetch_units"] > 0 and stats["pred_layers"] > 0
-        assert 0 < stats["pred_correct"] <= min(stats["pred_experts"], stats["pred_actual"])
-    return stats
-
 
 @pytest.mark.parametrize("policy", ONLINE_POLICIES)
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_prefetch_keeps_logits_bit_identical_every_policy(mini_gguf, mini_ref, policy, pipeline):
     """Every online policy with the union predictor and segmented reads, on the 4-layer mini model,
     with and without pipelined (matrix-by-matrix) reads."""
-    _check_identical(mini_gguf, mini_ref, policy, "union", 4096, pipeline)
+    check_identical(mini_gguf, mini_ref, policy, "union", 4096, pipeline)
 
 
 @pytest.mark.parametrize("prefetch,segment,pipeline", [("lookahead", 0, False), ("previous", 8192, False),
                                                        (None, 0, True), ("lookahead", 65536, True)])
 def test_prefetch_keeps_logits_bit_identical_default_model(default_path, ref, prefetch, segment, pipeline):
-    st = _check_identical(default_path, ref, "lru", prefetch, segment, pipeline)
+    st = check_identical(default_path, ref, "lru", prefetch, segment, pipeline)
     if prefetch == "lookahead":  # the router lookahead is a real predictor on a trained model
         assert st["pred_correct"] / st["pred_experts"] > 0.5
 
@@ -168,7 +118,7 @@ def test_time_split_parts_and_injected_read_delay(mini_gguf, mini_ref):
     n = 6
     out = {}
     for delay in (0, 2000):
-        with epqlab.Session(path, arena_bytes=_small_arena(path, 1.0), io_threads=1,
+        with epqlab.Session(path, arena_bytes=small_arena(path, 1.0), io_threads=1,
                             n_threads=THREADS) as s:
             s.pager.read_delay_us = delay
             s.generate(toks, n)
@@ -227,7 +177,7 @@ def test_mispredicted_reads_not_started_are_cancelled(tmp_path):
 def test_segment_from_probe_hand_computed():
     import pandas as pd
 
-    from epqlab.read_segments import segment_from_probe
+    from epqlab.paging.read_segments import segment_from_probe
 
     # concurrency 4: 64 KiB reaches 400 of 1.9 MB's 420 MB/s (>= 90%), 4 KiB only 40
     df = pd.DataFrame({"request_bytes": [4096, 65536, 1_900_000] * 2, "concurrency": [1, 1, 1, 4, 4, 4],
@@ -254,7 +204,7 @@ def test_pipelined_read_error_raises_and_session_recovers(default_path, ref, pre
     import errno
 
     toks, (rp, rs, rg) = ref
-    with epqlab.Session(default_path, arena_bytes=_small_arena(default_path), pipeline_reads=True,
+    with epqlab.Session(default_path, arena_bytes=small_arena(default_path), pipeline_reads=True,
                         prefetch=prefetch, io_threads=2, n_threads=THREADS) as s:
         s.generate(toks[:1], 3)
         s.pager.inject_fault(40, errno.EIO)
@@ -284,7 +234,7 @@ def test_failed_expert_mmap_raises_and_session_recovers(default_path, ref, pipel
     lay = epqlab.inspect(default_path)
     n_tensors = len(lay.layers[0].tensors)
     for nth in (1, n_tensors, n_tensors + 1, 3 * n_tensors, 7 * n_tensors - 1):
-        with epqlab.Session(default_path, arena_bytes=_small_arena(default_path, 1.3), pipeline_reads=pipeline,
+        with epqlab.Session(default_path, arena_bytes=small_arena(default_path, 1.3), pipeline_reads=pipeline,
                             prefetch=prefetch, io_threads=2, n_threads=THREADS) as s:
             s.generate(toks[:1], 2)
             s.pager.inject_map_fault(nth)

@@ -36,8 +36,8 @@ def results(tmp_path_factory):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from epqlab.probe import probe_io
-    from epqlab.probe_report import probe_figure, save_probe_results
+    from epqlab.paging.probe import probe_io
+    from epqlab.studies.probe_report import probe_figure, save_probe_results
     from epqlab.results import run_info, save_figures, study_dir, write_json
     from epqlab.routes import RouteLog
     from epqlab.routes.report import make_figures, summarize

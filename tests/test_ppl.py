@@ -9,7 +9,8 @@ import pytest
 
 import epqlab
 from epqlab.data import heldout_texts
-from epqlab.perplexity import perplexity
+from epqlab.engine.perplexity import perplexity
+from epqlab.studies.model_quality import perplexity_of
 
 
 def text_tokens(n: int = 110) -> str:
@@ -27,7 +28,7 @@ def test_paged_equals_plain_at_every_k(default_model_path):
     text = text_tokens()
     seen = set()
     for k in range(1, lay.n_expert + 1):
-        plain = perplexity(default_model_path, text, n_ctx=64, expert_used=k)
+        plain = perplexity_of(default_model_path, text, n_ctx=64, expert_used=k)
         arena = max(epqlab.Pager.min_arena_bytes(lay, k), total // 4)
         with epqlab.Session(default_model_path, arena_bytes=arena, expert_used=k, n_ctx=256) as s:
             paged = perplexity(s, text, n_ctx=64)
@@ -78,7 +79,7 @@ def test_ppl_cli(default_model_path, tmp_path, capsys):
     assert main(["ppl", str(default_model_path), str(f), "--expert-used", "2", "--n-ctx", "64",
                  "--arena", "0.25", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    ref = perplexity(default_model_path, f.read_text(), n_ctx=64, expert_used=2)
+    ref = perplexity_of(default_model_path, f.read_text(), n_ctx=64, expert_used=2)
     assert r["ppl"] == ref.ppl and r["n_expert_used"] == 2 and r["paged"]
     assert r["stats"]["bytes_read"] > 0
     assert f"PPL = {ref.ppl:.4f}" in capsys.readouterr().out

@@ -10,27 +10,28 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab import predictor as P
+from epqlab.engine import predictor as P
+from epqlab.studies import predictor_fit as F
 from epqlab.data import heldout_texts
 from epqlab.errors import EpqlabError
-from test_overlap import _check_identical, default_path, ref  # noqa: F401 (fixtures)
+from exact import check_identical
 
 
 @pytest.fixture(scope="module")
 def fitted(default_path):
     """(predictor fitted on 400 calibration tokens at depth 2, routers, biases)."""
     with epqlab.Session(default_path, pager=False, n_ctx=256) as s:
-        ids = P.calibration_tokens(s, 400)
-    H, routes = P.record_router_inputs(default_path, ids)
+        ids = F.calibration_tokens(s, 400)
+    H, routes = F.record_router_inputs(default_path, ids)
     Ws, bs = P.router_weights(default_path)
-    return P.fit_predictor(H, routes, Ws, bs, depth=2), Ws, bs
+    return F.fit_predictor(H, routes, Ws, bs, depth=2), Ws, bs
 
 
 @pytest.fixture(scope="module")
 def heldout(default_path):
     with epqlab.Session(default_path, pager=False, n_ctx=256) as s:
         ids = s.tokenize(heldout_texts()["code"])[:300]
-    return P.record_router_inputs(default_path, ids)
+    return F.record_router_inputs(default_path, ids)
 
 
 def test_recorded_router_inputs_reproduce_the_routes(default_path, heldout, fitted):
@@ -40,14 +41,14 @@ def test_recorded_router_inputs_reproduce_the_routes(default_path, heldout, fitt
     assert H.shape[:2] == (T, L) and not np.isnan(H).any()
     for l in range(L):  # the router applied in NumPy (float64) to the captured input picks the same experts
         logits = H[:, l].astype(np.float64) @ Ws[l].T.astype(np.float64) + bs[l]
-        assert P._hits(P._topk(logits, k), routes[:, l]) >= 0.99 * T * k, l
+        assert F._hits(F._topk(logits, k), routes[:, l]) >= 0.99 * T * k, l
 
 
 def test_trained_predictor_beats_lookahead_on_heldout_text(heldout, fitted):
     H, routes = heldout
     p, Ws, bs = fitted
     for d in (1, 2):
-        la, tr = P.predictor_recall(H, routes, Ws, bs, None, d), P.predictor_recall(H, routes, Ws, bs, p, d)
+        la, tr = F.predictor_recall(H, routes, Ws, bs, None, d), F.predictor_recall(H, routes, Ws, bs, p, d)
         assert tr > la + 0.01, (d, la, tr)
 
 
@@ -57,18 +58,17 @@ def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
     p, _, _ = fitted
     with epqlab.Session(default_path, arena_bytes="6MiB", prefetch="trained", prefetch_predictor=p, prefetch_depth=2,
                         route_log=tmp_path / "r.npz") as s:
-        s._engine.set_capture_inputs(True)
+        s.decoder.capture_router_inputs(True)
         g = s.generate(heldout_texts()["prose"][:200], 12)
-        flat, dim = s._engine.take_router_inputs()
-        routes = np.concatenate([x[0] for x in s._route_parts])
-        ubs = np.concatenate([x[2] for x in s._route_parts])
+        flat, dim = s.decoder.take_router_inputs()
+        routes, _, ubs = s.decoder.routes(s.n_expert_used)
     st = g.stats
     T, L, k = routes.shape
     H = np.asarray(flat).reshape(T, L, dim)
     u, c = np.unique(ubs, return_counts=True)
     single = np.isin(ubs, u[c == 1])  # single-token ubatches: the decode steps that prefetch
     assert single.sum() == 11
-    hits = sum(P._hits(P._topk(H[single, l].astype(np.float64) @ p.W[0, l].T.astype(np.float64) + p.b[0, l], k),
+    hits = sum(F._hits(F._topk(H[single, l].astype(np.float64) @ p.W[0, l].T.astype(np.float64) + p.b[0, l], k),
                        routes[single, l + 1]) for l in range(L - 1))
     assert st["pred_experts"] == single.sum() * (L - 1) * k
     assert abs(st["pred_correct"] - hits) <= 2, (st["pred_correct"], hits)
@@ -80,7 +80,7 @@ def test_trained_prefetch_keeps_logits_bit_identical(default_path, ref, fitted, 
     path = p.save(tmp_path / "pred.npz")  # the saved file: round trip included
     q = P.ExpertPredictor.load(path)
     assert np.array_equal(q.W, p.W) and np.array_equal(q.b, p.b) and q.alpha == p.alpha
-    st = _check_identical(default_path, ref, "lru", "trained", 0, pipeline, depth=2, predictor=str(path))
+    st = check_identical(default_path, ref, "lru", "trained", 0, pipeline, depth=2, predictor=str(path))
     assert st["pred_correct"] / st["pred_experts"] > 0.5
 
 
@@ -114,18 +114,18 @@ def test_predictor_errors(default_path, fitted, tmp_path):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=tmp_path / "nan.npz")
     with epqlab.Session(default_path, arena_bytes="6MiB") as s:  # the native check, below the Python one
         with pytest.raises(ValueError, match="experts per layer"):
-            s._engine.set_predictor(fewer.W, fewer.b)
+            s.decoder.engine.set_predictor(fewer.W, fewer.b)
         with pytest.raises(ValueError, match="not finite"):
-            s._engine.set_predictor(W, p.b)
+            s.decoder.engine.set_predictor(W, p.b)
     with epqlab.Session(default_path, arena_bytes="6MiB") as s:
         with pytest.raises(ValueError, match="needs route recording"):
-            s._engine.set_capture_inputs(True)
+            s.decoder.capture_router_inputs(True)
     H = np.ones((32, 2, 8), np.float32)
     H[0, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        P.fit_predictor(H, np.zeros((32, 2, 1), np.int32), [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
+        F.fit_predictor(H, np.zeros((32, 2, 1), np.int32), [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
     with pytest.raises(ValueError, match="too few"):
-        P.fit_predictor(np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 1), np.int32),
+        F.fit_predictor(np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 1), np.int32),
                         [np.zeros((3, 8), np.float32)] * 2, [np.zeros(3, np.float32)] * 2)
 
 

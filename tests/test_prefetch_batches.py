@@ -14,7 +14,7 @@ import pytest
 import epqlab
 import epqlab.models
 from ggufs import aligned_model, tiny_slices_model, two_class_model
-from test_overlap import _check_identical, default_path, mini_ref, ref  # noqa: F401 (fixtures)
+from exact import check_identical
 
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -138,12 +138,12 @@ def test_demand_load_waits_for_batches_instead_of_failing(tmp_path):
 
 @pytest.mark.parametrize("policy", ["lru", "ls_pos", "fnu"])
 def test_depth_two_keeps_logits_bit_identical(mini_gguf, mini_ref, policy):  # noqa: F811
-    st = _check_identical(mini_gguf, mini_ref, policy, "union", 0, True, depth=2)
+    st = check_identical(mini_gguf, mini_ref, policy, "union", 0, True, depth=2)
     assert st["pipelined_early"] > 0  # some layer's misses were queued while its batch still read
 
 
 def test_depth_two_default_model(default_path, ref):  # noqa: F811
-    st = _check_identical(default_path, ref, "lru", "lookahead", 0, True, depth=2)
+    st = check_identical(default_path, ref, "lru", "lookahead", 0, True, depth=2)
     assert st["pred_correct"] / st["pred_experts"] > 0.5
 
 
@@ -165,7 +165,7 @@ def test_gate_reads_fewer_and_predicts_the_same(default_path, ref):  # noqa: F81
     scores are identical, and the closed ranks' predictions are counted as gated."""
     runs = {}
     for gate in (0.0, 1.0):
-        st = _check_identical(default_path, ref, "lru", "lookahead", 0, True, min_precision=gate)
+        st = check_identical(default_path, ref, "lru", "lookahead", 0, True, min_precision=gate)
         runs[gate] = st
     off, strict = runs[0.0], runs[1.0]
     assert off["pred_gated"] == 0 and strict["pred_gated"] > 0

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.probe import COLUMNS, ProbeFileTooSmallError, model_request_sizes, reading, summarize, summary_line
+from epqlab.errors import ProbeFileTooSmallError
+from epqlab.paging.probe import COLUMNS, model_request_sizes, summarize
+from epqlab.studies.probe_report import reading, summary_line
 
 SIZES = [4096, 65536, 100_000]  # 100_000 is not a multiple of 4096: O_DIRECT must round it up
 CONC = [1, 2, 3]
@@ -121,7 +123,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_native_errors_become_python_exceptions(tmp_path):
-    from epqlab._native import core
+    from epqlab.engine.native import core
 
     with pytest.raises(FileNotFoundError) as ei:
         core.IoProbe(str(tmp_path / "missing.bin"), True)
@@ -236,8 +238,8 @@ def test_notebook(tmp_path):
 
 def test_probe_defaults(tmp_path):
     """What notebook 01 probes when given a MoE GGUF, another file, or nothing."""
-    from epqlab.probe import DEFAULT_REQUEST_BYTES, REFERENCE_EXPERT_BYTES
-    from epqlab.probe_report import probe_defaults
+    from epqlab.paging.probe import DEFAULT_REQUEST_BYTES, REFERENCE_EXPERT_BYTES
+    from epqlab.studies.probe_report import probe_defaults
 
     m = tmp_path / "moe.gguf"
     write_moe_gguf(m)

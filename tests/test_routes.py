@@ -247,7 +247,7 @@ def test_synthetic_locality():
 
 def test_routes_package_never_imports_the_engine():
     """epqlab.routes reads and analyses logs only: no module of it imports the Session, the native extension,
-    the pager or the recorder (epqlab.route_recording), even inside a function."""
+    the pager or the recorder (epqlab.studies.route_recording), even inside a function."""
     import ast
     from pathlib import Path
 

@@ -171,7 +171,7 @@ def test_peak_memory_stays_within_budget(default_path):
     assert rc == 0, err
     first = json.loads(out.splitlines()[0])
     used, read_buffers = first["used"], first["read_buffers"]
-    from epqlab.pager import default_io_threads
+    from epqlab.paging.pager import default_io_threads
     assert read_buffers == (default_io_threads() + 1) * epqlab.Pager.bounce_bytes()  # one per reader + the caller
     quarter = budgets(lay)["quarter"]
     budget = used + 64 * 2**20 + read_buffers + quarter

@@ -1,4 +1,4 @@
-"""Hard memory limits (epqlab.limits), the strict memory-level runner (epqlab.strict), `epqlab
+"""Hard memory limits (epqlab.memory.limits), the strict memory-level runner (epqlab.studies.strict), `epqlab
 strict` and notebooks/05_memory_levels.ipynb, on the default model at small levels."""
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from notebooks import REPO, run_notebook  # noqa: E402
 
 import epqlab  # noqa: E402
-from epqlab import limits, strict  # noqa: E402
+from epqlab.memory import limits  # noqa: E402
+from epqlab.studies import strict  # noqa: E402
 from epqlab.memory import drop_page_cache, page_cache_bytes  # noqa: E402
-from epqlab.session import DEFAULT_RESERVE  # noqa: E402
+from epqlab.engine.session import DEFAULT_RESERVE  # noqa: E402
 
 MiB = 2**20
 LEVEL = 320 * MiB  # a limit the default model loads in (n_ctx 256)

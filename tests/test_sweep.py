@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import epqlab
-from epqlab.sweeps import META, generation_point, grid_points
+from epqlab.studies.sweeps import META, generation_point, grid_points
 
 GRID = {"arena": [0.3, 0.7], "policy": ["lru"], "n_predict": [4]}
 TIMING = ["decode_tok_s"]

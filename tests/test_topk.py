@@ -1,4 +1,4 @@
-"""The top-k ablation (epqlab.ablation.topk), its skip-cold sweep, notebook 04 and `epqlab ablate topk`:
+"""The top-k ablation (epqlab.studies.ablation.topk), its skip-cold sweep, notebook 04 and `epqlab ablate topk`:
 values checked against numbers computed here (plain llama.cpp perplexity, hand-worked divergences)."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from epqlab.ablation.topk import divergence, parse_ks, resolve_prompts, resolve_texts
+from epqlab.studies.ablation.topk import divergence, parse_ks, resolve_prompts, resolve_texts
 from epqlab.data import heldout_texts
-from epqlab.perplexity import perplexity
+from epqlab.studies.model_quality import perplexity_of
 from notebooks import run_notebook
 
 SMALL = dict(texts=["prose"], text_chars=400, ppl_n_ctx=64, prompts=["chat-cache", "code-fib"], n_predict=6)
@@ -43,7 +43,7 @@ def test_notebook_04_small_grid(default_model_path, tmp_path):
     text = heldout_texts()["prose"][:400]
     # perplexity per k equals plain llama.cpp's, computed here (paging is exact)
     for x in rows:
-        ref = perplexity(default_model_path, text, n_ctx=64, expert_used=x["k"])
+        ref = perplexity_of(default_model_path, text, n_ctx=64, expert_used=x["k"])
         assert x["ppl_prose"] == ref.ppl, x["k"]
     own = r["parameters"]["own_k"]
     assert own == 3
@@ -75,7 +75,7 @@ def test_cli_ablate_topk(default_model_path, tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert [x["k"] for x in doc["rows"]] == [2, 3] and doc["parameters"]["repeats"] == 2
     assert len(doc["runs"]) == 4
-    ref = perplexity(default_model_path, heldout_texts()["code"][:300], n_ctx=64, expert_used=2)
+    ref = perplexity_of(default_model_path, heldout_texts()["code"][:300], n_ctx=64, expert_used=2)
     assert doc["rows"][0]["ppl_code"] == ref.ppl
     printed = capsys.readouterr().out
     assert "ppl_code" in printed and doc["reading"].split("\n")[0] in printed

@@ -3,22 +3,14 @@
 ablations (one knob swept over arenas or RAM budgets); each kind is a subcommand here."""
 from __future__ import annotations
 
-
-def _floats_or_sizes(s: str | None) -> list:
-    out = []
-    for x in (s or "").split(","):
-        x = x.strip()
-        if x:
-            try:
-                out.append(float(x))
-            except ValueError:
-                out.append(x)  # a size such as 256MiB
-    return out
+from ..constants import ONLINE_POLICIES
+from ..data import prompts
+from ..studies.ablation import eviction, eviction_reading, save
+from .ablate_topk import register as register_topk
+from ._args import floats_or_sizes
 
 
 def register(sub) -> None:
-    from ..constants import ONLINE_POLICIES
-
     p = sub.add_parser("ablate", help="ablations: sweep one knob (eviction policy, ...) over arenas or RAM budgets")
     kinds = p.add_subparsers(dest="ablation", metavar="KIND")
     e = kinds.add_parser("eviction", help="eviction policies live, replayed, and against Belady's bound")
@@ -35,7 +27,6 @@ def register(sub) -> None:
     e.add_argument("--json", default=None, help="write the table and settings as JSON here")
     e.add_argument("--csv", default=None, help="write the table as CSV here")
     e.set_defaults(func=run_eviction)
-    from .ablate_topk import register as register_topk
 
     register_topk(kinds)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -46,9 +37,6 @@ def run_eviction(args) -> int:
 
     import pandas as pd
 
-    from ..ablation import eviction, eviction_reading, save
-    from ..data import prompts
-
     chosen = prompts()
     if args.prompts:
         ids = [x.strip() for x in args.prompts.split(",") if x.strip()]
@@ -57,9 +45,9 @@ def run_eviction(args) -> int:
             raise ValueError(f"unknown prompt ids {unknown}; known: {', '.join(p.id for p in chosen)}")
         chosen = [p for p in chosen if p.id in ids]
     kw = {"n_threads": args.threads} if args.threads else {}
-    df = eviction(args.model, _floats_or_sizes(args.arenas), [x.strip() for x in args.policies.split(",") if x.strip()],
+    df = eviction(args.model, floats_or_sizes(args.arenas), [x.strip() for x in args.policies.split(",") if x.strip()],
                   prompts=chosen, n_predict=args.n_predict, repeats=args.repeats,
-                  budgets=_floats_or_sizes(args.budgets) or None, warmup=args.warmup, session_kwargs=kw)
+                  budgets=floats_or_sizes(args.budgets) or None, warmup=args.warmup, session_kwargs=kw)
     cols = ["point", "policy", "slots", "hit_rate", "steady_hit_rate", "belady_steady_hit_rate", "steady_belady_gap",
             "ssd_mb_per_token", "decode_tok_s", "io_wait_share", "replay_equal"]
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format):

@@ -1,6 +1,13 @@
 """``epqlab ablate topk MODEL --ks 2,4,7 --arenas 0.25,0.5 --json out.json``: the top-k ablation
-(:func:`epqlab.ablation.topk.topk`), optionally with the lossy skip-cold sweep (``--taus``)."""
+(:func:`epqlab.studies.ablation.topk.topk`), optionally with the lossy skip-cold sweep (``--taus``)."""
 from __future__ import annotations
+
+from ..models import default_model
+from ..results import write_json
+from ..studies.ablation import topk_report
+from ..studies.ablation.skip_cold import skip_cold
+from ..studies.ablation.topk import topk
+from ._args import floats_or_sizes
 
 
 def register(sub) -> None:
@@ -25,26 +32,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..ablation import topk_report
-    from ..ablation.skip_cold import skip_cold
-    from ..ablation.topk import topk
-    from .ablate import _floats_or_sizes as split_list
-
     model = args.model
     if model == "default":
-        from ..models import default_model
-
         model = str(default_model())
     kw = {"policy": args.policy}
     if args.threads:
         kw["n_threads"] = args.threads
-    df = topk(model, args.ks, arenas=split_list(args.arenas), budgets=split_list(args.budgets) or None,
+    df = topk(model, args.ks, arenas=floats_or_sizes(args.arenas), budgets=floats_or_sizes(args.budgets) or None,
               texts=args.texts, text_chars=args.text_chars, prompts=args.prompts, n_predict=args.n_predict,
               repeats=args.repeats, ppl_n_ctx=args.ppl_n_ctx, progress=True, **kw)
     skip = None
     if args.taus:
-        arena = split_list(args.tau_arena)[0]
-        skip = skip_cold(model, split_list(args.taus), arena=arena, texts=args.texts, text_chars=args.text_chars,
+        arena = floats_or_sizes(args.tau_arena)[0]
+        skip = skip_cold(model, floats_or_sizes(args.taus), arena=arena, texts=args.texts, text_chars=args.text_chars,
                          ppl_n_ctx=args.ppl_n_ctx, progress=True, **kw)
     print(topk_report.format_table(df))
     if skip is not None:
@@ -53,8 +53,6 @@ def run(args) -> int:
     print()
     print(topk_report.reading(df, skip))
     if args.json:
-        from ..results import write_json
-
         write_json(topk_report.to_json(df, skip), args.json)
     if args.out_dir:
         paths = topk_report.save(df, args.out_dir, "topk", skip=skip)

@@ -2,6 +2,14 @@
 then the same prompt with plain llama.cpp, side by side."""
 from __future__ import annotations
 
+from ..engine.session import Session
+from ..layout import inspect
+from ..models import default_model
+from ..paging.pager import Pager
+from ..units import fmt_bytes
+from .run import add_session_args
+from .run import run_session
+
 # Chosen from the eviction ablation on the default model (notebooks/03_least_stale.ipynb): at half
 # of the expert slots, fnu keeps the most experts resident (about 60% hits, LRU about 45%); at a
 # quarter, LRU and Least-Stale get no hits at all (one token's experts do not fit).
@@ -10,8 +18,6 @@ DEMO_ARENA_FRACTION = 0.5
 
 
 def register(sub) -> None:
-    from .run import add_session_args
-
     p = sub.add_parser("demo", help="run the embedded default MoE model with its experts paged (arena < experts), "
                                     "then with plain llama.cpp")
     add_session_args(p)
@@ -25,12 +31,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..layout import inspect
-    from ..models import default_model
-    from ..pager import Pager
-    from ..units import fmt_bytes
-    from .run import run_session
-
     path = default_model()
     arena = None
     if args.ram_budget is None and args.pager:
@@ -63,8 +63,6 @@ def run(args) -> int:
 
 
 def _plain(path, args) -> dict:
-    from ..session import Session
-
     with Session(path, pager=False, n_threads=args.threads, n_ctx=args.n_ctx, expert_used=args.expert_used) as s:
         prompt = s.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         g = s.generate(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat)

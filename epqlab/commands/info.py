@@ -1,6 +1,11 @@
 """``epqlab info MODEL [--ram-budget 4GiB]``: print a GGUF's routed-expert layout."""
 from __future__ import annotations
 
+from ..engine.session import DEFAULT_RESERVE
+from ..layout import inspect
+from ..memory.auto_budget import auto_budget
+from ..units import fmt_bytes, parse_bytes
+
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="print the routed-expert layout of a MoE GGUF")
@@ -11,17 +16,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..layout import inspect
-    from ..units import fmt_bytes, parse_bytes
-
     layout = inspect(args.model)
     print(layout.summary())
     if args.ram_budget is not None:
-        from ..session import DEFAULT_RESERVE
-
         if str(args.ram_budget).strip().lower() == "auto":
-            from ..auto_budget import auto_budget
-
             ab = auto_budget()
             print(f"\n{ab.describe()}")
             budget = ab.budget

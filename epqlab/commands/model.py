@@ -1,6 +1,11 @@
 """``epqlab model default`` and ``epqlab model synth PRESET OUT``: the models to experiment with."""
 from __future__ import annotations
 
+from ..errors import EpqlabError
+from ..models import PRESETS, synthesize
+from ..models import default_model
+from ..units import fmt_bytes
+
 
 def register(sub) -> None:
     p = sub.add_parser("model", help="build the default MoE model or write a synthetic one")
@@ -21,15 +26,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..errors import EpqlabError
-    from ..units import fmt_bytes
-
     if args.model_command == "default":
-        from ..models import default_model
-
         print(default_model(args.source))
         return 0
-    from ..models import PRESETS, synthesize
 
     if args.preset not in PRESETS:
         raise EpqlabError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")

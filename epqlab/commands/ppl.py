@@ -1,10 +1,16 @@
 """``epqlab ppl MODEL TEXT [--expert-used k]``: perplexity of a text (the llama-perplexity habit), with
-:func:`epqlab.perplexity.perplexity` (its docstring states the windowing). Plain llama.cpp by default;
+:func:`epqlab.engine.perplexity.perplexity` (its docstring states the windowing). Plain llama.cpp by default;
 ``--arena`` / ``--ram-budget`` page the experts (same numbers: paging is exact), ``--skip-cold`` is the
 lossy knob (decodes one token per step so that it applies)."""
 from __future__ import annotations
 
-from pathlib import Path
+from ..engine.perplexity import perplexity
+from ..engine.session import Session
+from ..layout import inspect
+from ..results import run_info, write_json
+from ..studies.ablation.grid import memory_points
+from ..units import fmt_bytes
+from ._args import load_text
 
 
 def register(sub) -> None:
@@ -26,30 +32,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def load_text(text: str) -> tuple[str, str]:
-    """``(name, contents)`` of a text argument: an existing file, else a held-out text by name.
-
-    Raises:
-        ValueError: neither a file nor a held-out name.
-    """
-    from ..data import HELDOUT, heldout_texts
-
-    p = Path(text)
-    if p.is_file():
-        return p.name, p.read_text(encoding="utf-8")
-    if text in HELDOUT:
-        return text, heldout_texts()[text]
-    raise ValueError(f"TEXT {text!r} is neither a file nor a held-out text; pass a UTF-8 file or one of "
-                     f"{', '.join(HELDOUT)}")
-
-
 def run(args) -> int:
-    from ..ablation.grid import memory_points
-    from ..layout import inspect
-    from ..perplexity import perplexity
-    from ..session import Session
-    from ..units import fmt_bytes
-
     name, text = load_text(args.text)
     paged = args.arena is not None or args.ram_budget is not None
     if args.skip_cold is not None and not paged:
@@ -75,7 +58,6 @@ def run(args) -> int:
         out = {"model": str(args.model), "text": name, "n_expert_used": k, "paged": paged, "skip_cold": args.skip_cold,
                "ppl": r.ppl, "nll": r.nll, "n_scored": r.n_scored, "n_windows": r.n_windows, "n_ctx": r.n_ctx,
                "stride": r.stride, "stats": {x: v for x, v in st.items() if isinstance(v, (int, float, str))}}
-        from ..results import run_info, write_json
 
         out["run"] = run_info(args.model)
         write_json(out, args.json)

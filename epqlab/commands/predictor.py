@@ -1,9 +1,14 @@
 """``epqlab predictor fit MODEL OUT.npz`` fits the learned expert predictor of ``prefetch="trained"``
-(:mod:`epqlab.predictor`) on the shipped calibration texts (or ``--text``); ``epqlab predictor eval MODEL
+(:mod:`epqlab.engine.predictor`) on the shipped calibration texts (or ``--text``); ``epqlab predictor eval MODEL
 P.npz`` scores it against router lookahead on a held-out text (recall of the top-k, per depth)."""
 from __future__ import annotations
 
 import time
+
+from ..engine.predictor import ExpertPredictor, router_weights
+from ..engine.session import Session
+from ..studies.predictor_fit import fit_for_model, predictor_recall, record_router_inputs
+from ._args import load_text
 
 
 def register(sub) -> None:
@@ -27,8 +32,6 @@ def register(sub) -> None:
 def run_fit(args) -> int:
     from pathlib import Path
 
-    from ..predictor import fit_for_model
-
     text = Path(args.text).read_text(encoding="utf-8") if args.text else None
     t0 = time.perf_counter()
     p = fit_for_model(args.model, n_tokens=args.tokens, depth=args.depth, text=text)
@@ -40,10 +43,6 @@ def run_fit(args) -> int:
 
 
 def run_eval(args) -> int:
-    from ..predictor import ExpertPredictor, predictor_recall, record_router_inputs, router_weights
-    from ..session import Session
-    from .ppl import load_text
-
     name, text = load_text(args.text)
     p = ExpertPredictor.load(args.predictor)
     Ws, bs = router_weights(args.model)

@@ -5,20 +5,21 @@ Prints the table (latency in µs, aggregate MB/s with MB = 10**6 bytes, IOPS) an
 """
 from __future__ import annotations
 
+from ..paging.probe import DEFAULT_CONCURRENCY, probe_io
+from ..studies.probe_report import format_table, summary_line, to_json
+from ..results import run_info, write_json
+from ..units import parse_bytes
+
 
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
 
 
 def _size_list(text: str) -> list[int]:
-    from ..units import parse_bytes
-
     return [parse_bytes(x) for x in text.replace(",", " ").split()]
 
 
 def register(sub) -> None:
-    from ..probe import DEFAULT_CONCURRENCY
-
     p = sub.add_parser("probe", help="measure the storage device: random-read latency and bandwidth vs concurrency",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("path", help="file to read (e.g. a .gguf), or a directory for a scratch file")
@@ -38,8 +39,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..probe import format_table, probe_io, summary_line, to_json
-
     df = probe_io(args.path, request_bytes=args.sizes, concurrency=args.concurrency, n_requests=args.requests,
                   direct=not args.buffered, drop_cache=not args.keep_cache, seed=args.seed,
                   scratch_bytes=args.scratch_size, progress=not args.quiet)
@@ -50,7 +49,5 @@ def run(args) -> int:
     if args.csv:
         df.to_csv(args.csv, index=False)
     if args.json:
-        from ..results import run_info, write_json
-
         write_json({**to_json(df), "run": run_info(args.path)}, args.json)
     return 0

@@ -2,6 +2,8 @@
 results the notebooks wrote (:func:`epqlab.papers.write_papers`)."""
 from __future__ import annotations
 
+from ..papers import write_papers
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write papers/<NN>_<study>.md from a results folder (notebooks' JSON + figures)")
@@ -13,8 +15,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..papers import write_papers
-
     for path in write_papers(args.results_dir, args.out, extra=args.extra):
         print("wrote", path)
     return 0

@@ -2,6 +2,11 @@
 hit rate per policy and capacity (Belady's optimum included), one-off share, U(k) savings, popularity."""
 from __future__ import annotations
 
+from ..errors import EpqlabError
+from ..routes import RouteLog, summarize
+from ..routes import RouteLogError
+from ..routes.report import summary_table
+
 
 def register(sub) -> None:
     p = sub.add_parser("routes", help="analyse a route log: cache hit rates (LRU, Least-Stale, Belady), U(k), reuse")
@@ -17,21 +22,16 @@ def register(sub) -> None:
 def run(args) -> int:
     import pandas as pd
 
-    from ..routes import RouteLog, summarize
-    from ..routes.report import summary_table
-
     log = RouteLog.load(args.log)
     caps = None
     if args.capacities:
         try:
             caps = [int(x) for x in args.capacities.split(",") if x.strip()]
         except ValueError:
-            from ..routes import RouteLogError
             raise RouteLogError(f"--capacities must be comma-separated integers, got {args.capacities!r}") from None
     try:
         s = summarize(log, caps, window=args.window, per_layer=not args.total)
     except ValueError as ex:
-        from ..errors import EpqlabError
         raise EpqlabError(str(ex)) from None
     print(f"{args.log}: {log!r}")
     unit = "total slots" if args.total else "slots per layer"

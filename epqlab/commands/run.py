@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import sys
+from ..engine.session import Session
+from ..engine.time_split import format_summary
+from ..paging.pager import POLICIES
+from ..units import fmt_bytes
 
 
 def add_session_args(p) -> None:
-    from ..pager import POLICIES
-
     p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--ram-budget", default=None,
@@ -28,7 +30,7 @@ def add_session_args(p) -> None:
     p.add_argument("--stats-file", default=None, help="append run stats as JSON lines")
     p.add_argument("--route-log", default=None, help="save the route log (NPZ) here")
     p.add_argument("--prefetch", default=None, choices=["lookahead", "previous", "union", "trained"],
-                   help="next-layer expert prefetch predictor (default off; see epqlab.prefetch)")
+                   help="next-layer expert prefetch predictor (default off; see epqlab.engine.prefetch)")
     p.add_argument("--predictor", default=None,
                    help="--prefetch trained: a predictor .npz fitted on this model (epqlab predictor fit)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead the predictor prefetches, 1..8")
@@ -47,9 +49,6 @@ def register(sub) -> None:
 
 
 def stats_table(st: dict, session) -> str:
-    from ..time_split import format_summary
-    from ..units import fmt_bytes
-
     rows = [
         ("model", st["model"]),
         ("pager", "on" if st["pager"] else "off (plain llama.cpp mmap)"),
@@ -91,8 +90,6 @@ def stats_table(st: dict, session) -> str:
 def run_session(model, args, arena_bytes=None, result: dict | None = None) -> int:
     """Stream one generation with the CLI's session arguments and print its stats; ``result``, when
     given, receives ``text``, ``tokens`` and ``stats``."""
-    from ..session import Session
-
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,

@@ -4,11 +4,12 @@ see :mod:`epqlab.server`."""
 from __future__ import annotations
 
 import sys
+from ..engine.session import Session
+from ..paging.pager import POLICIES
+from ..server import _require, serve
 
 
 def register(sub) -> None:
-    from ..pager import POLICIES
-
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs pip install 'epqlab[serve]')")
     p.add_argument("model", help="path to a MoE .gguf")
     p.add_argument("--ram-budget", default=None,
@@ -26,9 +27,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..server import _require, serve
-    from ..session import Session
-
     _require()
     with Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx,
                  n_threads=args.threads, pager=args.pager) as s:

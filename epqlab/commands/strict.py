@@ -2,14 +2,17 @@
 limit at each level (a cgroup when one is writable, else a 20 ms RSS sampler), and print the table.
 
 Each run starts with the model dropped from the page cache. The Session's ram_budget is the level
-minus --headroom. MODEL may be ``default`` for the default model. See epqlab.strict.
+minus --headroom. MODEL may be ``default`` for the default model. See epqlab.studies.strict.
 """
 from __future__ import annotations
 
+from ..paging.pager import POLICIES
+from ..results import write_json
+from ..studies import strict
+from ..studies.strict import DEFAULT_PROMPT
+
 
 def register(sub) -> None:
-    from ..strict import DEFAULT_PROMPT
-
     p = sub.add_parser("strict", help="generate under hard memory limits (cgroup), level by level, and tabulate",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("model", help="path to a MoE .gguf, or 'default'")
@@ -17,7 +20,6 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
     p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per level (default %(default)s; medians reported)")
-    from ..pager import POLICIES
 
     p.add_argument("--policy", default="lru", choices=list(POLICIES))
     p.add_argument("--mmap-baseline", action="store_true",
@@ -37,8 +39,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import strict
-
     kw = {}
     if args.n_ctx is not None:
         kw["n_ctx"] = args.n_ctx
@@ -53,8 +53,6 @@ def run(args) -> int:
     print()
     print(strict.reading(df))
     if args.json:
-        from ..results import write_json
-
         write_json(strict.to_json(df), args.json)
     if args.csv:
         df.drop(columns=["tokens"], errors="ignore").to_csv(args.csv, index=False)

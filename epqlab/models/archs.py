@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
+from .synth import per_block
 
 ARCHS = ("llama", "deepseek", "deepseek2", "qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3}  # llama_expert_gating_func_type
@@ -108,8 +109,6 @@ class TinySpec:
 
     def expert_types_of(self, il: int) -> tuple[str, str, str] | None:
         """(gate, up, down) ggml types of block ``il``'s routed experts; None for a dense block."""
-        from .synth import per_block
-
         return per_block(il, self.n_layer, self.n_dense_lead, self.n_late_layers, self.expert_types,
                          self.late_expert_types)
 

@@ -14,7 +14,7 @@ from .smollm2 import cache_dir, source_gguf
 # shared expert (always on), top-3 (k/E = 3/8), router = least squares on oracle top-k labels, softmax
 # weights x k, per-layer temperature and expert gain; calibration: 4096 tokens over five genres
 # (epqlab.data.calibration_texts()).
-# Perplexity ratio to the dense SmolLM2 Q4_1 at the default k (epqlab.perplexity, n_ctx 512; dense: prose
+# Perplexity ratio to the dense SmolLM2 Q4_1 at the default k (epqlab.engine.perplexity, n_ctx 512; dense: prose
 # 21.98, code 13.90, legal 17.50, Python reference "execmodel" 15.26; 4096 calibration tokens unless said):
 #   config                                     prose  code   legal  execmodel
 #   E=8  k=3 sh 1280, gain, t >= 0.5           1.142  1.193  1.324  1.098   <- default

@@ -62,6 +62,7 @@ from ..constants import (KEY_EXPERT_COUNT, KEY_EXPERT_FEED_FORWARD_LENGTH, KEY_E
 from .partition import expert_outputs, neuron_contributions, oracle_scores, partition_neurons
 from .reference import DenseLlama
 from .router import choose_temperature, fit_router
+from ..data import calibration_texts
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +230,6 @@ def moefy(src: str | os.PathLike, dst: str | os.PathLike, cfg: MoefyConfig = Moe
     model = DenseLlama(src)
     n_embd = model.n_embd
     if calib_text is None:
-        from ..data import calibration_texts
-
         calib_text = calibration_texts()
     seqs = calibration_tokens(src, calib_text, cfg.calib_tokens, cfg.chunk)
     rep["seconds"]["load"] = time.perf_counter() - t0

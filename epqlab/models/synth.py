@@ -25,6 +25,9 @@ from ..constants import (KEY_BLOCK_COUNT, KEY_CONTEXT_LENGTH, KEY_EXPERT_COUNT, 
                          KEY_EXPERT_SHARED_COUNT, KEY_EXPERT_USED_COUNT, KEY_FEED_FORWARD_LENGTH,
                          KEY_LEADING_DENSE_BLOCK_COUNT, arch_key, ggml_block, ggml_row_bytes)
 
+from .routing_profile import ROUTINGS, SKEWED, RoutingProfile, embedding_rows, encode, router_matrix
+from .smollm2 import source_gguf
+
 
 def per_block(il: int, n_layer: int, n_dense_lead: int, n_late_layers: int, main, late=None):
     """The setting of block ``il`` in a stack of ``n_layer`` blocks: None for the ``n_dense_lead`` leading dense
@@ -121,8 +124,6 @@ def _random_blocks(t: str, nbytes: int, rng: np.random.Generator) -> np.ndarray:
 
 def _tensors(s: SynthSpec) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, ggml shape (ne0, ne1, ...), type) for every tensor, in file order."""
-    from .smollm2 import GGUF_NAME  # noqa: F401  (tokenizer source; vocab size below)
-
     V, D, ot = 49152, s.n_embd, s.other_type
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     out = [("token_embd.weight", (D, V), ot), ("output_norm.weight", (D,), "F32"), ("output.weight", (D, V), ot)]
@@ -189,11 +190,7 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
     from gguf import GGMLQuantizationType as QT
     from tqdm.auto import tqdm
 
-    from .smollm2 import source_gguf
-
     from dataclasses import fields
-
-    from .routing_profile import ROUTINGS, SKEWED, RoutingProfile, embedding_rows, encode, router_matrix
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")

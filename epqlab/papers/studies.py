@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..routes import report as routes_report
+from ..studies import probe_report, strict_report
+from ..studies.ablation import eviction_reading, routing_cap_reading
+from ..studies.ablation import topk_report
 from ..units import fmt_bytes
 from .markdown import table
 
@@ -19,23 +23,19 @@ def _frame(rows, attrs: dict | None = None) -> pd.DataFrame:
 
 
 def io_probe(doc: dict) -> str:
-    """01: latency and bandwidth per (request size, reads in flight), and :func:`epqlab.probe.reading`."""
-    from ..probe import reading
-
+    """01: latency and bandwidth per (request size, reads in flight), and :func:`epqlab.studies.probe_report.reading`."""
     df = _frame(doc["rows"], doc.get("attrs"))
     rows = df.assign(size=[f"{fmt_bytes(b)}" for b in df.request_bytes])
     t = table(rows, {"size": "request", "source": "size of", "concurrency": "in flight",
                      "lat_median_us": "median µs", "lat_p99_us": "p99 µs", "mb_s": "MB/s", "mode": "mode"},
               floatfmt=".0f")
-    note = reading(df, expert_bytes=doc.get("expert_bytes"), top_k=doc.get("top_k"))
+    note = probe_report.reading(df, expert_bytes=doc.get("expert_bytes"), top_k=doc.get("top_k"))
     return "\n\n".join(["**Latency and bandwidth.**", t, note])
 
 
 def route_overlap(doc: dict) -> str:
     """02: hit rate per capacity and policy, U(k), popularity, and :func:`epqlab.routes.report.reading`."""
-    from ..routes.report import reading, summary_table
-
-    hit = summary_table(doc).reset_index()
+    hit = routes_report.summary_table(doc).reset_index()
     pct = {c: f"{c} %" for c in hit.columns if c != "capacity"}
     parts = ["**Hit rate (%) per capacity and policy** (simulated on the route log).",
              table(hit, {"capacity": "capacity", **pct}),
@@ -44,15 +44,13 @@ def route_overlap(doc: dict) -> str:
              "**Popularity: share of requests served by each layer's N most requested experts.**",
              table(doc["popularity"], {"n": "N", "top_share": "in sample %",
                                        "hot_set_hit_rate": "1st half → 2nd half %"}),
-             reading(doc)]
+             routes_report.reading(doc)]
     return "\n\n".join(parts)
 
 
 def least_stale(doc: dict) -> str:
     """03: hit rates, SSD MB/token and decode speed per (memory point, policy), and
-    :func:`epqlab.ablation.eviction_reading`."""
-    from ..ablation import eviction_reading
-
+    :func:`epqlab.studies.ablation.eviction_reading`."""
     df = _frame(doc["rows"])
     t = table(df, {"point": "point", "policy": "policy", "slots": "slots", "hit_rate": "hit %",
                    "decode_hit_rate": "decode hit %", "steady_hit_rate": "steady hit %",
@@ -65,10 +63,8 @@ def least_stale(doc: dict) -> str:
                   table(sim, {"capacity": "slots", **{c: f"{c} %" for c in sim.columns if c != "capacity"}})]
     parts.append("\n\n".join(eviction_reading(df).splitlines()))
     if doc.get("routing_cap"):
-        from ..ablation import routing_cap_reading
-
         cap = pd.DataFrame(doc["routing_cap"])
-        parts += ["**What routing allows** (`epqlab.ablation.routing_cap`: i.i.d. uniform routes of the same shape "
+        parts += ["**What routing allows** (`epqlab.studies.ablation.routing_cap`: i.i.d. uniform routes of the same shape "
                   "replayed through the pager; no online policy can exceed slots / (L x E) on them).",
                   table(cap, {"point": "point", "slots": "slots", "uniform_bound": "uniform bound %",
                               "uniform_best_online": "uniform best online %", "uniform_belady": "uniform Belady %",
@@ -79,9 +75,7 @@ def least_stale(doc: dict) -> str:
 
 def topk(doc: dict) -> str:
     """04: perplexity, speed and SSD reads per (k, memory point), greedy divergence, skip-cold, and
-    :func:`epqlab.ablation.topk_report.reading`."""
-    from ..ablation.topk_report import reading
-
+    :func:`epqlab.studies.ablation.topk_report.reading`."""
     df = _frame(doc["rows"], {**(doc.get("parameters") or {}), "divergence": doc.get("divergence") or []})
     for c in ("k", "own_k"):  # older JSON wrote them as floats (2.0): the reading names top-k by integer
         if c in df and df[c].notna().all() and (df[c] % 1 == 0).all():
@@ -100,14 +94,12 @@ def topk(doc: dict) -> str:
                                "ppl_skipped_per_token": "skipped/token (perplexity)", "decode_tok_s": "decode tok/s",
                                "ssd_mb_per_token": "SSD MB/token (generation)",
                                "skipped_per_token": "skipped/token (generation)"})]
-    parts.append(reading(df, skip))
+    parts.append(topk_report.reading(df, skip))
     return "\n\n".join(parts)
 
 
 def memory_levels(doc: dict) -> str:
-    """05: one row per (memory level, paged or mmap), and :func:`epqlab.strict.reading`."""
-    from .. import strict
-
+    """05: one row per (memory level, paged or mmap), and :func:`epqlab.studies.strict_report.reading`."""
     df = _frame(doc["rows"], doc.get("parameters"))
     shown = df.assign(level_=[fmt_bytes(v) for v in df.level],
                       arena_=[("-" if v is None or v != v else fmt_bytes(v)) for v in df.get("arena_bytes", [None] * len(df))],
@@ -116,7 +108,7 @@ def memory_levels(doc: dict) -> str:
                       "coverage": "coverage %", "peak_": "peak anon RSS", "decode_tok_s": "decode tok/s",
                       "prefill_tok_s": "prefill tok/s", "ssd_mb_per_token": "SSD MB/token", "hit_rate": "hit %",
                       "status": "status"})
-    return "\n\n".join(["**Runs under a hard memory limit.**", t, strict.reading(df)])
+    return "\n\n".join(["**Runs under a hard memory limit.**", t, strict_report.reading(df)])
 
 
 # study folder -> renderer; the folder name is also the notebook's name and the paper's file name

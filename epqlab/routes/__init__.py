@@ -7,17 +7,37 @@
   MIN over many capacities at once, and the slow literal :func:`simulate_reference` they are tested against.
 - :func:`summarize`: everything above as one dict of plain numbers (CLI, notebook JSON).
 
-Nothing here imports the engine: logs are recorded by :mod:`epqlab.route_recording` (or
+Nothing here imports the engine: logs are recorded by :mod:`epqlab.studies.route_recording` (or
 ``Session(route_log=...)``); policy names live in :mod:`epqlab.constants`.
 """
 from __future__ import annotations
 
-from .analysis import (expert_counts, hot_set, hot_set_hit_rate, one_off_share, popularity, reuse_distances,
-                       reuse_histogram, union_sizes)
-from .log import RouteLog, RouteLogError
-from .reference import GROUPS, POLICIES, simulate_reference
-from .report import default_capacities, summarize
-from .simulate import simulate, slots_for_bytes, stack_distances
+import importlib
+
+# name -> submodule defining it, imported on first access (PEP 562): the pager imports the route-log
+# format (.log) at ``import epqlab`` without pulling in pandas for the analyses
+_LAZY = {
+    "RouteLog": ".log", "RouteLogError": ".log",
+    "expert_counts": ".analysis", "hot_set": ".analysis", "hot_set_hit_rate": ".analysis", "one_off_share": ".analysis",
+    "popularity": ".analysis", "reuse_distances": ".analysis", "reuse_histogram": ".analysis", "union_sizes": ".analysis",
+    "GROUPS": ".reference", "POLICIES": ".reference", "simulate_reference": ".reference",
+    "default_capacities": ".report", "summarize": ".report",
+    "simulate": ".simulate", "slots_for_bytes": ".simulate", "stack_distances": ".simulate",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'epqlab.routes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "RouteLog", "RouteLogError", "POLICIES", "GROUPS", "simulate", "simulate_reference", "slots_for_bytes",

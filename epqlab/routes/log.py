@@ -28,11 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import EpqlabError
-
-
-class RouteLogError(EpqlabError, ValueError):
-    """A route log (file or arrays) does not follow the format of docs/DESIGN.md §6."""
+from ..errors import RouteLogError
 
 
 REQUIRED = ("experts", "layers", "phase", "expert_bytes", "n_expert")  # arrays every route-log NPZ holds

@@ -1,5 +1,5 @@
 """One-call summaries and figures of a route log, for ``epqlab routes`` and notebooks/02_route_overlap.ipynb.
-No engine here: logs are recorded by :mod:`epqlab.route_recording`."""
+No engine here: logs are recorded by :mod:`epqlab.studies.route_recording`."""
 from __future__ import annotations
 
 import numpy as np

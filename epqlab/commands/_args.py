@@ -1,0 +1,34 @@
+"""Argument parsing shared by subcommands: comma lists of fractions or sizes, and text arguments."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data import HELDOUT, heldout_texts
+
+
+def floats_or_sizes(s: str | None) -> list:
+    """A comma list of arena or budget values: numbers (fractions) as floats, sizes (``256MiB``) as strings."""
+    out = []
+    for x in (s or "").split(","):
+        x = x.strip()
+        if x:
+            try:
+                out.append(float(x))
+            except ValueError:
+                out.append(x)  # a size such as 256MiB
+    return out
+
+
+def load_text(text: str) -> tuple[str, str]:
+    """``(name, contents)`` of a text argument: an existing file, else a held-out text by name.
+
+    Raises:
+        ValueError: neither a file nor a held-out name.
+    """
+    p = Path(text)
+    if p.is_file():
+        return p.name, p.read_text(encoding="utf-8")
+    if text in HELDOUT:
+        return text, heldout_texts()[text]
+    raise ValueError(f"TEXT {text!r} is neither a file nor a held-out text; pass a UTF-8 file or one of "
+                     f"{', '.join(HELDOUT)}")

@@ -1,0 +1,139 @@
+"""One generation on a :class:`epqlab.Session`: prefill, then sample and decode token by token, with
+stop strings; :class:`Stream` yields the text as it comes and keeps the result and run stats when it
+ends (``Stream.result``, ``Stream.stats``, ``Stream.finish_reason``)."""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .run_stats import append_jsonl, counters, run_stats
+
+
+@dataclass
+class Generation:
+    """Result of :meth:`Session.generate`: ``text`` (str), ``tokens`` (generated ids),
+    ``prompt_tokens`` (ids), ``stats`` (dict of this run, docs/DESIGN.md run-stats fields),
+    ``finish_reason``: ``"stop"`` (end-of-generation token or stop string) or ``"length"``
+    (``n_predict`` reached)."""
+
+    text: str
+    tokens: list[int]
+    prompt_tokens: list[int]
+    stats: dict = field(default_factory=dict)
+    finish_reason: str = "length"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Stream:
+    """Iterator over the text pieces of one generation (a generator: ``send``, ``throw`` and
+    ``close`` work as on one). When it ends — exhausted, closed, or stopped by an exception — the
+    run's :class:`Generation` is in :attr:`result` and its stats in :attr:`stats` (None before).
+
+    Args (built by :meth:`epqlab.Session.stream`):
+        session: the Session; toks: prompt token ids; n_predict: most tokens to generate;
+        sampler: an :class:`epqlab.engine.sampling.Sampler`; stop: stop strings (not yielded);
+        reuse_kv: keep the KV entries of the previous call when its tokens are a prefix of ``toks``.
+    """
+
+    def __init__(self, session, toks: list[int], n_predict: int, sampler, stop: Sequence[str] | None,
+                 reuse_kv: bool = False):
+        self.result: Generation | None = None
+        self.tokens: list[int] = []  # generated ids so far (grows while the stream runs)
+        self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    def send(self, value):
+        return self._gen.send(value)
+
+    def throw(self, *args):
+        return self._gen.throw(*args)
+
+    def close(self) -> None:
+        self._gen.close()
+
+    @property
+    def stats(self) -> dict | None:
+        """Run stats (see :meth:`epqlab.Session.generate`) once the stream has ended, else None."""
+        return self.result.stats if self.result is not None else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.result.finish_reason if self.result is not None else None
+
+    def __repr__(self) -> str:
+        return f"Stream({'running' if self.result is None else self.result.finish_reason})"
+
+
+def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv: bool, holder: Stream):
+    d = s.decoder
+    d.prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
+    with d.lock:
+        c0 = counters(s)
+        epoch, reused = d.begin(toks if reuse_kv else None)
+    sampler.accept(toks)
+    t0 = time.perf_counter()
+    logits = d.prefill(toks, epoch, pos0=reused)
+    t_prefill = time.perf_counter() - t0
+    c1 = counters(s)
+    out: list[int] = holder.tokens
+    text = b""
+    emitted = 0
+    reason = "length"
+    t1 = time.perf_counter()
+    pos = len(toks)
+    try:
+        while len(out) < n_predict:
+            tok = sampler.sample(logits)
+            if d.is_eog(tok):
+                reason = "stop"
+                break
+            out.append(tok)
+            text += d.piece(tok)
+            txt = text.decode("utf-8", "ignore")
+            cut = min((txt.find(x) for x in stops if x and x in txt), default=-1)
+            if cut >= 0:
+                if cut > emitted:
+                    yield txt[emitted:cut]
+                emitted = cut
+                reason = "stop"
+                break
+            if len(txt) > emitted:
+                yield txt[emitted:]
+                emitted = len(txt)
+            if len(out) >= n_predict:
+                break
+            logits = d.step(tok, pos, epoch)
+            pos += 1
+    finally:
+        t_decode = time.perf_counter() - t1
+        if d.closed:  # closed from another thread between two steps: no counters left to read
+            full = text.decode("utf-8", "replace")
+            holder.result = Generation(full[:emitted] if stops else full, out, toks, {}, "closed")
+            sampler.free()
+            return
+        if s.prefetch == "oracle" and s.pager:
+            # the oracle's carried batch for a next token (a log longer than this run): its reads
+            # belong to this run's bytes (in vain), not the next run's
+            s.pager.native.prefetch_finish()
+        st = run_stats(s, len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, counters(s),
+                       n_prompt_reused=reused)
+        s.runs.append(st)
+        if s.stats_file:
+            append_jsonl(s.stats_file, st)
+        full = text.decode("utf-8", "replace")
+        holder.result = Generation(full[:emitted] if stops else full, out, toks, st, reason)
+        sampler.free()
+
+
+__all__ = ["Generation", "Stream"]

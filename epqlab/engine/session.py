@@ -1,0 +1,576 @@
+"""Session: generation through stock llama.cpp with routed experts paged under a RAM budget.
+
+The math is llama.cpp's own: the hook (native/hook.cpp) only decides where the expert bytes
+come from, so logits are bit-identical to ``pager=False`` (plain llama.cpp, mmap) at every
+budget, policy and I/O thread count. See docs/DESIGN.md (paging mechanism, memory accounting).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EpqlabError, LlamaCppError
+from ..layout import ModelLayout, inspect
+from ..memory import auto_budget as budget_rule
+from ..memory.usage import PeakTracker, cpu_threads, read_bytes, sample
+from ..paging.pager import Pager, default_io_threads
+from ..routes.log import RouteLog
+from ..units import parse_bytes
+from . import run_stats
+from .arena_sizing import plan_arena
+from .completion import create_chat_completion, create_completion
+from .decoder import Decoder
+from .generation import Generation, Stream
+from .options import Options, check_options
+from .perplexity import perplexity
+from .sampling import Sampler
+from .time_split import TimeSplitLog
+from .tokens import token_array
+
+DEFAULT_RESERVE = 64 * 2**20  # bytes kept free for Python, logits arrays and route logs
+
+
+def _prefetch_header(lay: ModelLayout) -> None:
+    """Read exactly the GGUF header of each file into the page cache (readahead(2) of
+    [0, data_offset)), so llama.cpp's buffered header reads hit it instead of triggering the
+    kernel's sequential readahead (read_ahead_kb, often MiBs) into tensor data the lazy load
+    does not want."""
+    for path, data_offset in zip(lay.files, lay.data_offsets):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, data_offset, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+
+def _resolve_budget(ram_budget, arena_bytes, lay: ModelLayout, paged: bool):
+    """``(AutoBudget or None, budget bytes or None)``: ``"auto"``, and None for a paged model larger than
+    what auto allows, take :func:`epqlab.memory.auto_budget.auto_budget`'s rule."""
+    if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto" or (
+            ram_budget is None and arena_bytes is None and paged):
+        ab = budget_rule.auto_budget()
+        if ram_budget is not None or sum(os.path.getsize(f) for f in lay.files) > ab.budget:
+            return ab, ab.budget
+    return None, parse_bytes(ram_budget) if ram_budget is not None else None
+
+
+def _open_engine(lay: ModelLayout, o: Options, record: bool):
+    """Load the model and create its context (native ``Engine``); returns ``(engine, load seconds,
+    load report, used_before_arena bytes)``: the resident set once the model, its dense weights and the
+    context exist, plus what malloc handed out but nobody touched yet. Raises LlamaCppError."""
+    from .native import core  # llama.cpp and the engine load with the first Session (docs/DESIGN.md §1)
+
+    names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
+    files = [str(f) for f in lay.files] if lay.n_files > 1 else []
+    before, io0, m0 = sample(), read_bytes(), core.malloc_bytes()
+    t0 = time.perf_counter()
+    if o.dense_weights != "mmap":
+        _prefetch_header(lay)
+    try:
+        engine = core.Engine(str(lay.path), None, lay.architecture, o.expert_override, o.n_ctx, o.n_batch, o.n_ubatch,
+                             int(o.n_threads or cpu_threads()), (o.paged or record) and lay.is_moe, lay.moe_layers,
+                             names, record, o.dense_mode, [(off, n) for _, off, n in lay.dense_tensors], files,
+                             list(lay.dense_files) if files else [])
+    except RuntimeError as e:
+        # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
+        # load's (no relocations, mlock limit): one EpqlabError class naming the cause.
+        raise LlamaCppError(str(e)) from None
+    load_s = time.perf_counter() - t0
+    io1 = read_bytes()
+    report = dict(engine.load_report())
+    report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
+    if o.prefetch == "trained":
+        # the hook's own float32 copy is made before the budget's sample, so it is counted
+        engine.set_predictor(o.predictor.W, o.predictor.b)
+    after = sample()
+    untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
+    return engine, load_s, report, after.total + untouched
+
+
+class Session:
+    """A MoE GGUF loaded in llama.cpp with its routed experts paged from disk.
+
+    Args:
+        model: path to a MoE GGUF, or to the first (or any) shard of a split one (``NAME-00001-of-0000N.gguf``:
+            every shard is paged from its own file, see :func:`epqlab.inspect`).
+        ram_budget: ``None`` (arena holds every routed expert, unless the model file is larger than
+            ``"auto"`` allows: then ``"auto"``), bytes, a string like ``"4GiB"``, or ``"auto"``: the
+            cgroup limit or MemAvailable minus a margin (:mod:`epqlab.memory.auto_budget` states the
+            rule; ``session.auto_budget`` says what it chose, None when not used).
+            The budget bounds the whole resident set of the process, RssAnon + RssShmem +
+            RssFile (dense weights, arena, KV cache, compute buffers, heap, libraries): what a
+            memory cgroup charges. The arena is sized after the model, its dense weights and the
+            context exist: budget - measured usage - ``reserve`` - the staging buffer (see
+            ``n_ubatch``) when not every expert fits. Everything allocated later is bounded by
+            design (logits come in blocks of at most 16 MiB, see :meth:`iter_logits`) and fits
+            in the reserve. ``stats["memory"]`` reports each part.
+        reserve: bytes kept out of the arena for growth (default 64 MiB).
+        dense_weights: where the non-expert weights live while paging: ``"anon"`` (default when
+            paging: the load reads only the GGUF header and the dense tensors, into anonymous
+            memory, so nothing of the model file stays in the page cache), ``"mlock"`` (the same,
+            locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
+            file mapping; the stock loader reads the whole file; default with ``pager=False``).
+        policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES` (``lru`` | ``ls`` |
+            ``ls_pos`` | ``lfu`` | ``static`` | ``fnu``; each rule and its source: :class:`epqlab.Pager`).
+        hot_experts: with ``policy="static"``: int ``[n, 2]`` (GGUF block, expert) pairs kept unless
+            nothing else can be evicted (:func:`epqlab.studies.ablation.hot_experts` picks them from a
+            calibration route log; ``session.pager.set_hot`` sets them later). Without them
+            ``static`` is LRU.
+        expert_used: override top-k in the graph (GGUF kv override) and the pager together.
+        io_threads: pager reader threads (default 3 x compute threads).
+        n_threads: compute threads (default: usable CPUs).
+        n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens); llama.cpp raises
+            n_ctx to its minimum (256) and caps n_batch at the requested n_ctx. A ubatch whose
+            union of experts in a layer exceeds that layer's slots is *staged*: each of the
+            layer's expert matrices in turn is copied (resident experts) or read (the others)
+            into one buffer reserved in the budget, same bytes, same graph (counted in
+            ``staged_layers``, ``staged_bytes``; see native/hook.h).
+        pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
+        route_log: path; the routes of every decoded token are saved there as NPZ (docs/DESIGN.md)
+            on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
+            logits for every token, so llama.cpp routes all of them through the last layer.
+        stats_file: path; each generate() appends its run stats as one JSON line.
+        direct_io: O_DIRECT reads (falls back to buffered where refused).
+        skip_cold: ``None`` (default, off: logits bit-identical to plain llama.cpp) or a threshold
+            tau >= 0 for the *lossy* skip-cold knob: in single-token decode steps, a selected expert
+            that is not resident and whose router weight (the one llama.cpp multiplies its output
+            by: the last of ``ffn_moe_weights[_softmax|_norm|_scaled]-<il>``) is below tau is not
+            read and computes on zeros (zero pages; boundary pages shared with a resident
+            neighbour keep the neighbour's bytes). Its output is then weight x down(act(0)) = 0,
+            except that expert biases (gpt-oss) still contribute. ``stats["cold_skipped"]``
+            counts skipped experts. Prefill ubatches (more than one token) are never affected, so
+            measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
+            history, so results are reproducible (hence not with ``prefetch``). tau = 0 skips nothing.
+        arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
+            experiments that fix the arena rather than the process budget.
+        prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
+            ``"union"`` | ``"trained"``, or the study ceiling ``"oracle"`` (:mod:`epqlab.engine.prefetch`); timing only,
+            logits unchanged. Not with ``skip_cold``.
+        prefetch_predictor: with ``prefetch="trained"``: an :class:`epqlab.engine.predictor.ExpertPredictor`
+            fitted on this model, or the path of one saved with ``.save``; with ``"oracle"``: the route
+            log (RouteLog or path) of an earlier run with the same prompt and calls.
+        prefetch_budget: with a predictor: at most this many bytes (int or "64MiB") prefetched per layer.
+        prefetch_depth: with a predictor: layers ahead it prefetches, 1 (default, the next layer) .. 8
+            (a trained predictor: up to the depth it was fitted for, at most 4).
+        prefetch_min_precision: with a predictor: the gate (:mod:`epqlab.engine.prefetch`), in [0, 1]; default 0.5,
+            0 reads every prediction.
+        read_rate_limit: bench knob, bytes per second (int or "350MB"): expert reads are served as by a
+            device of that speed with no burst credit (:attr:`epqlab.Pager.read_rate_limit`); None = the disk as it is.
+        read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
+            spread over the I/O threads (``None``/0: one read per slice).
+        pipeline_reads: in single-token decode steps, queue a layer's missing experts' reads matrix
+            by matrix in the order the graph computes them, and let each expert matmul wait only
+            for its own matrix, so the later matrices' reads overlap the matmuls before them
+            (``False``: the router's callback reads all of a layer's misses first). Timing only:
+            logits, requests, hits and evictions are unchanged. Default ``None``: on unless
+            ``skip_cold`` is set (the two are exclusive). bench/bench_overlap.py: 339-379 vs
+            427-474 ms/token on an 8.27 GiB synthesized model in a 1.5 GiB cgroup (fast disk);
+            on the default model at a 6 MiB arena a wash (46 vs 44 ms/token, medians of 5).
+
+    Raises:
+        ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
+            model file.
+        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
+            that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
+            unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.engine.prefetch.check_prefetch`),
+            ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
+            (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``.
+        RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
+        ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
+            the message states the smallest budget that works.
+        LlamaCppError: llama.cpp could not load the model or create the context (its own error
+            lines in the message), or the lazy load could not start (see ``dense_weights``).
+    """
+
+    def __init__(self, model, *,
+                 # what to load and how much memory it may use
+                 ram_budget=None, reserve=None, arena_bytes=None, pager: bool = True, dense_weights: str | None = None,
+                 # eviction and top-k
+                 policy: str = "lru", hot_experts=None, expert_used: int | None = None,
+                 # the llama.cpp context and its threads
+                 n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
+                 # expert reads
+                 io_threads: int | None = None, direct_io: bool = True, read_segment_bytes=None,
+                 pipeline_reads: bool | None = None, read_rate_limit=None,
+                 # prefetch (timing only) and the lossy skip-cold knob
+                 prefetch: str | None = None, prefetch_predictor=None, prefetch_budget=None, prefetch_depth: int = 1,
+                 prefetch_min_precision: float | None = None, skip_cold: float | None = None,
+                 # what is written down
+                 route_log=None, stats_file=None):
+        # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
+        self.layout: ModelLayout = inspect(model, require_moe=bool(pager) or route_log is not None)
+        lay = self.layout
+        o = check_options(lay, policy=policy, expert_used=expert_used, io_threads=io_threads, n_threads=n_threads,
+                          n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, pager=pager, route_log=route_log,
+                          dense_weights=dense_weights, hot_experts=hot_experts, skip_cold=skip_cold, prefetch=prefetch,
+                          prefetch_budget=prefetch_budget, prefetch_depth=prefetch_depth,
+                          prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
+                          read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
+                          read_rate_limit=read_rate_limit)
+        self.options = o
+        self.policy, self.n_expert_used, self.paged, self.dense_weights = o.policy, o.n_expert_used, o.paged, o.dense_weights
+        self.skip_cold, self.prefetch, self.pipeline_reads = o.skip_cold, o.prefetch, o.pipeline_reads
+        self.read_segment_bytes, self.read_rate_limit = o.read_segment_bytes, o.read_rate_limit
+        self.route_log_path = Path(route_log) if route_log else None
+        self.stats_file = Path(stats_file) if stats_file else None
+        self.auto_budget, self.budget_bytes = _resolve_budget(ram_budget, arena_bytes, lay, o.paged)
+        self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
+        self._pager: Pager | None = None
+        self.peak = PeakTracker()
+        self.runs: list[dict] = []
+        self.time_split_log = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
+        record = self.route_log_path is not None
+        # no local name holds the engine: a refusal's traceback (ArenaTooSmall below) must not keep the model alive
+        opened = _open_engine(lay, o, record)
+        self.load_s, self.load_report, self.used_before_arena = opened[1:]
+        self.decoder = Decoder(opened[0], lay.files, len(lay.layers), record_routes=record, on_step=self._on_step)
+        del opened
+        if o.prefetch == "trained":  # the hook holds its own copy; ours (loaded from a path) is freed
+            o = self.options = dataclasses.replace(o, predictor=None)
+        self.stage_reserve = 0
+        self.read_buffer_bytes = 0
+        if o.paged:
+            try:
+                self._attach_pager(o, arena_bytes, direct_io, hot_experts)
+            except Exception:
+                self.decoder.close()
+                raise
+        self.n_vocab, self.n_ctx, self.n_batch = self.decoder.n_vocab, self.decoder.n_ctx, self.decoder.n_batch
+        self.peak.update()
+
+    def _attach_pager(self, o: Options, arena_bytes, direct_io: bool, hot_experts) -> None:
+        """Size the arena from the budget (:func:`~epqlab.engine.arena_sizing.plan_arena`), make the
+        :class:`Pager` and hand it to the hook with the paging options. Raises ArenaTooSmall."""
+        lay = self.layout
+        io_threads = o.io_threads or default_io_threads()
+        plan = plan_arena(lay, o.n_expert_used, budget=self.budget_bytes, used_before_arena=self.used_before_arena,
+                          reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
+                          arena_bytes=arena_bytes, io_threads=io_threads)
+        self.read_buffer_bytes, self.stage_reserve = plan.read_buffers, plan.stage_reserve
+        self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
+                            n_expert_used=o.n_expert_used)
+        if hot_experts is not None:
+            self._pager.set_hot(hot_experts)
+        self.decoder.engine.attach_pager(self._pager.native)
+        if o.skip_cold is not None:
+            self.decoder.engine.set_skip_cold(o.skip_cold)
+        self.decoder.engine.set_prefetch(*o.prefetch_args)
+        if o.prefetch == "oracle":
+            self.decoder.engine.set_oracle(*o.predictor)  # a few KiB: steps x layers x k int32
+        self.decoder.engine.set_pipeline(o.pipeline_reads)
+        self._pager.native.read_segment_bytes = o.read_segment_bytes
+        self._pager.read_rate_limit = o.read_rate_limit
+        self.peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
+
+    def _on_step(self) -> None:
+        self.peak.update()
+
+    # -- tokens --------------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool | None = None, *,
+                 add_bos: bool | None = None, special: bool | None = None) -> list[int]:
+        """Token ids of ``text`` (BOS added when the model asks for it and ``add_special``).
+
+        Also takes llama-cpp-python's form ``tokenize(text: bytes, add_bos=True, special=False)``:
+        positionally the same, ``add_bos`` / ``special`` accepted as names for ``add_special`` /
+        ``parse_special``. ``parse_special`` (special-token text such as ``<|im_start|>`` becomes that
+        token) defaults to True for str and, as in llama-cpp-python, False for bytes. Raises
+        TypeError for anything but str / bytes, UnicodeDecodeError for bytes that are not UTF-8."""
+        self.decoder.check_open()
+        if add_bos is not None:
+            add_special = add_bos
+        if special is not None:
+            parse_special = special
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+            if parse_special is None:
+                parse_special = False
+        elif not isinstance(text, str):
+            raise TypeError(f"tokenize takes a str or UTF-8 bytes, got {type(text).__name__}")
+        if parse_special is None:
+            parse_special = True
+        return list(self.decoder.engine.tokenize(text, bool(add_special), bool(parse_special)))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of token ids (UTF-8, invalid sequences replaced)."""
+        self.decoder.check_open()
+        return b"".join(self.decoder.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    # -- decoding (the protocol: epqlab.engine.decoder) ------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.decoder.closed
+
+    def iter_logits(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
+        """Decode ``tokens`` from an empty context and yield their logits in order, as float32
+        blocks ``[m, n_vocab]`` of consecutive positions with ``m * n_vocab * 4 <=
+        LOGITS_BLOCK_BYTES`` (16 MiB; at least one token per block). Memory stays bounded however
+        long ``tokens`` is (up to n_ctx); used by :func:`epqlab.engine.perplexity.perplexity`."""
+        return self.decoder.iter_logits(tokens)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits of every position of ``tokens`` from an empty context: float32 ``[n_tokens, n_vocab]``
+        (the caller's memory: n_tokens x n_vocab x 4 bytes; :meth:`iter_logits` streams instead)."""
+        d = self.decoder
+        with d.lock:
+            return d.decode(tokens, 0, True, 0, d.begin()[0])
+
+    def greedy_trace(self, tokens: Sequence[int], n_predict: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Prefill ``tokens`` (one batch per n_batch) and decode ``n_predict`` greedy tokens one at a
+        time, for A/B comparisons of the exact numbers.
+
+        Returns:
+            ``(prompt_logits, step_logits, generated)``: float32 ``[n_prompt, n_vocab]`` (every
+            prompt position), float32 ``[n_predict, n_vocab]`` (the logits each generated token was
+            chosen from), and the generated ids (end-of-generation tokens included).
+        """
+        d = self.decoder
+        with d.lock:
+            epoch, _ = d.begin()
+            prompt_logits = d.decode(tokens, 0, True, 0, epoch)
+            steps, out = [prompt_logits[-1]], []
+            pos = len(tokens)
+            for i in range(n_predict):
+                tok = int(np.argmax(steps[-1]))
+                out.append(tok)
+                if i + 1 < n_predict:
+                    steps.append(d.step(tok, pos, epoch))
+                    pos += 1
+            return prompt_logits, np.stack(steps), out
+
+    def prompt_tokens(self, prompt, add_special: bool) -> list[int]:
+        """Prompt ids of a str (tokenized) or a sequence of ids (checked). Raises TypeError for
+        anything else, ValueError when empty."""
+        if isinstance(prompt, str):
+            toks = self.tokenize(prompt, add_special)
+        elif isinstance(prompt, (bytes, bytearray)) or prompt is None or not hasattr(prompt, "__len__"):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        else:
+            toks = [int(t) for t in token_array(prompt)]
+        if not toks:
+            raise ValueError("empty prompt: pass some text or at least one token id")
+        return toks
+
+    def stream(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
+               seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+               reuse_kv: bool = False) -> Stream:
+        """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
+
+        Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
+        one of ``stop`` (the stop string is not yielded). Tokens are picked by llama.cpp's sampler
+        chain (:class:`epqlab.engine.sampling.Sampler`; here top-k/top-p/min-p default to off, so a
+        temperature samples the plain softmax). ``reuse_kv`` keeps the previous call's KV entries
+        when its tokens are a prefix of this prompt (default off: every run starts from an empty
+        context, so its stats are comparable).
+
+        Returns:
+            a :class:`~epqlab.engine.generation.Stream`; once it ends, ``.result`` is the
+            :class:`Generation` and ``.stats`` its run stats (as :meth:`generate` returns them).
+        """
+        self.decoder.check_open()
+        if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
+            raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
+        if n_predict < 0:
+            raise ValueError(f"n_predict must be >= 0, got {n_predict}")
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            raise ValueError(f"temperature must be a number, got {temperature!r}") from None
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite (<= 0 for greedy), got {temperature}")
+        toks = self.prompt_tokens(prompt, add_special)
+        sampler = Sampler(self.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv)
+
+    def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
+                 seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,
+                 **sampling) -> Generation:
+        """Generate up to ``n_predict`` tokens after ``prompt`` (greedy when temperature <= 0;
+        ``sampling``: the keyword options of :meth:`stream`).
+
+        Returns:
+            :class:`Generation` with the text, generated token ids, prompt ids and run stats
+            (prefill_tok_s and decode_tok_s in tokens/s; ssd_bytes and ssd_bytes_per_token in bytes;
+            io_wait_s in s; peak memory in bytes). Rates are named by scope, all for this run:
+            ``hit_rate`` over every forward pass (prefill included), ``decode_hit_rate`` over the
+            single-token decode passes, ``steady_hit_rate`` over the decode passes after the first 8
+            (definitions in :mod:`epqlab.studies.ablation.grid`); ``decode_*`` per-token figures divide by
+            ``decode_passes`` (n_gen - 1: the first token comes from the prefill).
+            ``ssd_bytes`` counts the pager's expert reads; ``storage_read_bytes`` every byte the
+            process fetched from storage during the run (``/proc/self/io``: dense-weight page
+            faults under ``dense_weights="mmap"`` too), None where unavailable.
+        """
+        with self.decoder.lock:  # a whole generation at a time: concurrent callers wait their turn
+            st = self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling)
+            for _ in st:
+                pass
+        return st.result
+
+    # -- llama-cpp-python's API (epqlab.engine.completion) -------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """The model's file name: the ``model`` field of completion responses."""
+        return self.layout.path.name
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
+                          model: str | None = None):
+        """Complete ``prompt`` as ``llama_cpp.Llama.create_completion`` does (same arguments and
+        defaults, same OpenAI-schema dict: ``choices[0]["text"]``, ``finish_reason`` ``"stop"`` |
+        ``"length"``, ``usage`` token counts), with epqlab's run stats under ``"epqlab"``.
+        ``max_tokens`` None or <= 0: until the context is full. ``stream=True`` returns an
+        iterator of ``text_completion`` chunks, the last with ``finish_reason``, ``usage`` and
+        ``"epqlab"``. KV entries of the previous call are reused when its tokens prefix this prompt.
+
+        Raises:
+            ValueError: a sampling parameter out of range, an empty prompt, a prompt that fills the
+                context, a bad ``stop``. TypeError: a prompt that is neither text nor token ids.
+        """
+        return create_completion(self, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, seed=seed,
+                                 stream=stream, model=model)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
+                               seed: int | None = None, stream: bool = False, model: str | None = None):
+        """The assistant's reply to ``messages`` (``[{"role": ..., "content": str}]``, formatted with the
+        GGUF's chat template) as ``llama_cpp.Llama.create_chat_completion`` returns it: an OpenAI
+        ``chat.completion`` dict (``choices[0]["message"]["content"]``, ``finish_reason``, ``usage``)
+        plus ``"epqlab"`` run stats, or with ``stream=True`` ``chat.completion.chunk`` dicts (a first
+        ``{"role": "assistant"}`` delta, ``{"content": ...}`` deltas, a last empty delta with
+        ``finish_reason``). Defaults are llama-cpp-python's; a next turn reuses the KV cache of the
+        previous one.
+
+        Raises:
+            ValueError: malformed messages (the message names the first bad one), no chat template
+                in the GGUF, or the arguments :meth:`create_completion` refuses.
+        """
+        return create_chat_completion(self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                      top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop,
+                                      seed=seed, stream=stream, model=model)
+
+    def chat_prompt(self, messages: Sequence[dict]) -> str:
+        """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat
+        template, ending with the assistant's turn. Raises ValueError if the GGUF has none."""
+        self.decoder.check_open()
+        if isinstance(messages, (str, bytes)) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError('messages must be a list of {"role": str, "content": str} dicts')
+        if not messages:
+            raise ValueError("messages is empty")
+        return self.decoder.engine.apply_chat_template([(m["role"], m["content"]) for m in messages], True)
+
+    def chat(self, messages: Sequence[dict], n_predict: int = 256, **kw) -> Generation:
+        """Generate the assistant's reply to ``messages`` with the GGUF's chat template."""
+        return self.generate(self.chat_prompt(messages), n_predict, add_special=False, **kw)
+
+    def perplexity(self, text: str, n_ctx: int | None = None, stride: int | None = None) -> float:
+        """Perplexity of ``text`` with windows of ``n_ctx`` tokens (default the session's) every
+        ``stride`` tokens (default n_ctx): :func:`epqlab.engine.perplexity.perplexity`, which states the
+        windowing. Memory stays bounded (logits are consumed block by block)."""
+        self.decoder.check_open()
+        with self.decoder.lock:
+            return perplexity(self, text, n_ctx=int(n_ctx or self.n_ctx), stride=stride).ppl
+
+    # -- stats ---------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict:
+        """Cumulative counters since the last :meth:`reset_stats` (pager + hook), arena, memory;
+        ``hit_rate`` here is over every pass since that reset (a run's own rates: :meth:`generate`).
+        Built by :func:`epqlab.engine.run_stats.cumulative_stats`."""
+        return run_stats.cumulative_stats(self)
+
+    def memory_parts(self) -> dict:
+        """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything
+        measured once the model, dense weights and context existed: RSS + malloc'd-but-untouched
+        buffers); ``dense`` (anonymous dense-weight copies, part of it); ``arena``;
+        ``stage_reserve`` (staging buffer for oversize ubatches); ``reserve``; ``read_buffers`` (the
+        readers' bounce buffers, (io_threads + 1) x ``Pager.bounce_bytes()``); and the current
+        reading ``now`` (RssAnon, shmem, RssFile, total). See docs/DESIGN.md "Memory accounting"."""
+        return run_stats.memory_parts(self)
+
+    def stats_frame(self):
+        """Run stats of every generate() so far as a pandas DataFrame (one row per run)."""
+        return run_stats.stats_frame(self.runs)
+
+    def time_split(self, per: str = "token"):
+        """Time split of every decode call since the last :meth:`reset_stats` as a pandas DataFrame,
+        µs per part: ``per="token"`` one row per call (a decode step is one token), ``per="layer"``
+        one row per (call, MoE layer). Parts and their timestamps: :mod:`epqlab.engine.time_split`."""
+        self.decoder.check_open()
+        self.time_split_log.take(self.decoder.engine)
+        return self.time_split_log.frame(per)
+
+    def reset_stats(self) -> None:
+        if self._pager:
+            self._pager.reset_stats()
+        self.decoder.engine.reset_hook_stats()
+        self.decoder.engine.take_time_split()
+        self.time_split_log.clear()
+        self.runs.clear()
+        self.peak = PeakTracker()
+
+    @property
+    def pager(self) -> Pager | None:
+        """The :class:`Pager` (None when ``pager=False``)."""
+        return self._pager
+
+    # -- route log -----------------------------------------------------------------------------
+    def route_log(self):
+        """Routes recorded so far as an :class:`epqlab.routes.RouteLog` (the owner of the route-log
+        format, docs/DESIGN.md §6): experts int32 [T, L, k], layers, phase, expert_bytes, n_expert,
+        meta, and ``ubatch`` int32 [T] (the forward pass each token was computed in). Requires
+        ``route_log=`` at construction."""
+        if self.route_log_path is None:
+            raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
+        lay = self.layout
+        k = self.n_expert_used
+        experts, phase, ubatch = self.decoder.routes(k)
+        meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self.decoder.prompt_hash}
+        return RouteLog(experts=experts.astype(np.int32), layers=np.array(lay.moe_layers, np.int32), phase=phase,
+                        expert_bytes=np.array([l.expert_bytes for l in lay.layers], np.int64),
+                        n_expert=int(lay.n_expert), meta=meta, ubatch=ubatch.astype(np.int32))
+
+    def save_route_log(self, path=None) -> Path:
+        """Write the recorded routes to ``path`` (default: the route_log path) with
+        :meth:`epqlab.routes.RouteLog.save`, the one writer of the route-log NPZ (docs/DESIGN.md §6)."""
+        p = Path(path or self.route_log_path)
+        self.route_log().save(p)
+        return p
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Save the route log (if asked for) and free the model, context and arena. Called from another
+        thread while a generation runs, it waits for the generation to end (a stream iterated by hand:
+        for its current decode step; the stream's next step raises EpqlabError)."""
+        with self.decoder.lock:
+            if self.decoder.closed:
+                return
+            try:
+                if self.route_log_path is not None:
+                    self.save_route_log()
+            finally:
+                self.decoder.close()
+                self._pager = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = repr(self._pager) if self._pager else "pager=False"
+        return f"Session({self.layout.path.name}, {mode})"

@@ -1,0 +1,12 @@
+"""Ablations: sweeps of one knob (eviction policy, top-k, the lossy skip-cold threshold) over arenas or RAM
+budgets, with the metrics defined once in :mod:`epqlab.studies.ablation.grid`."""
+from .eviction import DEFAULT_POLICIES, calibration_route_log, eviction, hot_experts
+from .eviction_report import figures as eviction_figures, reading as eviction_reading
+from .routing_cap import reading as routing_cap_reading, routing_cap, uniform_routes
+from .grid import WARMUP_PASSES, MemoryPoint, measure_prompts, memory_points, save, summarize
+from .skip_cold import skip_cold
+from .topk import topk
+
+__all__ = ["eviction", "eviction_figures", "eviction_reading", "hot_experts", "calibration_route_log", "DEFAULT_POLICIES", "memory_points", "MemoryPoint",
+           "measure_prompts", "summarize", "save", "WARMUP_PASSES", "topk", "skip_cold", "routing_cap",
+           "routing_cap_reading", "uniform_routes"]

@@ -1,0 +1,90 @@
+"""One run of :func:`epqlab.studies.strict.run`, in its own process: ``python -m epqlab.studies.strict_child SPEC OUT``.
+
+SPEC is a JSON file ``{"model", "ram_budget" (bytes or null), "pager", "policy", "prompt",
+"n_predict", "session_kw"}``. The child loads the model with :class:`epqlab.Session`, generates
+``n_predict`` greedy tokens and writes OUT (JSON): ``status`` (``PASS`` | ``FAIL``), ``reason``,
+the run stats of :meth:`Session.generate`, the session's cumulative stats, the text and token ids,
+the layout figures the table needs, and ``io``: storage bytes read (``read_bytes`` of
+/proc/self/io) during the load, the prefill and the decode. Exit status: 0 PASS, 3 ArenaTooSmall, 1 other error. A
+child killed by its memory limit writes nothing; the parent reports that.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+from ..engine.session import Session
+from ..errors import ArenaTooSmall
+from ..memory.usage import read_bytes
+
+EXIT_ARENA_TOO_SMALL = 3
+
+
+def _jsonable(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        try:
+            json.dumps(v)
+        except TypeError:
+            v = str(v)
+        out[k] = v
+    return out
+
+
+def _diff(a, b):
+    return None if a is None or b is None else a - b
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    t0 = time.perf_counter()
+    io_start = read_bytes()
+    res: dict = {"status": "FAIL", "reason": None}
+    code = 1
+    try:
+        try:
+            with Session(spec["model"], ram_budget=spec.get("ram_budget"), policy=spec.get("policy", "lru"),
+                         pager=bool(spec.get("pager", True)), **spec.get("session_kw", {})) as s:
+                io_loaded = read_bytes()
+                io_prefilled = None
+                stream = s.stream(spec["prompt"], int(spec["n_predict"]))
+                for _ in stream:
+                    if io_prefilled is None:  # the first piece comes right after the prefill
+                        io_prefilled = read_bytes()
+                io_end = read_bytes()
+                if io_prefilled is None:
+                    io_prefilled = io_end
+                lay = s.layout
+                g = stream.result
+                res.update(
+                    status="PASS", text=g.text, tokens=g.tokens, n_prompt=len(g.prompt_tokens),
+                    stats=_jsonable(g.stats), session_stats=_jsonable(s.stats),
+                    io={"load_read_bytes": _diff(io_loaded, io_start),
+                        "prefill_read_bytes": _diff(io_prefilled, io_loaded),
+                        "decode_read_bytes": _diff(io_end, io_prefilled)},
+                    routed_expert_bytes=lay.routed_expert_bytes, non_expert_bytes=lay.non_expert_bytes,
+                    n_routed_experts=sum(c.n_experts for c in lay.slot_classes),
+                    used_before_arena=getattr(s, "used_before_arena", None),
+                )
+                code = 0
+        except ArenaTooSmall as e:
+            res.update(reason=f"ArenaTooSmall: {e}")
+            code = EXIT_ARENA_TOO_SMALL
+    except MemoryError as e:
+        res.update(reason=f"MemoryError: {e}")
+    except Exception as e:  # noqa: BLE001 -- every failure becomes a FAIL row with its text
+        res.update(reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+    res["child_s"] = time.perf_counter() - t0
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
