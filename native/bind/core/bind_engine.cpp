@@ -120,7 +120,7 @@ void register_engine(py::module_ & m) {
         }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1, py::arg("min_precision") = 0.0)
         .def("set_predictor", [](engine & e, py::array_t<float, py::array::c_style | py::array::forcecast> W,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> b) {
-            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/hook.h TRAINED).
+            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/engine/hook.h TRAINED).
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             if (W.ndim() != 4 || b.ndim() != 3 || b.shape(0) != W.shape(0) || b.shape(1) != W.shape(1) || b.shape(2) != W.shape(2))
                 throw std::invalid_argument("predictor W must be [depth, n_layers, n_expert, n_embd] and b [depth, n_layers, n_expert]");
@@ -128,7 +128,7 @@ void register_engine(py::module_ & m) {
         }, py::arg("W"), py::arg("b"))
         .def("set_oracle", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> routes,
                               py::array_t<uint8_t, py::array::c_style | py::array::forcecast> follows) {
-            // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/hook.h ORACLE).
+            // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/engine/hook.h ORACLE).
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             if (routes.ndim() != 3 || follows.ndim() != 1 || follows.shape(0) != routes.shape(0))
                 throw std::invalid_argument("oracle routes must be [n_steps, n_layers, k] and follows [n_steps]");
@@ -182,7 +182,7 @@ void register_engine(py::module_ & m) {
         })
         .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; })
         .def("set_capture_inputs", [](engine & e, bool on) {
-            // Router-input log on/off (native/hook.h); needs route recording.
+            // Router-input log on/off (native/engine/hook.h); needs route recording.
             if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
             e.hook()->set_capture_inputs(on);
         })
