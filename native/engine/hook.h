@@ -1,4 +1,6 @@
 // hook: the llama.cpp graph callback (cb_eval) that makes routed experts resident just in time.
+// Implemented in hook.cpp (the callback, layer loads, staging, skip-cold, time split, route and
+// router-input logs) and hook_predict.cpp (the prefetch predictors and their gate).
 //
 // Invariant (the callback barrier): ggml's scheduler asks about every node before computing it
 // and, for nodes we "need", calls us again after computing it and before asking about the next.
@@ -222,7 +224,7 @@ private:
     // Time split: charges the pager's io/map time since the last charge to layer li.
     void charge_pager(int li);
     void charge_compute(ggml_tensor * t, int64_t dt);
-    // Prefetch: predicts layers li+1 .. li+depth from layer li's router input and starts reading them.
+    // Prefetch (hook_predict.cpp): predicts layers li+1 .. li+depth from layer li's router input and starts reading them.
     void start_prefetch(int li, int k);
     void lookahead(int li, int nl, int k, std::vector<int32_t> & out);
     void score_prediction(int li, const std::vector<int32_t> & ids);
@@ -275,7 +277,7 @@ private:
     // pipelined reads
     bool                                     pipeline_ = false;
     std::vector<std::vector<int>>            mm_order_;     // per layer: tensor indices in the order their matmuls are asked
-    // prefetch
+    // prefetch (hook_predict.cpp)
     int                                      pf_mode_ = PF_OFF;
     int64_t                                  pf_budget_ = 0;
     int                                      pf_depth_ = 1;
