@@ -101,7 +101,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     const std::vector<std::string> paths = cfg.paths.empty() ? std::vector<std::string>{cfg.path} : cfg.paths;
     std::vector<file_mapping> fmaps(paths.size());
     std::vector<bool> have_map(paths.size(), false);
-    if (cfg.dense_mode != 0) {
+    if (cfg.dense_mode != DENSE_MMAP) {
         std::vector<struct stat> sts(paths.size());
         for (size_t i = 0; i < paths.size(); i++)
             if (stat(paths[i].c_str(), &sts[i]) != 0) throw std::runtime_error("cannot stat " + paths[i]);
@@ -124,7 +124,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     }
     load_.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + take_errors());
-    if (cfg.dense_mode != 0) {
+    if (cfg.dense_mode != DENSE_MMAP) {
         try {
             if (!cfg.dense_files.empty() && cfg.dense_files.size() != cfg.dense_ranges.size())
                 throw std::invalid_argument("dense_files must give one file index per dense range");
@@ -135,7 +135,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
                     if ((cfg.dense_files.empty() ? 0 : cfg.dense_files[j]) == (int32_t) i) ranges.push_back(cfg.dense_ranges[j]);
                 if (!ranges.empty()) {
                     if (!have_map[i]) throw std::runtime_error("llama.cpp did not map " + paths[i] + " while loading it; use dense_weights=\"mmap\"");
-                    const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == 2);
+                    const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == DENSE_MLOCK);
                     load_.dense_bytes += r.bytes;
                     load_.dense_bytes_read += r.bytes_read;
                     load_.dense_direct = load_.dense_direct && r.direct;

@@ -91,6 +91,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pager.h"
@@ -126,9 +127,28 @@ struct call_time {
 };
 
 enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3, PF_TRAINED = 4, PF_ORACLE = 5 };
+// Each mode's name as Python spells it (epqlab.constants.PrefetchMode, lower case): the engine
+// module exports this table as PREFETCH_MODES, and tests/test_native_codes.py checks the two agree.
+inline constexpr std::pair<const char *, prefetch_mode> PREFETCH_MODE_NAMES[] = {
+    {"off", PF_OFF}, {"lookahead", PF_LOOKAHEAD}, {"previous", PF_PREVIOUS},
+    {"union", PF_UNION}, {"trained", PF_TRAINED}, {"oracle", PF_ORACLE},
+};
+static_assert(sizeof(PREFETCH_MODE_NAMES) / sizeof(PREFETCH_MODE_NAMES[0]) == PF_ORACLE + 1,
+              "one name per prefetch mode (set_prefetch accepts PF_OFF..PF_ORACLE)");
 
 class expert_hook {
 public:
+    // Layers ahead a prefetch reads at most (set_prefetch's depth), and the most depths a trained
+    // predictor may carry (set_predictor's W[depth]). Exported as MAX_PREFETCH_DEPTH.
+    static constexpr int kMaxDepth = 8;
+    // Layers ahead a trained predictor is fitted for at most (epqlab/predictor.py fits and loads
+    // W with depth <= this: W [depth][n_layers][n_expert][n_embd] float32 grows by every layer's
+    // router weights per depth).
+    // The hook itself accepts a predictor of any depth up to kMaxDepth; this is the fitter's bound,
+    // kept here so that one constant is exported (as MAX_FIT_DEPTH) and checked against Python's.
+    static constexpr int kMaxFitDepth = 4;
+    static_assert(kMaxFitDepth <= kMaxDepth, "a fitted depth must be a depth the hook can prefetch");
+
     // names[i] = (tensor name, MoE layer index, tensor index) for every routed-expert tensor.
     expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t> & blocks,
                 const std::vector<std::tuple<std::string, int, int>> & names, bool record);
@@ -282,7 +302,6 @@ private:
     int64_t                                  pf_budget_ = 0;
     int                                      pf_depth_ = 1;
     double                                   pf_min_prec_ = 0;
-    static constexpr int                     kMaxDepth = 8;
     // The gate: per depth, per rank in the prediction, an EMA (weight kGateAlpha on the newest) of
     // "a prediction of this rank that was not resident when made was selected at its layer";
     // starts at 1. And per depth, per layer, those predictions (expert, rank) awaiting the layer's topk.

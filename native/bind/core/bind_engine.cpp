@@ -51,6 +51,11 @@ static const std::vector<epq_bind::field<engine_load_report>> & load_fields() {
 void register_engine(py::module_ & m) {
     epq_bind::register_error_translator();
     m.attr("HOOK_COUNTERS") = epq_bind::names(hook_fields());
+    // The codes Python shares with the hook and the engine (epqlab.constants; tests/test_native_codes.py).
+    m.attr("PREFETCH_MODES") = epq_bind::codes(PREFETCH_MODE_NAMES);
+    m.attr("DENSE_MODES") = epq_bind::codes(DENSE_MODE_NAMES);
+    m.attr("MAX_PREFETCH_DEPTH") = expert_hook::kMaxDepth;
+    m.attr("MAX_FIT_DEPTH") = expert_hook::kMaxFitDepth;
     m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
     m.def("lazy_load_check", [] { return lazy_load_check(); },
@@ -80,7 +85,7 @@ void register_engine(py::module_ & m) {
              }),
              py::keep_alive<1, 3>(), py::arg("path"), py::arg("pager").none(true), py::arg("arch"), py::arg("expert_used"),
              py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
-             py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = 0,
+             py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = (int) DENSE_MMAP,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
              py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{})
         .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
