@@ -1,4 +1,11 @@
-// engine: llama.cpp model + context with the expert hook; see engine.h for the invariant.
+// engine: one llama.cpp model + context with the expert hook (engine.h states the invariant).
+//
+// Invariant kept here: the model is loaded with the parameters paging needs (mmap, no repacking,
+// no tensor checks, no GPU layers) in every dense mode, and llama.cpp is never handed what it
+// would abort the process for: decode refuses token counts outside 1..n_batch, positions past
+// n_ctx and token ids outside the vocabulary before calling llama_decode. A failed or aborted
+// decode clears the context's memory before its error is thrown; llama.cpp's own error lines are
+// folded into the exception's message as valid UTF-8.
 #include "engine.h"
 
 #include <chrono>

@@ -16,7 +16,7 @@
 // graph. After a read failure the weight points at an all-zero mapping (the decode is being
 // aborted, and the zero page keeps the matmul from touching PROT_NONE memory before the abort
 // callback stops the graph). The callback never returns false in the observe pass: that would
-// silently truncate the graph (docs/DESIGN.md "Pitfalls"). Errors are stored and reported after
+// silently truncate the graph (docs/DESIGN.md §4 "Pitfalls"). Errors are stored and reported after
 // llama_decode.
 //
 // Lossy skip-cold (off by default; set_skip_cold(tau), tau >= 0): in a single-token ubatch, a
@@ -76,7 +76,7 @@
 // sampling and the next token's first attention; they are not scored (precision/recall count
 // predictions made within a pass). The other predictors stop at the last layer: the learned
 // ones have no hidden state of the next token, and the previous token's experts, tried there,
-// saved 3 of 145 misses on the skewed 8 GiB model. Prefetch
+// removed 3 of 145 misses on the skewed 8 GiB model (docs/DESIGN.md §3c, "Oracle"). Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a

@@ -2,7 +2,9 @@
 // Pager arguments are epqlab._pager_core.Pager objects: the pager class is registered once, by that
 // module, in pybind11's shared type registry, and both modules link the one libepqlab_pager.so.
 // Invariant: decode releases the GIL and returns a fresh NumPy array; the engine keeps its
-// pager alive (keep_alive), since the hook and the rebinding tensors point into its region.
+// pager alive (keep_alive), since the hook and the rebinding tensors point into its region; every
+// name or code exported to Python (HOOK_COUNTERS, PREFETCH_MODES, DENSE_MODES, the depth bounds)
+// is built from the C++ table or constant that defines it, never re-typed here.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
