@@ -48,8 +48,8 @@ struct pager_layer_spec {
 };
 
 // Eviction policy names, indexed by pager::policy_id. The Python side names them in
-// epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._core.POLICIES and a
-// test checks the two agree.
+// epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._pager_core.POLICIES
+// and tests/test_constants.py checks the two agree.
 inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu"};
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
@@ -406,6 +406,9 @@ private:
     // After the reads: counts bytes, maps the units read completely (the others get their slots
     // back) and throws the first read error after unpinning layer li.
     void settle_misses(int li, const std::vector<int> & misses, std::vector<io_job> & jobs, const std::vector<int> & job_unit);
+    // Reads refused with EINVAL although the files were opened O_DIRECT: reopens every file
+    // buffered (direct_ off from then on) and redoes the refused reads, a pending pipelined
+    // load's included. If a file cannot be reopened nothing changes and those reads stay failed.
     void redo_refused_direct(std::vector<io_job> & jobs);
     // Whether a slice of unit u shares a page with an expert a batch is reading (such a unit is
     // no victim then: its edge pages would race with the I/O worker mapping that expert).
@@ -413,7 +416,7 @@ private:
     // After a prefetch finished under a pipelined load of layer li: the requested experts that
     // were counted as hits because their prefetch was in flight, but whose read failed, are read
     // now (counted as misses instead). Throws as load_layer does.
-    void load_failed_prefetches(int li, const int32_t * ids, int n);  // O_DIRECT refused (EINVAL): reopen buffered, redo those
+    void load_failed_prefetches(int li, const int32_t * ids, int n);
     int  map_tensor_pages(int u, int ti, bool populate) const;
     // The pending pipelined load (request_layer_async).
     bool                         dm_active_ = false;

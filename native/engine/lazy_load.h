@@ -6,7 +6,7 @@
 // makes. Nothing else about the loader changes: the same mapping, the same protections, the
 // same tensor pointers, so the math is unchanged; pages are simply read on first touch instead
 // of all at load. The original GOT entries are restored when the scope ends, also on
-// exceptions. llama.cpp's source is never patched (docs/DESIGN.md "Loading without the
+// exceptions. llama.cpp's source is never patched (docs/DESIGN.md §3b "Loading without the
 // whole-file read"). If the relocations cannot be found (another libllama build, full RELRO
 // that cannot be made writable), the scope refuses to start and says why.
 #pragma once

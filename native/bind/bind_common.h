@@ -2,8 +2,10 @@
 // exceptions (register_error_translator, called by each module's init; pybind11 keeps translators in
 // its shared internals, so either module's registration covers both), and one way to turn a stats
 // struct into a dict: a field table (name, getter) per struct, from which both the dict and the tuple
-// of counter names exported to Python are built, so the two cannot drift apart.
+// of counter names exported to Python are built, so the two cannot drift apart; likewise a
+// code table (name, enumerator) per C++ enum, from which the exported {name: code} dict is built.
 #pragma once
+#include <cstddef>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -54,6 +56,15 @@ template <class S>
 py::dict to_dict(const S & s, const std::vector<field<S>> & fields) {
     py::dict d;
     for (const auto & f : fields) d[f.first] = f.second(s);
+    return d;
+}
+
+// {name: int(code)} of a table of (name, enumerator) pairs (PREFETCH_MODE_NAMES, ...): the codes
+// exported to Python come from the C++ enum itself, so Python never re-types them.
+template <class E, size_t N>
+py::dict codes(const std::pair<const char *, E> (&table)[N]) {
+    py::dict d;
+    for (const auto & c : table) d[c.first] = static_cast<int>(c.second);
     return d;
 }
 

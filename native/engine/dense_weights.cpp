@@ -1,5 +1,11 @@
-// dense_weights: in-place swap of llama's file-backed dense pages for anonymous copies; see
-// dense_weights.h for the invariant.
+// dense_weights: in-place swap of llama's file-backed dense pages for anonymous copies
+// (dense_weights.h states the invariant).
+//
+// Invariant kept here: a range is made read-only (and, with lock, mlock'ed) only after every byte
+// of it that lies inside the file was read into it; a failed or short read throws instead (the
+// engine then frees the model, so nothing computes on a half-filled range). A read that fails
+// under O_DIRECT is redone once buffered, and a buffered read's pages are dropped from the page
+// cache afterwards. The descriptor is closed on every path.
 #include "dense_weights.h"
 
 #include <algorithm>

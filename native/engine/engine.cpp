@@ -1,4 +1,11 @@
-// engine: llama.cpp model + context with the expert hook; see engine.h for the invariant.
+// engine: one llama.cpp model + context with the expert hook (engine.h states the invariant).
+//
+// Invariant kept here: the model is loaded with the parameters paging needs (mmap, no repacking,
+// no tensor checks, no GPU layers) in every dense mode, and llama.cpp is never handed what it
+// would abort the process for: decode refuses token counts outside 1..n_batch, positions past
+// n_ctx and token ids outside the vocabulary before calling llama_decode. A failed or aborted
+// decode clears the context's memory before its error is thrown; llama.cpp's own error lines are
+// folded into the exception's message as valid UTF-8.
 #include "engine.h"
 
 #include <chrono>
@@ -101,7 +108,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     const std::vector<std::string> paths = cfg.paths.empty() ? std::vector<std::string>{cfg.path} : cfg.paths;
     std::vector<file_mapping> fmaps(paths.size());
     std::vector<bool> have_map(paths.size(), false);
-    if (cfg.dense_mode != 0) {
+    if (cfg.dense_mode != DENSE_MMAP) {
         std::vector<struct stat> sts(paths.size());
         for (size_t i = 0; i < paths.size(); i++)
             if (stat(paths[i].c_str(), &sts[i]) != 0) throw std::runtime_error("cannot stat " + paths[i]);
@@ -124,7 +131,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     }
     load_.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!model_) throw std::runtime_error("llama.cpp could not load " + cfg.path + take_errors());
-    if (cfg.dense_mode != 0) {
+    if (cfg.dense_mode != DENSE_MMAP) {
         try {
             if (!cfg.dense_files.empty() && cfg.dense_files.size() != cfg.dense_ranges.size())
                 throw std::invalid_argument("dense_files must give one file index per dense range");
@@ -135,7 +142,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
                     if ((cfg.dense_files.empty() ? 0 : cfg.dense_files[j]) == (int32_t) i) ranges.push_back(cfg.dense_ranges[j]);
                 if (!ranges.empty()) {
                     if (!have_map[i]) throw std::runtime_error("llama.cpp did not map " + paths[i] + " while loading it; use dense_weights=\"mmap\"");
-                    const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == 2);
+                    const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == DENSE_MLOCK);
                     load_.dense_bytes += r.bytes;
                     load_.dense_bytes_read += r.bytes_read;
                     load_.dense_direct = load_.dense_direct && r.direct;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "hook.h"
@@ -18,6 +19,16 @@
 struct llama_model;
 struct llama_context;
 struct llama_vocab;
+
+// Where the dense (non-expert) weights live, engine_config::dense_mode: llama's file mapping as
+// loaded (stock: the loader reads the whole file), anonymous copies (the load reads only the
+// header; see lazy_load.h and dense_weights.h), or anonymous copies mlock'ed.
+enum dense_weights_mode : int32_t { DENSE_MMAP = 0, DENSE_ANON = 1, DENSE_MLOCK = 2 };
+// Each mode's name as Python spells it (epqlab.constants.DenseMode, lower case): the engine
+// module exports this table as DENSE_MODES, and tests/test_native_codes.py checks the two agree.
+inline constexpr std::pair<const char *, dense_weights_mode> DENSE_MODE_NAMES[] = {
+    {"mmap", DENSE_MMAP}, {"anon", DENSE_ANON}, {"mlock", DENSE_MLOCK},
+};
 
 struct engine_config {
     std::string path;
@@ -28,10 +39,7 @@ struct engine_config {
     int32_t     n_ubatch = 512;
     int32_t     n_threads = 0;    // 0 = hardware threads
     bool        install_hook = false;
-    // Dense (non-expert) weights: 0 = llama's file mapping as loaded (stock: the loader reads the
-    // whole file), 1 = anonymous copies (the load reads only the header; see lazy_load.h and
-    // dense_weights.h), 2 = anonymous copies, mlock'ed.
-    int32_t     dense_mode = 0;
+    int32_t     dense_mode = DENSE_MMAP;  // a dense_weights_mode (above)
     std::vector<std::pair<int64_t, int64_t>> dense_ranges;  // (file offset, bytes) of non-expert tensors
     // A split model: every shard in order (paths[0] == path; llama.cpp finds the others by name),
     // and the index in paths of the file holding each dense range. Empty: one file.

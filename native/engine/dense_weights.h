@@ -7,7 +7,7 @@
 // cache), then made read-only. Ranges are widened to whole pages; a page shared with an expert
 // tensor carries bytes nobody reads through this mapping (the hook reads experts from the
 // pager's region). This runs right after the load, before any tensor is read, so no
-// computation ever sees the file-backed pages (docs/DESIGN.md "Memory accounting").
+// computation ever sees the file-backed pages (docs/DESIGN.md §5 "Memory accounting").
 #pragma once
 
 #include <cstdint>

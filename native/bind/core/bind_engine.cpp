@@ -2,7 +2,9 @@
 // Pager arguments are epqlab._pager_core.Pager objects: the pager class is registered once, by that
 // module, in pybind11's shared type registry, and both modules link the one libepqlab_pager.so.
 // Invariant: decode releases the GIL and returns a fresh NumPy array; the engine keeps its
-// pager alive (keep_alive), since the hook and the rebinding tensors point into its region.
+// pager alive (keep_alive), since the hook and the rebinding tensors point into its region; every
+// name or code exported to Python (HOOK_COUNTERS, PREFETCH_MODES, DENSE_MODES, the depth bounds)
+// is built from the C++ table or constant that defines it, never re-typed here.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -51,6 +53,11 @@ static const std::vector<epq_bind::field<engine_load_report>> & load_fields() {
 void register_engine(py::module_ & m) {
     epq_bind::register_error_translator();
     m.attr("HOOK_COUNTERS") = epq_bind::names(hook_fields());
+    // The codes Python shares with the hook and the engine (epqlab.constants; tests/test_native_codes.py).
+    m.attr("PREFETCH_MODES") = epq_bind::codes(PREFETCH_MODE_NAMES);
+    m.attr("DENSE_MODES") = epq_bind::codes(DENSE_MODE_NAMES);
+    m.attr("MAX_PREFETCH_DEPTH") = expert_hook::kMaxDepth;
+    m.attr("MAX_FIT_DEPTH") = expert_hook::kMaxFitDepth;
     m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
     m.def("lazy_load_check", [] { return lazy_load_check(); },
@@ -80,7 +87,7 @@ void register_engine(py::module_ & m) {
              }),
              py::keep_alive<1, 3>(), py::arg("path"), py::arg("pager").none(true), py::arg("arch"), py::arg("expert_used"),
              py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
-             py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = 0,
+             py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = (int) DENSE_MMAP,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
              py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{})
         .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
@@ -120,7 +127,7 @@ void register_engine(py::module_ & m) {
         }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1, py::arg("min_precision") = 0.0)
         .def("set_predictor", [](engine & e, py::array_t<float, py::array::c_style | py::array::forcecast> W,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> b) {
-            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/hook.h TRAINED).
+            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/engine/hook.h TRAINED).
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             if (W.ndim() != 4 || b.ndim() != 3 || b.shape(0) != W.shape(0) || b.shape(1) != W.shape(1) || b.shape(2) != W.shape(2))
                 throw std::invalid_argument("predictor W must be [depth, n_layers, n_expert, n_embd] and b [depth, n_layers, n_expert]");
@@ -128,7 +135,7 @@ void register_engine(py::module_ & m) {
         }, py::arg("W"), py::arg("b"))
         .def("set_oracle", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> routes,
                               py::array_t<uint8_t, py::array::c_style | py::array::forcecast> follows) {
-            // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/hook.h ORACLE).
+            // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/engine/hook.h ORACLE).
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             if (routes.ndim() != 3 || follows.ndim() != 1 || follows.shape(0) != routes.shape(0))
                 throw std::invalid_argument("oracle routes must be [n_steps, n_layers, k] and follows [n_steps]");
@@ -182,7 +189,7 @@ void register_engine(py::module_ & m) {
         })
         .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; })
         .def("set_capture_inputs", [](engine & e, bool on) {
-            // Router-input log on/off (native/hook.h); needs route recording.
+            // Router-input log on/off (native/engine/hook.h); needs route recording.
             if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
             e.hook()->set_capture_inputs(on);
         })

@@ -1,5 +1,11 @@
 // lazy_load: redirects libllama's PLT/GOT entries for mmap and posix_madvise during a model
-// load; see lazy_load.h for the invariant.
+// load (lazy_load.h states the invariant).
+//
+// Invariant kept here: one scope at a time (a mutex held for the scope's life); a scope starts
+// only when both mmap and posix_madvise relocations were found, and every GOT entry it changed is
+// restored (its page re-protected where it lies in RELRO) when it ends or when starting it fails
+// halfway. The wrappers change only the MAP_POPULATE flag and POSIX_MADV_WILLNEED advice, and
+// record each file mapping libllama makes.
 #include "lazy_load.h"
 
 #include <cstring>

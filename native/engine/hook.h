@@ -1,4 +1,6 @@
 // hook: the llama.cpp graph callback (cb_eval) that makes routed experts resident just in time.
+// Implemented in hook.cpp (the callback, layer loads, staging, skip-cold, time split, route and
+// router-input logs) and hook_predict.cpp (the prefetch predictors and their gate).
 //
 // Invariant (the callback barrier): ggml's scheduler asks about every node before computing it
 // and, for nodes we "need", calls us again after computing it and before asking about the next.
@@ -14,7 +16,7 @@
 // graph. After a read failure the weight points at an all-zero mapping (the decode is being
 // aborted, and the zero page keeps the matmul from touching PROT_NONE memory before the abort
 // callback stops the graph). The callback never returns false in the observe pass: that would
-// silently truncate the graph (docs/DESIGN.md "Pitfalls"). Errors are stored and reported after
+// silently truncate the graph (docs/DESIGN.md §4 "Pitfalls"). Errors are stored and reported after
 // llama_decode.
 //
 // Lossy skip-cold (off by default; set_skip_cold(tau), tau >= 0): in a single-token ubatch, a
@@ -74,7 +76,7 @@
 // sampling and the next token's first attention; they are not scored (precision/recall count
 // predictions made within a pass). The other predictors stop at the last layer: the learned
 // ones have no hidden state of the next token, and the previous token's experts, tried there,
-// saved 3 of 145 misses on the skewed 8 GiB model. Prefetch
+// removed 3 of 145 misses on the skewed 8 GiB model (docs/DESIGN.md §3c, "Oracle"). Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
 // Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
@@ -89,6 +91,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pager.h"
@@ -124,9 +127,28 @@ struct call_time {
 };
 
 enum prefetch_mode : int { PF_OFF = 0, PF_LOOKAHEAD = 1, PF_PREVIOUS = 2, PF_UNION = 3, PF_TRAINED = 4, PF_ORACLE = 5 };
+// Each mode's name as Python spells it (epqlab.constants.PrefetchMode, lower case): the engine
+// module exports this table as PREFETCH_MODES, and tests/test_native_codes.py checks the two agree.
+inline constexpr std::pair<const char *, prefetch_mode> PREFETCH_MODE_NAMES[] = {
+    {"off", PF_OFF}, {"lookahead", PF_LOOKAHEAD}, {"previous", PF_PREVIOUS},
+    {"union", PF_UNION}, {"trained", PF_TRAINED}, {"oracle", PF_ORACLE},
+};
+static_assert(sizeof(PREFETCH_MODE_NAMES) / sizeof(PREFETCH_MODE_NAMES[0]) == PF_ORACLE + 1,
+              "one name per prefetch mode (set_prefetch accepts PF_OFF..PF_ORACLE)");
 
 class expert_hook {
 public:
+    // Layers ahead a prefetch reads at most (set_prefetch's depth), and the most depths a trained
+    // predictor may carry (set_predictor's W[depth]). Exported as MAX_PREFETCH_DEPTH.
+    static constexpr int kMaxDepth = 8;
+    // Layers ahead a trained predictor is fitted for at most (epqlab/predictor.py fits and loads
+    // W with depth <= this: W [depth][n_layers][n_expert][n_embd] float32 grows by every layer's
+    // router weights per depth).
+    // The hook itself accepts a predictor of any depth up to kMaxDepth; this is the fitter's bound,
+    // kept here so that one constant is exported (as MAX_FIT_DEPTH) and checked against Python's.
+    static constexpr int kMaxFitDepth = 4;
+    static_assert(kMaxFitDepth <= kMaxDepth, "a fitted depth must be a depth the hook can prefetch");
+
     // names[i] = (tensor name, MoE layer index, tensor index) for every routed-expert tensor.
     expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t> & blocks,
                 const std::vector<std::tuple<std::string, int, int>> & names, bool record);
@@ -222,7 +244,7 @@ private:
     // Time split: charges the pager's io/map time since the last charge to layer li.
     void charge_pager(int li);
     void charge_compute(ggml_tensor * t, int64_t dt);
-    // Prefetch: predicts layers li+1 .. li+depth from layer li's router input and starts reading them.
+    // Prefetch (hook_predict.cpp): predicts layers li+1 .. li+depth from layer li's router input and starts reading them.
     void start_prefetch(int li, int k);
     void lookahead(int li, int nl, int k, std::vector<int32_t> & out);
     void score_prediction(int li, const std::vector<int32_t> & ids);
@@ -275,12 +297,11 @@ private:
     // pipelined reads
     bool                                     pipeline_ = false;
     std::vector<std::vector<int>>            mm_order_;     // per layer: tensor indices in the order their matmuls are asked
-    // prefetch
+    // prefetch (hook_predict.cpp)
     int                                      pf_mode_ = PF_OFF;
     int64_t                                  pf_budget_ = 0;
     int                                      pf_depth_ = 1;
     double                                   pf_min_prec_ = 0;
-    static constexpr int                     kMaxDepth = 8;
     // The gate: per depth, per rank in the prediction, an EMA (weight kGateAlpha on the newest) of
     // "a prediction of this rank that was not resident when made was selected at its layer";
     // starts at 1. And per depth, per layer, those predictions (expert, rank) awaiting the layer's topk.
