@@ -1,4 +1,4 @@
-"""bench/bench_overlap.py's bounds (issue 14), from hand-computed runs: the ratio of the means and the
+"""bench/bench_overlap.py's bounds (docs/DESIGN.md §3c), from hand-computed runs: the ratio of the means and the
 per-token ratio sum_i wall_i / sum_i max(T_dev_i, T_compute_i)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The learned expert predictor (prefetch="trained", issue 14): router inputs recorded from the graph
+"""The learned expert predictor (prefetch="trained", docs/DESIGN.md §3c): router inputs recorded from the graph
 reproduce the routes the model took (NumPy top-k of the GGUF router), the engine's scored hits equal
 a NumPy count from the same inputs and the fitted weights, the fit beats router lookahead on held-out
 text, logits stay bit-identical to plain llama.cpp, and bad predictors are refused by name."""

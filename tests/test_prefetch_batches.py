@@ -1,5 +1,5 @@
 """Prefetch batches of several layers in flight at once, prefetch depth, and victims' deferred
-unmaps (issue 14): the region keeps its invariant (a page no resident expert touches is
+unmaps (docs/DESIGN.md §3 item 4): the region keeps its invariant (a page no resident expert touches is
 PROT_NONE once its slot was rewritten, read from /proc/self/maps), batches of later layers keep
 reading while a layer loads, a demand load that finds no victim waits for them instead of
 failing, and logits stay bit-identical to plain llama.cpp with depth 2."""

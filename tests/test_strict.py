@@ -202,7 +202,7 @@ def test_budget_too_small_is_a_fail_row_naming_arena_too_small(too_small):
 
 @needs_cgroup
 def test_default_model_passes_under_a_cgroup_limit(model, too_small):
-    # Arena about 30% of the routed experts; the limit is the budget + 16 MiB headroom (issue #10).
+    # Arena about 30% of the routed experts; the limit is the budget + 16 MiB headroom (epqlab.studies.strict DEFAULT_HEADROOM).
     level = level_for(model, too_small[1], 0.3)
     df = strict.run(model, [level], n_predict=4, repeats=1, mmap_baseline=True, n_ctx=256)
     paged, mm = df.iloc[0], df.iloc[1]

@@ -16,7 +16,7 @@ the expert hook) and the state that makes decoding on it safe:
 
 Logits come in blocks of at most :data:`LOGITS_BLOCK_BYTES` (llama.cpp's output buffer grows to the
 largest number of outputs asked for and never shrinks), so memory stays bounded however long the input.
-docs/DESIGN.md §5 describes the Session's decoding; native/engine.h the engine's own invariant.
+docs/DESIGN.md §5 describes the Session's decoding; native/engine/engine.h the engine's own invariant.
 """
 from __future__ import annotations
 
@@ -213,6 +213,66 @@ class Decoder:
             epoch, _ = self.begin()
         yield from self.decode_blocks(tokens, 0, True, PHASE_PREFILL, epoch)
 
+    # -- several sequences (epqlab.engine.batch) ------------------------------------------------
+    def begin_batch(self) -> int:
+        """Start a batch operation (call with :attr:`lock` held): the context is cleared, every
+        sequence is empty; returns its epoch."""
+        epoch, _ = self.begin()
+        return epoch
+
+    def _check_epoch(self, epoch: int) -> None:
+        self.check_open()
+        if epoch != self.epoch:
+            raise EpqlabError("this batch's context was reset by another call on the same Session (one KV cache per "
+                              "Session); finish a batch before starting another operation")
+        self.check_file()
+
+    def decode_seq(self, seq: int, tokens, pos0: int, epoch: int, phase: int = PHASE_PREFILL) -> np.ndarray:
+        """Decode ``tokens`` into sequence ``seq`` from position ``pos0`` (a prompt: n_batch chunks, one
+        sequence per forward pass); returns the last token's logits, float32 ``[n_vocab]``. While routes
+        are recorded every token outputs logits (as :meth:`prefill`). Raises ValueError for bad tokens or
+        a prompt past the sequence's context, EpqlabError when ``epoch`` is not the current operation."""
+        tokens = self.check_tokens(tokens, pos0)
+        step = self.chunk_tokens(self.record_routes)
+        out = None
+        for s in range(0, len(tokens), step):
+            chunk = tokens[s:s + step]
+            with self.lock:
+                self._check_epoch(epoch)
+                try:
+                    out = self.engine.decode(chunk, pos0 + s, self.record_routes, int(seq))
+                except BaseException:
+                    self.kv = []
+                    raise
+                if self.record_routes:
+                    self.take_route(phase)
+                self._on_step()
+        return out[-1]
+
+    def decode_step(self, tokens, pos, seqs, epoch: int) -> np.ndarray:
+        """One forward pass over one token of each of several sequences (token i at position ``pos[i]`` of
+        sequence ``seqs[i]``); returns their logits, float32 ``[n, n_vocab]`` in the same order."""
+        with self.lock:
+            self._check_epoch(epoch)
+            toks = np.asarray(tokens, np.int32)
+            out = self.engine.decode_seqs(toks, np.asarray(pos, np.int32), np.asarray(seqs, np.int32),
+                                          np.ones(len(toks), np.uint8))
+            if self.record_routes:
+                self.take_route(PHASE_DECODE)
+            self._on_step()
+            return out
+
+    def free_seq(self, seq: int) -> None:
+        """Free every KV cell of sequence ``seq`` (the other sequences keep theirs)."""
+        with self.lock:
+            self.engine.seq_rm(int(seq))
+
+    def layer_unions(self):
+        """int64 ``[n_moe_layers]``: distinct experts routed per MoE layer, summed over forward passes since
+        the last reset (the hook's count; None without the hook)."""
+        u = self.engine.layer_unions()
+        return np.asarray(u, np.int64) if len(u) else None
+
     # -- routes and router inputs ----------------------------------------------------------------
     def take_route(self, phase: int) -> None:
         """Move the routes the hook recorded in the last decode into :attr:`route_parts`."""
@@ -248,7 +308,7 @@ class Decoder:
         return self.engine.piece(int(token))
 
     def hook_stats(self) -> dict:
-        """The hook's counters (native/hook.h), cumulative since the last reset."""
+        """The hook's counters (native/engine/hook.h), cumulative since the last reset."""
         return dict(self.engine.hook_stats())
 
     @property

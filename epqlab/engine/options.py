@@ -19,6 +19,7 @@ from ..units import parse_bytes
 from .prefetch import check_prefetch, resolve_predictor
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h): sequences one context can hold
 DENSE_MODES = {m.name.lower(): m for m in DenseMode}
 """``dense_weights`` name -> native code (:class:`epqlab.constants.DenseMode`)."""
 
@@ -33,7 +34,8 @@ class Options:
         (native code), skip_cold (tau or None), prefetch (name or None) and prefetch_args (mode code,
         budget bytes per layer, depth, gate: for the native hook), predictor (an ExpertPredictor, the
         oracle's route table, or None), pipeline_reads, read_segment_bytes and read_rate_limit (bytes,
-        bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens), n_threads / io_threads (None = default).
+        bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens; n_ctx per sequence), n_seq_max (sequences
+        decoded side by side), n_threads / io_threads (None = default).
     """
 
     policy: str
@@ -52,6 +54,7 @@ class Options:
     n_ctx: int
     n_batch: int
     n_ubatch: int
+    n_seq_max: int
     n_threads: int | None
     io_threads: int | None
 
@@ -66,7 +69,7 @@ def _check_int(name: str, v, hi: int | None = None) -> None:
 
 
 def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_threads=None, n_threads=None, n_ctx=2048,
-                  n_batch=512, n_ubatch=512, pager=True, route_log=None, dense_weights=None, hot_experts=None,
+                  n_batch=512, n_ubatch=512, n_seq_max=1, pager=True, route_log=None, dense_weights=None, hot_experts=None,
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
                   read_rate_limit=None) -> Options:
@@ -89,6 +92,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
     if lay.is_moe and not 1 <= k <= lay.n_expert:
         raise ValueError(f"expert_used={k} is outside 1..{lay.n_expert} (n_expert of {lay.path.name})")
     for name, v, hi in (("n_ctx", n_ctx, None), ("n_batch", n_batch, None), ("n_ubatch", n_ubatch, None),
+                        ("n_seq_max", n_seq_max, MAX_SEQ),
                         ("io_threads", 1 if io_threads is None else io_threads, MAX_IO_THREADS),
                         ("n_threads", 1 if n_threads is None else n_threads, MAX_THREADS)):
         _check_int(name, v, hi)
@@ -129,9 +133,9 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                    paged=bool(pager), dense_weights=dense, dense_mode=int(DENSE_MODES[dense]), skip_cold=tau,
                    prefetch=prefetch if pf[0] else None, prefetch_args=pf, predictor=predictor,
                    pipeline_reads=bool(pipeline_reads), read_segment_bytes=segment, read_rate_limit=rate,
-                   n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch),
+                   n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch), n_seq_max=int(n_seq_max),
                    n_threads=None if n_threads is None else int(n_threads),
                    io_threads=None if io_threads is None else int(io_threads))
 
 
-__all__ = ["Options", "check_options", "DENSE_MODES", "MAX_THREADS"]
+__all__ = ["Options", "check_options", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]

@@ -2,7 +2,7 @@
 
 While layer l computes, the hook reads the experts layer l+1 will probably need into free or
 evictable slots (never pinned experts, never l+1's own predictions); at l+1 it waits for that
-read and loads what is still missing (native/hook.h "Prefetch", native/pager.h
+read and loads what is still missing (native/engine/hook.h "Prefetch", native/pager/pager.h
 ``prefetch_start``). Prefetch changes only when bytes are read, never which bytes are computed:
 logits stay bit-identical to plain llama.cpp. Predictors:
 
@@ -19,13 +19,13 @@ logits stay bit-identical to plain llama.cpp. Predictors:
   the log's end nothing is predicted. The replaying Session must record too (``route_log``): recording
   decodes prompts in its own chunks, and a chunk of one token is a single-token pass. Its predictions
   past the last layer are the next token's first layers when the log's next pass is the next row
-  (native/hook.h). A log of another run gives
+  (native/engine/hook.h). A log of another run gives
   wrong predictions, visible as precision < 1; logits stay exact either way.
 
 The gate (``prefetch_min_precision``, default 0.5; 0 turns it off): a predicted expert that is not
 resident is read only while the predictions of its rank (its position in the predictor's list) that
 were not resident have been selected at their layer at least that often, an EMA scored at every
-layer whether read or not (native/hook.h). A predictor is right most often about experts that are
+layer whether read or not (native/engine/hook.h). A predictor is right most often about experts that are
 resident anyway, which cost nothing: measured on the skewed 8 GiB model at a 1 GiB arena, lookahead's
 precision was 0.82 while only 37% of the reads it issued were used (ranks 5-8: ~22%).
 

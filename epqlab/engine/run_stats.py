@@ -147,6 +147,37 @@ def run_stats(session, n_prompt: int, n_gen: int, passes: int, t_prefill: float,
     }
 
 
+def batch_stats(session, batcher, requests, c0: dict, c1: dict, wall_s: float) -> dict:
+    """Stats of one batched call (:meth:`epqlab.Session.generate_batch`): counters ``c0`` before and ``c1``
+    after, ``wall_s`` seconds. Fields: the run's settings (model, pager, policy, arena, ``n_seq_max``,
+    ``max_batch``); ``n_sequences``, ``n_prompt`` and ``n_gen`` (summed); :meth:`Batcher.summary
+    <epqlab.engine.batch.Batcher.summary>` of its decode steps (``decode_tok_s`` aggregate over every sequence,
+    ``mean_batch``, ``batch_sizes``, ``union_per_layer``, ``ssd_bytes_per_token`` over decode steps, the
+    steps' ``hit_rate``); ``ssd_bytes`` and ``hit_rate`` of the whole call (prefills included); ``sequences``
+    (each one's figures) and ``steps`` (every step's record: tokens, wall, bytes read, union per layer)."""
+    d = {k: c1[k] - c0[k] for k in COUNTERS}
+    pager = session.pager
+    summary = batcher.summary()
+    seqs = [r.result.stats if r.result is not None else {} for r in requests]
+    n_gen = sum(len(r.out) for r in requests)
+    return {
+        "kind": "batch", "model": str(session.layout.path), "arch": session.layout.architecture, "pager": session.paged,
+        "budget_bytes": session.budget_bytes, "arena_bytes": pager.arena_bytes if pager else 0,
+        "policy": session.policy if pager else None, "n_expert_used": session.n_expert_used,
+        "n_threads": session.decoder.n_threads, "n_seq_max": session.n_seq_max, "max_batch": batcher.max_batch,
+        "n_sequences": len(requests), "n_prompt": sum(len(r.tokens) for r in requests), "n_gen": n_gen,
+        "wall_s": wall_s, "tok_s": n_gen / wall_s if wall_s > 0 else 0.0,
+        "prefill_s": sum(x.get("prefill_s", 0.0) for x in seqs),
+        **{f"decode_{k}" if k in ("steps", "tokens") else k: v for k, v in summary.items()
+           if k not in ("active", "waiting", "max_batch", "ssd_bytes", "hit_rate")},
+        "decode_ssd_bytes": summary["ssd_bytes"], "decode_hit_rate": summary["hit_rate"],
+        "ssd_bytes": d["bytes_read"], "hit_rate": d["hits"] / d["requests"] if d["requests"] else 0.0,
+        "requests": d["requests"], "hits": d["hits"], "misses": d["misses"], "evictions": d["evictions"],
+        "staged_layers": d["staged_layers"], "io_wait_s": d["io_wait_us"] / 1e6,
+        **peak_fields(session), "sequences": seqs, "steps": list(batcher.step_log),
+    }
+
+
 def decode_split(session, passes: int) -> dict:
     """The time split (:mod:`epqlab.engine.time_split`) of the last ``passes`` decode calls, from one frame:
     ``time_split`` (per-token means) and ``time_split_tokens`` (per-step series)."""
@@ -186,4 +217,4 @@ def stats_frame(runs: list[dict]):
     return pd.DataFrame([{k: v for k, v in r.items() if k != "slot_classes"} for r in runs])
 
 
-__all__ = ["COUNTERS", "counters", "run_stats", "cumulative_stats", "memory_parts", "append_jsonl", "stats_frame"]
+__all__ = ["COUNTERS", "counters", "run_stats", "batch_stats", "cumulative_stats", "memory_parts", "append_jsonl", "stats_frame"]

@@ -1,6 +1,6 @@
 """Session: generation through stock llama.cpp with routed experts paged under a RAM budget.
 
-The math is llama.cpp's own: the hook (native/hook.cpp) only decides where the expert bytes
+The math is llama.cpp's own: the hook (native/engine/hook.cpp) only decides where the expert bytes
 come from, so logits are bit-identical to ``pager=False`` (plain llama.cpp, mmap) at every
 budget, policy and I/O thread count. See docs/DESIGN.md (paging mechanism, memory accounting).
 """
@@ -25,6 +25,7 @@ from ..routes.log import RouteLog
 from ..units import parse_bytes
 from . import run_stats
 from .arena_sizing import plan_arena
+from .batch import Batcher, BatchStream, Request
 from .completion import create_chat_completion, create_completion
 from .decoder import Decoder
 from .generation import Generation, Stream
@@ -74,10 +75,11 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool):
     if o.dense_weights != "mmap":
         _prefetch_header(lay)
     try:
-        engine = core.Engine(str(lay.path), None, lay.architecture, o.expert_override, o.n_ctx, o.n_batch, o.n_ubatch,
-                             int(o.n_threads or cpu_threads()), (o.paged or record) and lay.is_moe, lay.moe_layers,
-                             names, record, o.dense_mode, [(off, n) for _, off, n in lay.dense_tensors], files,
-                             list(lay.dense_files) if files else [])
+        # n_ctx is per sequence: one KV stream of n_ctx cells for each of the n_seq_max sequences
+        engine = core.Engine(str(lay.path), None, lay.architecture, o.expert_override, o.n_ctx * o.n_seq_max, o.n_batch,
+                             o.n_ubatch, int(o.n_threads or cpu_threads()), (o.paged or record) and lay.is_moe,
+                             lay.moe_layers, names, record, o.dense_mode, [(off, n) for _, off, n in lay.dense_tensors],
+                             files, list(lay.dense_files) if files else [], o.n_seq_max, False)
     except RuntimeError as e:
         # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
         # load's (no relocations, mlock limit): one EpqlabError class naming the cause.
@@ -126,12 +128,15 @@ class Session:
         expert_used: override top-k in the graph (GGUF kv override) and the pager together.
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
-        n_ctx, n_batch, n_ubatch: llama.cpp context size and batch sizes (tokens); llama.cpp raises
-            n_ctx to its minimum (256) and caps n_batch at the requested n_ctx. A ubatch whose
+        n_ctx, n_batch, n_ubatch: context size of each sequence and llama.cpp's batch sizes (tokens);
+            llama.cpp raises n_ctx to its minimum (256) and caps n_batch at n_ctx x n_seq_max.
+        n_seq_max: sequences decoded side by side (:meth:`generate_batch`, the server's continuous
+            batching; :mod:`epqlab.engine.batch`): each has its own KV stream of ``n_ctx`` cells, so the
+            KV cache (inside ``ram_budget``) grows with it. 1 (default): one sequence at a time. A ubatch whose
             union of experts in a layer exceeds that layer's slots is *staged*: each of the
             layer's expert matrices in turn is copied (resident experts) or read (the others)
             into one buffer reserved in the budget, same bytes, same graph (counted in
-            ``staged_layers``, ``staged_bytes``; see native/hook.h).
+            ``staged_layers``, ``staged_bytes``; see native/engine/hook.h).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
         route_log: path; the routes of every decoded token are saved there as NPZ (docs/DESIGN.md)
             on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
@@ -195,7 +200,8 @@ class Session:
                  # eviction and top-k
                  policy: str = "lru", hot_experts=None, expert_used: int | None = None,
                  # the llama.cpp context and its threads
-                 n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
+                 n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512, n_seq_max: int = 1,
+                 n_threads: int | None = None,
                  # expert reads
                  io_threads: int | None = None, direct_io: bool = True, read_segment_bytes=None,
                  pipeline_reads: bool | None = None, read_rate_limit=None,
@@ -208,7 +214,8 @@ class Session:
         self.layout: ModelLayout = inspect(model, require_moe=bool(pager) or route_log is not None)
         lay = self.layout
         o = check_options(lay, policy=policy, expert_used=expert_used, io_threads=io_threads, n_threads=n_threads,
-                          n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, pager=pager, route_log=route_log,
+                          n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max, pager=pager,
+                          route_log=route_log,
                           dense_weights=dense_weights, hot_experts=hot_experts, skip_cold=skip_cold, prefetch=prefetch,
                           prefetch_budget=prefetch_budget, prefetch_depth=prefetch_depth,
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
@@ -243,6 +250,7 @@ class Session:
                 self.decoder.close()
                 raise
         self.n_vocab, self.n_ctx, self.n_batch = self.decoder.n_vocab, self.decoder.n_ctx, self.decoder.n_batch
+        self.n_seq_max = int(self.decoder.engine.n_seq_max)
         self.peak.update()
 
     def _attach_pager(self, o: Options, arena_bytes, direct_io: bool, hot_experts) -> None:
@@ -413,6 +421,90 @@ class Session:
             for _ in st:
                 pass
         return st.result
+
+    # -- several sequences per forward pass (epqlab.engine.batch) --------------------------------
+    def batch_requests(self, prompts, n_predict: int = 128, temperature: float = 0.0, seed: int | None = None,
+                       stop: Sequence[str] | None = None, add_special: bool = True, *, top_k: int = 0,
+                       top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0) -> list[Request]:
+        """One :class:`~epqlab.engine.batch.Request` per prompt (text or token ids), each with its own
+        llama.cpp sampler chain; with ``seed`` s, prompt i samples with seed ``(s + i) mod 2**32`` (so
+        copies of one prompt differ at a temperature). Raises ValueError / TypeError as :meth:`stream`."""
+        self.decoder.check_open()
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of prompts (each a str or a list of token ids)")
+        if not prompts:
+            raise ValueError("no prompts: pass at least one")
+        if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral) or n_predict < 0:
+            raise ValueError(f"n_predict must be an integer >= 0, got {n_predict!r}")
+        stops = list(stop or [])
+        out = []
+        for i, p in enumerate(prompts):
+            toks = self.prompt_tokens(p, add_special)
+            if len(toks) >= self.n_ctx:
+                raise ValueError(f"prompt {i} has {len(toks)} tokens, which leaves no room in the context of "
+                                 f"{self.n_ctx} (per sequence); shorten it or open the Session with a larger n_ctx")
+            sd = None if seed is None else (int(seed) + i) % 2**32
+            sampler = Sampler(self.n_vocab, temperature=float(temperature), top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=sd)
+            out.append(Request(toks, int(n_predict), sampler, stops, index=i))
+        return out
+
+    def batch_trace(self, prompts: Sequence, n_predict: int, *, max_batch: int | None = None) -> list[tuple]:
+        """Greedy :meth:`generate_batch` keeping every logits row: per prompt ``(step_logits float32
+        [n, n_vocab], generated ids)``, row i the logits token i was chosen from (the first from the
+        prefill); for A/B comparisons of the exact numbers, as :meth:`greedy_trace` for one sequence."""
+        reqs = self.batch_requests(prompts, n_predict, 0.0)
+        for r in reqs:
+            r.logits = []
+        Batcher(self, max_batch).run(reqs)
+        return [(np.stack(r.logits), list(r.out)) for r in reqs]
+
+    def generate_batch(self, prompts: Sequence, n_predict: int = 128, temperature: float = 0.0,
+                       seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
+                       max_batch: int | None = None, **sampling) -> list[Generation]:
+        """Generate for every prompt with several sequences per forward pass (continuous batching,
+        :mod:`epqlab.engine.batch`): at most ``max_batch`` (default :attr:`n_seq_max`) decode together; the
+        others wait for a free sequence. Greedy at ``temperature`` <= 0; ``sampling``: top_k, top_p, min_p,
+        repeat_penalty as :meth:`stream`; ``seed`` as :meth:`batch_requests`.
+
+        Returns:
+            one :class:`Generation` per prompt, in order; ``stats`` holds that sequence's figures
+            (``n_gen``, ``prefill_s``, ``decode_s``, ``decode_tok_s``, ``decode_steps``, ``mean_batch``: tokens
+            per step it shared) and ``batch``: the whole call's (:func:`epqlab.engine.run_stats.batch_stats`:
+            aggregate ``decode_tok_s``, ``mean_batch``, ``union_per_layer`` (distinct experts per MoE layer per
+            step), ``ssd_bytes_per_token``, ``steps`` with every step's record).
+        """
+        reqs = self.batch_requests(prompts, n_predict, temperature, seed, stop, add_special, **sampling)
+        b = Batcher(self, max_batch)
+        with self.decoder.lock:
+            c0, t0 = run_stats.counters(self), time.perf_counter()
+            gens = b.run(reqs)
+            st = run_stats.batch_stats(self, b, reqs, c0, run_stats.counters(self), time.perf_counter() - t0)
+        self.runs.append(st)
+        if self.stats_file:
+            run_stats.append_jsonl(self.stats_file, st)
+        for g in gens:
+            g.stats = {**g.stats, "batch": st}
+        return gens
+
+    def stream_batch(self, prompts: Sequence, n_predict: int = 128, temperature: float = 0.0,
+                     seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
+                     max_batch: int | None = None, **sampling) -> BatchStream:
+        """:meth:`generate_batch` as it happens: a :class:`~epqlab.engine.batch.BatchStream` of
+        ``(prompt index, text piece)``; once exhausted ``.results`` holds the Generations (stats as
+        :meth:`generate_batch`). Closing it early cancels the sequences still running."""
+        reqs = self.batch_requests(prompts, n_predict, temperature, seed, stop, add_special, **sampling)
+        b = Batcher(self, max_batch)
+        c0, t0 = run_stats.counters(self), time.perf_counter()
+
+        def end(bs):
+            st = run_stats.batch_stats(self, b, reqs, c0, run_stats.counters(self), time.perf_counter() - t0)
+            self.runs.append(st)
+            for g in bs.results:
+                if g is not None:
+                    g.stats = {**g.stats, "batch": st}
+
+        return BatchStream(b, reqs, on_end=end)
 
     # -- llama-cpp-python's API (epqlab.engine.completion) -------------------------------------------
     @property

@@ -1,4 +1,4 @@
-"""Per-token time split of paged decoding, from the hook's own timestamps (native/hook.h "Time split").
+"""Per-token time split of paged decoding, from the hook's own timestamps (native/engine/hook.h "Time split").
 
 Parts, microseconds, per decode call (one forward pass per token in decode) and MoE layer:
 

@@ -1,4 +1,4 @@
-"""Python face of the native expert pager (``native/pager.cpp``).
+"""Python face of the native expert pager (``native/pager/pager.cpp``).
 
 The pager keeps routed experts of one GGUF file in a fixed-size RAM arena (one memfd split into
 slots) and exposes each expert tensor through a reserved virtual range laid out like the file
@@ -133,7 +133,7 @@ class Pager:
     def bounce_bytes() -> int:
         """Bytes of one reading thread's bounce buffer: expert reads go file -> bounce buffer ->
         arena memfd (pwrite), so no mapping of the arena is faulted in or zapped while another
-        core computes (native/io_pool.h). Every reader thread, and the computing thread when it
+        core computes (native/pager/io_pool.h). Every reader thread, and the computing thread when it
         reads inline, holds one."""
         from .native import pager_core as core
 
@@ -142,7 +142,7 @@ class Pager:
     @staticmethod
     def max_stage_bytes(layout: ModelLayout) -> int:
         """Bytes of the staging buffer an oversize ubatch needs: the largest expert tensor's span
-        of whole file pages (one matrix of one layer, all experts). See native/hook.h."""
+        of whole file pages (one matrix of one layer, all experts). See native/engine/hook.h."""
         page = PAGE_SIZE
         return max((-(-(t.offset % page + t.n_bytes) // page) * page for l in layout.layers for t in l.tensors),
                    default=0)

@@ -4,7 +4,7 @@ A miss reads each of an expert's matrices (one slice per tensor, e.g. 1.67 MB fo
 Qwen3-30B-A3B expert matrix) as one ``pread``. When a layer misses few experts, fewer reads than
 I/O threads are in flight and the device idles (seed study 002: +48 % decode from splitting each
 expert's reads into parallel segments). ``Session(read_segment_bytes=...)`` splits every slice read
-into page-aligned segments spread over the I/O pool (native/pager.h ``set_read_segment_bytes``).
+into page-aligned segments spread over the I/O pool (native/pager/pager.h ``set_read_segment_bytes``).
 
 :func:`segment_from_probe` picks the size from :func:`epqlab.paging.probe.probe_io`'s table: enough
 segments that ``io_threads`` reads are in flight for a layer's ``reads_per_layer`` slice reads, but

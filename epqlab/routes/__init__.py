@@ -3,7 +3,7 @@
 - :class:`RouteLog`: the NPZ format of docs/DESIGN.md §6 (load, save, validate, synthetic logs).
 - Analyses (:mod:`.analysis`): :func:`reuse_histogram`, :func:`one_off_share`, :func:`union_sizes` (U(k)),
   :func:`popularity`, :func:`hot_set_hit_rate`.
-- Offline cache simulators (:mod:`.simulate`): :func:`simulate` for ``lru``, ``ls``, ``ls_pos`` and Belady's
+- Offline cache simulators (:mod:`.simulators`): :func:`simulate` for ``lru``, ``ls``, ``ls_pos`` and Belady's
   MIN over many capacities at once, and the slow literal :func:`simulate_reference` they are tested against.
 - :func:`summarize`: everything above as one dict of plain numbers (CLI, notebook JSON).
 
@@ -22,7 +22,7 @@ _LAZY = {
     "popularity": ".analysis", "reuse_distances": ".analysis", "reuse_histogram": ".analysis", "union_sizes": ".analysis",
     "GROUPS": ".reference", "POLICIES": ".reference", "simulate_reference": ".reference",
     "default_capacities": ".report", "summarize": ".report",
-    "simulate": ".simulate", "slots_for_bytes": ".simulate", "stack_distances": ".simulate",
+    "simulate": ".simulators", "slots_for_bytes": ".simulators", "stack_distances": ".simulators",
 }
 
 

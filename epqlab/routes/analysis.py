@@ -2,7 +2,7 @@
 
 They answer how fast paging can ever be (docs/DESIGN.md §8, the seed's route_overlap study): how soon an expert is
 reused, how much a batch of k tokens shares, how concentrated popularity is, and what a static pin list buys.
-The cache simulators live in :mod:`epqlab.routes.simulate`.
+The cache simulators live in :mod:`epqlab.routes.simulators`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .log import RouteLog
-from .simulate import prev_next
+from .simulators import prev_next
 
 
 def _prev_token(log: RouteLog) -> np.ndarray:

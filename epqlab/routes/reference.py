@@ -1,7 +1,7 @@
 """Reference cache simulator: slow, literal, obviously correct. The fast simulators in
-:mod:`epqlab.routes.simulate` and the native pager's eviction are tested against it.
+:mod:`epqlab.routes.simulators` and the native pager's eviction are tested against it.
 
-The model of paging (shared with the native pager, ``native/pager.cpp``):
+The model of paging (shared with the native pager, ``native/pager/pager.cpp``):
 
 - Tokens are processed in order; for each token, MoE layers in order; for each layer the token's k experts are
   requested together, one request at a time in router order, with a global request counter that is incremented

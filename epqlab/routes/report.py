@@ -9,7 +9,7 @@ from ..results import write_json  # noqa: F401  (notebooks written before epqlab
 from .analysis import one_off_share, popularity, reuse_histogram, union_sizes
 from .log import RouteLog
 from .reference import POLICIES
-from .simulate import simulate
+from .simulators import simulate
 
 
 def default_capacities(log: RouteLog, per_layer: bool = True, n: int = 12) -> list[int]:

@@ -173,6 +173,8 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         cp.n_threads_batch = cfg.n_threads;
     }
     cp.no_perf = true;
+    cp.n_seq_max = (uint32_t) std::max(1, cfg.n_seq_max);
+    cp.kv_unified = cfg.kv_unified;
     if (cfg.install_hook) {
         hook_ = std::make_unique<expert_hook>(hook_pager, (int) blocks.size(), blocks, names, record_routes);
         cp.cb_eval = expert_hook::cb_eval;
@@ -213,7 +215,8 @@ std::string engine::piece(int32_t token) const {
 }
 
 int32_t engine::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
-int32_t engine::n_ctx() const { return (int32_t) llama_n_ctx(ctx_); }
+int32_t engine::n_ctx() const { return (int32_t) llama_n_ctx_seq(ctx_); }
+int32_t engine::n_seq_max() const { return (int32_t) llama_n_seq_max(ctx_); }
 int32_t engine::n_batch() const { return (int32_t) llama_n_batch(ctx_); }
 int32_t engine::n_threads() const { return llama_n_threads(ctx_); }
 bool engine::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
@@ -225,22 +228,17 @@ void engine::attach_pager(pager * pg) {
 
 void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
-void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * out) {
-    // llama_decode aborts the process (GGML_ASSERT) on these; refuse them here instead.
-    if (n < 1 || n > n_batch()) throw std::invalid_argument("decode of " + std::to_string(n) + " tokens: must be 1.." + std::to_string(n_batch()) + " (n_batch)");
-    if (pos0 < 0 || pos0 + n > n_ctx()) throw std::invalid_argument("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n) + " exceed the context of " + std::to_string(n_ctx()));
-    const int32_t nv = n_vocab();
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= nv) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " outside the vocabulary");
-    llama_batch b = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; i++) {
-        b.token[i] = tokens[i];
-        b.pos[i] = pos0 + i;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = all || i == n - 1;
-    }
-    b.n_tokens = n;
+void engine::seq_rm(int32_t seq) {
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
+}
+
+int32_t engine::seq_pos_max(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq);
+}
+
+void engine::run(llama_batch & b) {
     if (hook_) hook_->begin_decode();
     const int rc = llama_decode(ctx_, b);
     if (hook_) hook_->end_decode();
@@ -254,8 +252,54 @@ void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * o
         throw std::runtime_error("llama_decode failed with status " + std::to_string(rc) +
                                  (rc == 1 ? " (no KV slot: the context is full; use a larger n_ctx)" : ""));
     }
+}
+
+void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * out, int32_t seq) {
+    // llama_decode aborts the process (GGML_ASSERT) on these; refuse them here instead.
+    if (n < 1 || n > n_batch()) throw std::invalid_argument("decode of " + std::to_string(n) + " tokens: must be 1.." + std::to_string(n_batch()) + " (n_batch)");
+    if (pos0 < 0 || pos0 + n > n_ctx()) throw std::invalid_argument("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n) + " exceed the context of " + std::to_string(n_ctx()));
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    const int32_t nv = n_vocab();
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= nv) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = tokens[i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = seq;
+        b.logits[i] = all || i == n - 1;
+    }
+    b.n_tokens = n;
+    run(b);
     const int n_out = all ? n : 1;
     // nv: vocabulary size (checked above)
+    const float * lg = llama_get_logits(ctx_);
+    memcpy(out, lg, sizeof(float) * (size_t) n_out * nv);
+}
+
+void engine::decode_seqs(const int32_t * tokens, const int32_t * pos, const int32_t * seq, const uint8_t * want, int n,
+                         float * out) {
+    if (n < 1 || n > n_batch()) throw std::invalid_argument("decode of " + std::to_string(n) + " tokens: must be 1.." + std::to_string(n_batch()) + " (n_batch)");
+    const int32_t nv = n_vocab(), nc = n_ctx(), ns = n_seq_max();
+    int n_out = 0;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= nv) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+        if (seq[i] < 0 || seq[i] >= ns) throw std::invalid_argument("sequence " + std::to_string(seq[i]) + " outside 0.." + std::to_string(ns - 1) + " (n_seq_max)");
+        if (pos[i] < 0 || pos[i] >= nc) throw std::invalid_argument("position " + std::to_string(pos[i]) + " of sequence " + std::to_string(seq[i]) + " exceeds its context of " + std::to_string(nc));
+        n_out += want[i] != 0;
+    }
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = tokens[i];
+        b.pos[i] = pos[i];
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = seq[i];
+        b.logits[i] = want[i] != 0;
+    }
+    b.n_tokens = n;
+    run(b);
+    // llama_get_logits holds the output rows in batch order of the tokens that asked for them
     const float * lg = llama_get_logits(ctx_);
     memcpy(out, lg, sizeof(float) * (size_t) n_out * nv);
 }

@@ -38,6 +38,11 @@ struct engine_config {
     int32_t     n_batch = 512;
     int32_t     n_ubatch = 512;
     int32_t     n_threads = 0;    // 0 = hardware threads
+    // Sequences the context decodes side by side (llama_context_params::n_seq_max). With kv_unified
+    // false (the default) each sequence has its own KV stream of n_ctx / n_seq_max cells, so its
+    // attention runs over its own cells only, as if it were decoded alone (docs/DESIGN.md §3d).
+    int32_t     n_seq_max = 1;
+    bool        kv_unified = false;
     bool        install_hook = false;
     int32_t     dense_mode = DENSE_MMAP;  // a dense_weights_mode (above)
     std::vector<std::pair<int64_t, int64_t>> dense_ranges;  // (file offset, bytes) of non-expert tensors
@@ -70,15 +75,23 @@ public:
 
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string          piece(int32_t token) const;
-    // Decodes n tokens at positions pos0.. in sequence 0; writes logits of every token (all=true)
+    // Decodes n tokens at positions pos0.. in sequence seq; writes logits of every token (all=true)
     // or of the last one into out ([n_out, n_vocab] floats). Throws on failure; on a failed or
-    // aborted decode the context's memory is cleared.
-    void decode(const int32_t * tokens, int n, int pos0, bool all, float * out);
+    // aborted decode the context's memory is cleared (every sequence).
+    void decode(const int32_t * tokens, int n, int pos0, bool all, float * out, int32_t seq = 0);
+    // One forward pass over n tokens of any sequences: token i at position pos[i] of sequence
+    // seq[i]; writes the logits of each token with want[i] != 0, in order, into out ([n_out,
+    // n_vocab]). A decode step of a batch is one token per active sequence. Same failure rule.
+    void decode_seqs(const int32_t * tokens, const int32_t * pos, const int32_t * seq, const uint8_t * want, int n,
+                     float * out);
     void clear();
+    void seq_rm(int32_t seq);  // frees every KV cell of one sequence; the others keep theirs
+    int32_t seq_pos_max(int32_t seq) const;  // the last position sequence seq holds, -1 when empty
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;
 
     int32_t n_vocab() const;
-    int32_t n_ctx() const;
+    int32_t n_ctx() const;      // cells one sequence may use (llama_n_ctx_seq)
+    int32_t n_seq_max() const;
     int32_t n_batch() const;
     int32_t n_threads() const;
     bool    is_eog(int32_t token) const;
@@ -87,6 +100,7 @@ public:
     void attach_pager(pager * pg);
 
 private:
+    void run(struct llama_batch & b);  // llama_decode with the hook's begin/end; throws as decode() says
     llama_model *                 model_ = nullptr;
     llama_context *               ctx_ = nullptr;
     const llama_vocab *           vocab_ = nullptr;

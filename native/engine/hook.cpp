@@ -42,6 +42,7 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     }
     tensor_bytes_.assign(n_layers_, std::vector<int64_t>(max_ti, 0));
     mode_.assign(n_layers_, REGION);
+    layer_union_.assign(n_layers_, 0);
     is_last_mm_.assign(n_layers_, std::vector<uint8_t>(max_ti, 0));
     {
         std::vector<int> last(n_layers_, -1), down(n_layers_, -1);
@@ -389,6 +390,13 @@ void expert_hook::on_topk(ggml_tensor * t) {
     for (int j = 0; j < n_tokens; j++)
         for (int i = 0; i < k; i++)
             ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
+    {   // the ubatch's union in this layer: what the tokens of a batch share (counted before any paging)
+        std::vector<int32_t> u(ids);
+        std::sort(u.begin(), u.end());
+        const int64_t nu = std::unique(u.begin(), u.end()) - u.begin();
+        stats_.union_experts += nu;
+        if (li >= 0 && li < (int) layer_union_.size()) layer_union_[li] += nu;
+    }
     if (record_ && n_tokens <= ub_tokens_ && k == route_k_) {
         // llama.cpp computes the last layer only for tokens that output logits (the ubatch's
         // last ones): their rows are the last n_tokens; the others keep -1 (not routed).

@@ -106,6 +106,7 @@ struct hook_stats {
     int64_t tokens = 0;          // tokens routed (counted at the first MoE layer)
     int64_t dropped_bytes = 0;   // llama-mapped expert bytes dropped from memory at capture
     int64_t cold_skipped = 0;    // experts not read by skip-cold (computed on zeros)
+    int64_t union_experts = 0;   // distinct experts routed per (ubatch, MoE layer), summed: a batch's union
     // Prefetch predictions scored at the predicted layer's topk (single-token ubatches):
     int64_t pred_layers = 0;     // (token, layer) pairs that had a prediction
     int64_t pred_experts = 0;    // experts predicted (sum of |predicted set|)
@@ -207,7 +208,13 @@ public:
     const hook_stats & stats() const { return stats_; }
     // Bytes of the staging buffer: the largest expert tensor's file pages (0 without a pager).
     int64_t stage_capacity() const;
-    void reset_stats() { stats_ = hook_stats{}; }
+    void reset_stats() {
+        stats_ = hook_stats{};
+        std::fill(layer_union_.begin(), layer_union_.end(), 0);
+    }
+    // Per MoE layer: distinct experts routed, summed over ubatches since the last reset (the union a
+    // batched decode step reads once for all its tokens; docs/DESIGN.md §3d).
+    const std::vector<int64_t> & layer_unions() const { return layer_union_; }
 
     // Route log: tokens in processing order, [n_tokens][n_moe_layers][k] int32.
     const std::vector<int32_t> & route() const { return route_; }
@@ -272,6 +279,7 @@ private:
     bool                                     record_;
     std::vector<int32_t>                     route_;
     std::vector<int32_t>                     route_ub_;
+    std::vector<int64_t>                     layer_union_;  // see layer_unions()
     int64_t                                  passes_ = 0;   // forward passes since creation (reset_stats keeps it)
     std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
     int                                      ub_tokens_ = 0;

@@ -1,6 +1,6 @@
 """The lossy skip-cold knob measured: perplexity and SSD MB/token against its threshold tau.
 
-``Session(skip_cold=tau)`` (native/hook.h) skips, in single-token decode steps, a selected expert that
+``Session(skip_cold=tau)`` (native/engine/hook.h) skips, in single-token decode steps, a selected expert that
 is not resident and whose router weight is below tau; it computes on zeros instead. Perplexity is
 therefore evaluated here one token per ``llama_decode`` (``n_batch = n_ubatch = 1``: teacher forcing
 through decode steps), so the knob applies to every scored token; the SSD bytes and skip counts come

@@ -25,6 +25,7 @@ static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
         EPQ_FIELD(hook_stats, "tokens_routed", s.tokens),
         EPQ_FIELD(hook_stats, "dropped_bytes", s.dropped_bytes),
         EPQ_FIELD(hook_stats, "cold_skipped", s.cold_skipped),
+        EPQ_FIELD(hook_stats, "union_experts", s.union_experts),
         EPQ_FIELD(hook_stats, "pred_layers", s.pred_layers),
         EPQ_FIELD(hook_stats, "pred_experts", s.pred_experts),
         EPQ_FIELD(hook_stats, "pred_actual", s.pred_actual),
@@ -68,7 +69,7 @@ void register_engine(py::module_ & m) {
                          int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
                          std::vector<std::tuple<std::string, int, int>> names, bool record, int dense_mode,
                          std::vector<std::pair<int64_t, int64_t>> dense_ranges, std::vector<std::string> paths,
-                         std::vector<int32_t> dense_files) {
+                         std::vector<int32_t> dense_files, int n_seq_max, bool kv_unified) {
                  engine_config c;
                  c.path = path;
                  c.arch = arch;
@@ -82,6 +83,9 @@ void register_engine(py::module_ & m) {
                  c.dense_ranges = std::move(dense_ranges);
                  c.paths = std::move(paths);
                  c.dense_files = std::move(dense_files);
+                 if (n_seq_max < 1) throw std::invalid_argument("n_seq_max must be >= 1");
+                 c.n_seq_max = n_seq_max;
+                 c.kv_unified = kv_unified;
                  py::gil_scoped_release nogil;
                  return new engine(c, pg, blocks, names, record);
              }),
@@ -89,11 +93,13 @@ void register_engine(py::module_ & m) {
              py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_ubatch"), py::arg("n_threads"), py::arg("install_hook"),
              py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = (int) DENSE_MMAP,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
-             py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{})
+             py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{},
+             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false)
         .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
         .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
         .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
-        .def("decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks, int pos0, bool all) {
+        .def("decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks, int pos0, bool all,
+                          int32_t seq) {
             const int n = (int) toks.size();
             if (n == 0) throw std::invalid_argument("decode needs at least one token");
             const int n_out = all ? n : 1;
@@ -102,16 +108,41 @@ void register_engine(py::module_ & m) {
             float * dst = out.mutable_data();
             {
                 py::gil_scoped_release nogil;
-                e.decode(src, n, pos0, all, dst);
+                e.decode(src, n, pos0, all, dst, seq);
             }
             return out;
-        })
+        }, py::arg("tokens"), py::arg("pos0"), py::arg("all"), py::arg("seq") = 0)
+        .def("decode_seqs", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks,
+                               py::array_t<int32_t, py::array::c_style | py::array::forcecast> pos,
+                               py::array_t<int32_t, py::array::c_style | py::array::forcecast> seq,
+                               py::array_t<uint8_t, py::array::c_style | py::array::forcecast> want) {
+            // One forward pass over tokens of several sequences (native/engine/engine.h decode_seqs):
+            // returns float32 [n_out, n_vocab], the rows of the tokens with want != 0, in order.
+            const int n = (int) toks.size();
+            if (n == 0) throw std::invalid_argument("decode_seqs needs at least one token");
+            if (pos.size() != n || seq.size() != n || want.size() != n)
+                throw std::invalid_argument("decode_seqs: tokens, pos, seq and want must have the same length");
+            int n_out = 0;
+            for (int i = 0; i < n; i++) n_out += want.data()[i] != 0;
+            py::array_t<float> out({(py::ssize_t) n_out, (py::ssize_t) e.n_vocab()});
+            const int32_t * t = toks.data(), * p = pos.data(), * q = seq.data();
+            const uint8_t * w = want.data();
+            float * dst = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                e.decode_seqs(t, p, q, w, n, dst);
+            }
+            return out;
+        }, py::arg("tokens"), py::arg("pos"), py::arg("seq"), py::arg("want"))
+        .def("seq_rm", &engine::seq_rm, py::arg("seq"))
+        .def("seq_pos_max", &engine::seq_pos_max, py::arg("seq"))
         .def("attach_pager", &engine::attach_pager, py::keep_alive<1, 2>())
         .def("clear", &engine::clear)
         .def("apply_chat_template", &engine::apply_chat_template)
         .def("is_eog", &engine::is_eog)
         .def_property_readonly("n_vocab", &engine::n_vocab)
         .def_property_readonly("n_ctx", &engine::n_ctx)
+        .def_property_readonly("n_seq_max", &engine::n_seq_max)
         .def_property_readonly("n_batch", &engine::n_batch)
         .def_property_readonly("n_threads", &engine::n_threads)
         .def("hook_stats", [](engine & e) {
@@ -170,6 +201,12 @@ void register_engine(py::module_ & m) {
             return py::make_tuple(lt, ct);
         })
         .def("reset_hook_stats", [](engine & e) { if (e.hook()) e.hook()->reset_stats(); })
+        .def("layer_unions", [](engine & e) {
+            // int64 [n_moe_layers]: distinct experts routed per layer, summed over ubatches since the last reset
+            const std::vector<int64_t> empty;
+            const auto & v = e.hook() ? e.hook()->layer_unions() : empty;
+            return py::array_t<int64_t>((py::ssize_t) v.size(), v.data());
+        })
         .def("take_route", [](engine & e) {
             // Returns the recorded routes as int32 [n_tokens, n_moe_layers, k] and clears them.
             if (!e.hook()) return py::array_t<int32_t>();

@@ -1,0 +1,447 @@
+"""Batched decode: several sequences per forward pass on one :class:`epqlab.Session`, scheduled by
+continuous batching.
+
+A decode *step* advances every active sequence by one token in one llama.cpp ubatch: token i at its own
+position in its own KV stream (``Session(n_seq_max=N)``; the streams are separate, so each sequence attends
+only to its own cells). The hook pages a multi-token ubatch by the union of its experts per layer
+(docs/DESIGN.md §3d), so an expert two sequences both select is read and mapped once per step. Each step
+records that union per layer and the bytes it read, so the saving is measured, not assumed.
+
+Scheduling is continuous batching (Orca, OSDI '22; as llama.cpp's server and vLLM do): a request waits
+for a free sequence, is prefilled alone (its prompt in ``n_batch`` chunks, one sequence per forward pass),
+joins the next step, and leaves when it stops (an end-of-generation token, a stop string, ``n_predict``
+tokens, its context full) or is cancelled; its KV cells are freed at once and the sequence goes to the
+next waiting request. The math is llama.cpp's: each sequence samples from its own logits row with its own
+sampler chain (:class:`~epqlab.engine.sampling.Sampler`, its own seed).
+
+Prefetch, pipelined reads and skip-cold act on single-token ubatches only (native/engine/hook.h); a step
+of two or more sequences pages its union at each layer's router, as a prefill ubatch does.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import EpqlabError
+from .generation import Generation
+
+STEP_HISTORY = 4096  # per-step records kept by a Batcher (the oldest are dropped first)
+
+
+class Request:
+    """One sequence of a batch: what to generate, and what it produced.
+
+    Args:
+        tokens: prompt ids (at least one).
+        n_predict: most tokens to generate (>= 0).
+        sampler: its own :class:`~epqlab.engine.sampling.Sampler` (freed when the request ends).
+        stops: stop strings (the text stops before the first one; it is not emitted).
+        index: the caller's number for it (the choice index of a completion).
+        keep_logits: keep every logits row it sampled from (float32 ``[n_vocab]`` each, in :attr:`logits`;
+            for exactness tests and A/B comparisons: n_vocab x 4 bytes per token).
+
+    Attributes:
+        events: ``queue.SimpleQueue`` of ``("piece", str)`` as text is produced, then one ``("done", None)``.
+        result: the :class:`~epqlab.engine.generation.Generation` once it ended (``finish_reason``
+            ``"stop"`` | ``"length"`` | ``"cancelled"`` | ``"error"``), else None; ``error``: the exception that
+            ended it, if any.
+    """
+
+    def __init__(self, tokens: Sequence[int], n_predict: int, sampler, stops: Sequence[str] = (), *, index: int = 0,
+                 keep_logits: bool = False):
+        self.tokens = [int(t) for t in tokens]
+        self.n_predict = int(n_predict)
+        self.sampler = sampler
+        self.stops = [s for s in stops if s]
+        self.index = int(index)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.done = threading.Event()
+        self.result: Generation | None = None
+        self.error: BaseException | None = None
+        self._cancel = threading.Event()
+        self.out: list[int] = []
+        self._text = b""
+        self._emitted = 0
+        self._reason = "length"
+        self.seq: int | None = None
+        self.pos = 0  # next KV position of its sequence
+        self.next_token: int | None = None  # sampled, to be decoded in the next step
+        self.steps = 0  # decode steps it took part in
+        self.step_tokens = 0  # tokens of those steps (all sequences): its mean batch = step_tokens / steps
+        self.t_submit = time.perf_counter()
+        self.t_prefill0 = self.t_prefill1 = self.t_end = None
+        self.prefill_bytes = 0
+        self.logits: list[np.ndarray] | None = [] if keep_logits else None
+
+    def cancel(self) -> None:
+        """Stop this request at the next step (its sequence is freed; the others go on)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def wait(self, timeout: float | None = None) -> Generation:
+        """Block until the request ends; returns its Generation or raises the error that ended it."""
+        if not self.done.wait(timeout):
+            raise TimeoutError("the request has not finished")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def pieces(self) -> Iterator[str]:
+        """The text pieces as a background :class:`Batcher` produces them (blocks between pieces)."""
+        while True:
+            kind, value = self.events.get()
+            if kind == "done":
+                if self.error is not None:
+                    raise self.error
+                return
+            yield value
+
+
+class Batcher:
+    """Continuous batching on one Session (module docstring): at most ``max_batch`` sequences decode
+    together (default and cap: the Session's ``n_seq_max``).
+
+    Use it synchronously (:meth:`run`: every request to its end in the calling thread, as
+    :meth:`epqlab.Session.generate_batch` does) or in the background (:meth:`start`, then :meth:`submit`
+    from any thread, as ``epqlab serve`` does).
+
+    Attributes:
+        step_log: ``deque`` of per-step records (at most :data:`STEP_HISTORY`): ``n_tokens`` (sequences in the
+            step), ``wall_s``, ``bytes_read`` (the pager's reads), ``union`` (distinct experts per MoE layer,
+            int list), ``union_mean`` (their mean), ``requests``, ``hits``, ``misses``, ``staged_layers``.
+
+    Raises:
+        ValueError: ``max_batch`` < 1.
+    """
+
+    def __init__(self, session, max_batch: int | None = None):
+        n = session.n_seq_max
+        if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
+            raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        self.session = session
+        self.max_batch = min(int(max_batch or n), n)
+        self.step_log: deque = deque(maxlen=STEP_HISTORY)
+        self.steps_total = 0
+        self._waiting: deque[Request] = deque()
+        self._active: dict[int, Request] = {}
+        self._free = list(range(n))
+        self._epoch: int | None = None
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    # -- submitting ------------------------------------------------------------------------------
+    def submit(self, req: Request) -> Request:
+        """Queue ``req``; it joins a step once a sequence is free. Returns it."""
+        with self._cv:
+            if self._closing:
+                raise EpqlabError("this batcher is closed")
+            self._waiting.append(req)
+            self._cv.notify_all()
+        return req
+
+    def run(self, requests: Sequence[Request]) -> list[Generation]:
+        """Decode ``requests`` to their ends in this thread, holding the Session's lock; returns their
+        Generations in order (raises the first request's error, after every request has ended)."""
+        for r in requests:
+            self.submit(r)
+        with self.session.decoder.lock:
+            try:
+                while self.step():
+                    pass
+            except BaseException as e:
+                self._fail_all(e)
+                raise
+        for r in requests:
+            if r.error is not None:
+                raise r.error
+        return [r.result for r in requests]
+
+    def drive(self) -> bool:
+        """One scheduling step in the calling thread (for iterators that pull); False when idle."""
+        with self.session.decoder.lock:
+            return self.step()
+
+    # -- background ------------------------------------------------------------------------------
+    def start(self) -> "Batcher":
+        """Run the scheduling loop on a daemon thread until :meth:`close`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="epqlab-batcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the loop (requests still queued or running end with an error) and wait for it."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._fail_all(EpqlabError("the batcher was closed"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closing and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._closing:
+                    return
+            try:
+                self.drive()
+            except BaseException as e:  # noqa: BLE001 - a failed step fails its requests, the loop lives on
+                self._fail_all(e)
+
+    # -- the scheduler -------------------------------------------------------------------------------
+    @property
+    def active(self) -> int:
+        """Sequences decoding now."""
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def step(self) -> bool:
+        """Admit waiting requests into free sequences (each prefilled alone), then advance every active
+        sequence by one token in one forward pass. Call with the Session's lock held. Returns False when
+        nothing is waiting or active."""
+        s, d = self.session, self.session.decoder
+        with self._cv:
+            if not self._waiting and not self._active:
+                return False
+        d.check_open()
+        if self._epoch is None or self._epoch != d.epoch:
+            if self._active:  # another operation cleared the context under the running sequences
+                self._fail_all(EpqlabError("the batch's context was reset by another call on the same Session"),
+                               waiting=False)
+            self._epoch = d.begin_batch()
+            self._free = list(range(s.n_seq_max))
+        for r in [r for r in self._active.values() if r.cancelled]:
+            self._finish(r, "cancelled")
+        while len(self._active) < self.max_batch and self._free:
+            with self._cv:
+                if not self._waiting:
+                    break
+                r = self._waiting.popleft()
+            if r.cancelled:
+                self._finish(r, "cancelled")
+                continue
+            self._admit(r)
+        if self._active:
+            self._decode_step()
+        return True
+
+    def _admit(self, r: Request) -> None:
+        s, d = self.session, self.session.decoder
+        r.seq = self._free.pop(0)
+        r.t_prefill0 = time.perf_counter()
+        b0 = _bytes_read(s)
+        try:
+            r.sampler.accept(r.tokens)
+            logits = d.decode_seq(r.seq, r.tokens, 0, self._epoch)
+        except BaseException as e:
+            r.error = e
+            self._finish(r, "error")
+            if isinstance(e, (ValueError, TypeError)):
+                return  # this request's own fault (too long, bad ids): the others go on
+            raise
+        r.prefill_bytes = _bytes_read(s) - b0
+        r.t_prefill1 = time.perf_counter()
+        r.pos = len(r.tokens)
+        self._active[r.seq] = r
+        self._take(r, logits)
+
+    def _decode_step(self) -> None:
+        s, d = self.session, self.session.decoder
+        rs = list(self._active.values())
+        toks = np.array([r.next_token for r in rs], np.int32)
+        pos = np.array([r.pos for r in rs], np.int32)
+        seqs = np.array([r.seq for r in rs], np.int32)
+        c0 = _step_counters(s)
+        t0 = time.perf_counter()
+        logits = d.decode_step(toks, pos, seqs, self._epoch)
+        for r in rs:
+            r.pos += 1
+            r.steps += 1
+            r.step_tokens += len(rs)
+        for r, row in zip(rs, logits):
+            self._take(r, row)
+        wall = time.perf_counter() - t0
+        c1 = _step_counters(s)
+        union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
+        self.steps_total += 1
+        self.step_log.append({
+            "step": self.steps_total, "n_tokens": len(rs), "wall_s": wall,
+            "bytes_read": c1["bytes_read"] - c0["bytes_read"], "union": union,
+            "union_mean": float(np.mean(union)) if union else 0.0,
+            **{k: c1[k] - c0[k] for k in ("requests", "hits", "misses", "staged_layers")}})
+
+    def _take(self, r: Request, logits) -> None:
+        """Sample ``r``'s next token from its logits row; emit its text; finish it or queue the token."""
+        d = self.session.decoder
+        if r.logits is not None:
+            r.logits.append(np.array(logits, np.float32, copy=True))
+        tok = r.sampler.sample(logits)
+        if d.is_eog(tok):
+            return self._finish(r, "stop")
+        r.out.append(tok)
+        r._text += d.piece(tok)
+        txt = r._text.decode("utf-8", "ignore")
+        cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
+        if cut >= 0:
+            if cut > r._emitted:
+                r.events.put(("piece", txt[r._emitted:cut]))
+            r._emitted = cut
+            return self._finish(r, "stop")
+        if len(txt) > r._emitted:
+            r.events.put(("piece", txt[r._emitted:]))
+            r._emitted = len(txt)
+        if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:
+            return self._finish(r, "length")  # n_predict reached, or no KV cell left for the next token
+        r.next_token = tok
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r.seq is not None:
+            self._active.pop(r.seq, None)
+            d = self.session.decoder
+            if not d.closed and self._epoch == d.epoch:
+                d.free_seq(r.seq)
+            self._free.append(r.seq)
+            self._free.sort()
+        r.t_end = time.perf_counter()
+        full = r._text.decode("utf-8", "replace")
+        text = full[:r._emitted] if r.stops else full
+        r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
+        try:
+            r.sampler.free()
+        finally:
+            r.events.put(("done", None))
+            r.done.set()
+
+    def _seq_stats(self, r: Request) -> dict:
+        pf = (r.t_prefill1 - r.t_prefill0) if r.t_prefill1 is not None else 0.0
+        dec = (r.t_end - r.t_prefill1) if r.t_prefill1 is not None else 0.0
+        n_dec = max(0, len(r.out) - 1)  # the first token comes from the prefill
+        return {"index": r.index, "seq": r.seq, "n_prompt": len(r.tokens), "n_gen": len(r.out),
+                "prefill_s": pf, "prefill_tok_s": len(r.tokens) / pf if pf > 0 else 0.0,
+                "prefill_ssd_bytes": r.prefill_bytes, "decode_s": dec,
+                "decode_tok_s": n_dec / dec if dec > 0 and n_dec else 0.0, "decode_steps": r.steps,
+                "mean_batch": r.step_tokens / r.steps if r.steps else 0.0,
+                "queue_s": (r.t_prefill0 or r.t_end) - r.t_submit}
+
+    def _fail_all(self, e: BaseException, waiting: bool = True) -> None:
+        for r in list(self._active.values()):
+            r.error = e
+            self._finish(r, "error")
+        if waiting:
+            with self._cv:
+                pending, self._waiting = list(self._waiting), deque()
+            for r in pending:
+                r.error = e
+                self._finish(r, "error")
+
+    # -- what it measured ------------------------------------------------------------------------
+    def summary(self, steps: Sequence[dict] | None = None) -> dict:
+        """Aggregates of ``steps`` (default: the whole :attr:`step_log`): ``steps``, ``tokens`` (decoded in
+        them), ``decode_s``, ``decode_tok_s`` (aggregate, all sequences), ``mean_batch`` (tokens per step),
+        ``batch_sizes`` ({size: steps}), ``union_per_layer`` (mean distinct experts per layer per step),
+        ``ssd_bytes`` and ``ssd_bytes_per_token`` (pager reads in the steps), ``hit_rate``."""
+        steps = list(self.step_log if steps is None else steps)
+        tok = sum(x["n_tokens"] for x in steps)
+        wall = sum(x["wall_s"] for x in steps)
+        req = sum(x["requests"] for x in steps)
+        sizes: dict[int, int] = {}
+        for x in steps:
+            sizes[x["n_tokens"]] = sizes.get(x["n_tokens"], 0) + 1
+        byts = sum(x["bytes_read"] for x in steps)
+        return {"steps": len(steps), "tokens": tok, "decode_s": wall, "decode_tok_s": tok / wall if wall > 0 else 0.0,
+                "mean_batch": tok / len(steps) if steps else 0.0, "batch_sizes": dict(sorted(sizes.items())),
+                "union_per_layer": float(np.mean([x["union_mean"] for x in steps])) if steps else 0.0,
+                "ssd_bytes": byts, "ssd_bytes_per_token": byts / tok if tok else 0.0,
+                "hit_rate": sum(x["hits"] for x in steps) / req if req else 0.0,
+                "active": self.active, "waiting": self.waiting, "max_batch": self.max_batch}
+
+
+class BatchStream:
+    """Iterator over ``(index, piece)`` of a batch's sequences as they are produced, driving the
+    :class:`Batcher` step by step in the consuming thread (built by :meth:`epqlab.Session.stream_batch`).
+    Once exhausted, :attr:`results` holds every request's Generation in order (None before)."""
+
+    def __init__(self, batcher: Batcher, requests: Sequence[Request], on_end=None):
+        self.batcher = batcher
+        self.requests = list(requests)
+        self.results: list[Generation] | None = None
+        self._on_end = on_end
+        self._gen = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[int, str]:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Cancel what is still running and finish the batch."""
+        for r in self.requests:
+            r.cancel()
+        self._gen.close()
+
+    def _run(self):
+        for r in self.requests:
+            self.batcher.submit(r)
+        try:
+            while True:
+                for r in self.requests:
+                    while True:
+                        try:
+                            kind, value = r.events.get_nowait()
+                        except queue.Empty:
+                            break
+                        if kind == "piece":
+                            yield r.index, value
+                if all(r.done.is_set() for r in self.requests):
+                    break
+                try:
+                    if not self.batcher.drive():
+                        break
+                except BaseException as e:
+                    self.batcher._fail_all(e)
+                    raise
+        finally:
+            for r in self.requests:
+                r.cancel()
+            while self.batcher.drive():  # let cancelled sequences leave (frees their KV cells)
+                pass
+            self.results = [r.result for r in self.requests]
+            if self._on_end is not None:
+                self._on_end(self)
+        for r in self.requests:
+            if r.error is not None:
+                raise r.error
+
+
+def _bytes_read(session) -> int:
+    p = session.pager
+    return int(p.native.stats()["bytes_read"]) if p else 0
+
+
+def _step_counters(session) -> dict:
+    p = session.pager
+    st = p.native.stats() if p else {}
+    hs = session.decoder.hook_stats()
+    u = session.decoder.layer_unions()
+    return {"bytes_read": int(st.get("bytes_read", 0)), "requests": int(st.get("requests", 0)),
+            "hits": int(st.get("hits", 0)), "misses": int(st.get("misses", 0)),
+            "staged_layers": int(hs.get("staged_layers", 0)), "union": u}
+
+
+__all__ = ["Batcher", "BatchStream", "Request", "STEP_HISTORY"]

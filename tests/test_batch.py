@@ -1,0 +1,154 @@
+"""Batched decode (epqlab.engine.batch, docs/DESIGN.md §3d): several sequences per forward pass.
+
+Paging never changes the math: every sequence of a batch gets logits bit-identical to the same batch with
+``pager=False``, for every policy at a small arena; a batch of one is today's single-sequence decode bit for
+bit. Sequences with different prompt lengths, stops and limits finish independently; a cancelled sequence's
+KV cells are freed and reused; the per-step union is the hand-counted union of the step's routes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab.constants import ONLINE_POLICIES
+from epqlab.engine.batch import Batcher, Request
+from epqlab.engine.sampling import Sampler
+from exact import small_arena
+
+PROMPTS = ["A CPU cache is", "The capital of France is a city that", "def fib(n):", "Once upon a time, in a"]
+N = 10
+THREADS = 1
+
+
+@pytest.fixture(scope="module")
+def unpaged(default_model_path):
+    with epqlab.Session(default_model_path, pager=False, n_seq_max=4, n_ctx=256, n_threads=THREADS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def batch_ref(unpaged):
+    return unpaged.batch_trace(PROMPTS, N)
+
+
+@pytest.mark.parametrize("policy", ONLINE_POLICIES)
+def test_paged_batch_is_bit_identical_to_unpaged(default_model_path, batch_ref, policy):
+    with epqlab.Session(default_model_path, n_seq_max=4, n_ctx=256, n_threads=THREADS, policy=policy,
+                        arena_bytes=small_arena(default_model_path, 2.0)) as s:
+        got = s.batch_trace(PROMPTS, N)
+        st = s.stats
+    for (lg, toks), (rl, rt) in zip(got, batch_ref):
+        assert toks == rt and np.array_equal(lg, rl)
+    assert st["misses"] > 0 and st["evictions"] > 0  # the arena really paged
+
+
+def test_batch_of_one_is_single_sequence_decode(default_model_path, unpaged):
+    toks = unpaged.tokenize(PROMPTS[1])
+    _, steps, gen = unpaged.greedy_trace(toks, N)
+    (lg, out), = unpaged.batch_trace([PROMPTS[1]], N)
+    assert out == gen and np.array_equal(lg, steps)
+    # and a context of one sequence gives the same numbers as one of four
+    with epqlab.Session(default_model_path, pager=False, n_ctx=256, n_threads=THREADS) as one:
+        assert np.array_equal(one.greedy_trace(toks, N)[1], steps)
+
+
+def test_batched_rows_differ_from_alone_only_by_kernel_rounding(unpaged, batch_ref):
+    """llama.cpp's batched matmuls round differently from its one-column path (the prefill row is
+    identical, decode rows move by a little): the reason the server compares against unpaged batches."""
+    toks = unpaged.tokenize(PROMPTS[0])
+    _, alone, _ = unpaged.greedy_trace(toks, N)
+    rows = batch_ref[0][0]
+    assert np.array_equal(rows[0], alone[0])
+    diff = np.abs(rows[1:4] - alone[1:4]).max()
+    assert diff < 1.0  # rounding, not another computation
+
+
+def test_sequences_finish_independently_and_cells_are_reused(default_model_path):
+    """Four requests on two sequences: a stop string, a short limit, a long prompt and a cancelled one. Each
+    ends for its own reason; freed sequences are reused; the schedule is the same paged and unpaged, so the
+    tokens are too."""
+    def requests(s, stop):
+        mk = lambda p, n, stops=(): Request(s.tokenize(p), n, Sampler(s.n_vocab, temperature=0.0), stops)
+        return [mk(PROMPTS[0], 12, stop), mk(PROMPTS[1], 3), mk(PROMPTS[2] + " " + PROMPTS[3] * 6, 9),
+                mk(PROMPTS[3], 40)]
+
+    def run(stop=("CPU",), **kw):
+        with epqlab.Session(default_model_path, n_seq_max=2, n_ctx=256, n_threads=THREADS, **kw) as s:
+            reqs = requests(s, stop)
+            b = Batcher(s)
+            for r in reqs:
+                b.submit(r)
+            with s.decoder.lock:
+                while b.step():
+                    if len(reqs[3].out) == 5:
+                        reqs[3].cancel()
+            left = [s.decoder.engine.seq_pos_max(q) for q in range(2)]
+            return reqs, left, [x["n_tokens"] for x in b.step_log]
+
+    plain, left, sizes = run(pager=False)
+    paged, _, sizes1 = run(arena_bytes=small_arena(default_model_path, 2.0))
+    assert [r.result.tokens for r in plain] == [r.result.tokens for r in paged] and sizes == sizes1
+    assert [r.result.finish_reason for r in plain] == ["stop", "length", "length", "cancelled"]
+    assert [len(r.result.tokens) for r in plain[1:]] == [3, 9, 5]
+    # the stopped text is the unstopped one cut before "CPU" (its steps are the same until it stops)
+    free, _, _ = run(stop=(), pager=False)
+    assert "CPU" in free[0].result.text and plain[0].result.text == free[0].result.text.split("CPU")[0]
+    seqs = [r.result.stats["seq"] for r in plain]
+    assert sorted(set(seqs)) == [0, 1]  # 4 requests on 2 sequences: cells reused
+    assert left == [-1, -1]  # every sequence's KV cells freed at the end
+    assert max(sizes) == 2 and 1 in sizes  # pairs shared steps, and a lone survivor went on
+
+
+def test_stop_string_in_a_batch(unpaged):
+    gens = unpaged.generate_batch(PROMPTS[:2], 24, stop=["."])
+    for g in gens:
+        assert "." not in g.text
+    alone = unpaged.generate(PROMPTS[0], 24, stop=["."])
+    assert gens[0].text.split(".")[0] == gens[0].text and alone.finish_reason in ("stop", "length")
+
+
+def test_step_union_equals_the_routes(default_model_path, tmp_path):
+    """The per-step union per layer the batcher reports is the number of distinct experts among the
+    step's tokens' routes, counted here from the route log."""
+    with epqlab.Session(default_model_path, n_seq_max=3, n_ctx=256, n_threads=THREADS, arena_bytes="6MiB",
+                        route_log=tmp_path / "r.npz") as s:
+        gens = s.generate_batch(PROMPTS[:3], 6)
+        log = s.route_log()
+    steps = gens[0].stats["batch"]["steps"]
+    ub = np.asarray(log.ubatch)
+    ids, starts = np.unique(ub, return_index=True)
+    passes = [np.flatnonzero(ub == i) for i in ids[np.argsort(starts)]]
+    batched = [p for p in passes if len(p) > 1 and (log.phase[p] == 1).all()]
+    assert len(batched) == len(steps) and all(len(p) == x["n_tokens"] for p, x in zip(batched, steps))
+    for p, x in zip(batched, steps):
+        want = [len(np.unique(log.experts[p, l])) for l in range(log.n_layers)]
+        assert x["union"] == want
+    st = gens[0].stats["batch"]
+    assert st["mean_batch"] > 1 and 0 < st["union_per_layer"] <= 3 * log.k
+    assert st["n_gen"] == sum(len(g.tokens) for g in gens)
+
+
+def test_batch_arguments_are_checked(unpaged, default_model_path):
+    with pytest.raises(TypeError, match="list of prompts"):
+        unpaged.generate_batch("one string", 4)
+    with pytest.raises(ValueError, match="no prompts"):
+        unpaged.generate_batch([], 4)
+    with pytest.raises(ValueError, match="n_predict"):
+        unpaged.generate_batch(["a"], -1)
+    with pytest.raises(ValueError, match="no room in the context"):
+        unpaged.generate_batch(["a " * 400], 4)
+    with pytest.raises(ValueError, match="n_seq_max"):
+        epqlab.Session(default_model_path, n_seq_max=0)
+    with pytest.raises(ValueError, match="max_batch"):
+        Batcher(unpaged, 0)
+
+
+def test_stream_batch_yields_every_sequence(unpaged):
+    st = unpaged.stream_batch(PROMPTS, 6)
+    pieces: dict[int, str] = {}
+    for i, piece in st:
+        pieces[i] = pieces.get(i, "") + piece
+    assert sorted(pieces) == [0, 1, 2, 3]
+    assert [pieces[i] for i in range(4)] == [g.text for g in st.results]
+    assert st.results[0].stats["batch"]["decode_steps"] >= 1
