@@ -7,17 +7,22 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion`.
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
-- ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`) and,
-  with a pager, ``time_split``: the mean milliseconds per part of its decode calls
+- ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`),
+  ``batch``: the continuous batcher's figures (:meth:`epqlab.engine.batch.Batcher.summary`: steps, batch
+  sizes, mean union of experts per layer per step, SSD bytes per token) and its last steps; with a pager,
+  ``time_split``: the mean milliseconds per part of its decode calls
   (:func:`epqlab.engine.time_split.decode_summary`).
 
-Scheduling: one request decodes at a time (a single worker thread owns the Session); others wait in
-arrival order. The KV cache is kept across requests, so a request whose prompt extends the previous
-one (a chat's next turn) decodes only the new tokens. A bad request (malformed JSON, a field of the
-wrong type, a value out of range, messages that are not ``[{"role", "content": str}]``, a prompt
-longer than the context, an unsupported option such as ``n > 1``) gets HTTP 400 (422 for JSON that
+Scheduling: continuous batching (:mod:`epqlab.engine.batch`) on one Session opened with
+``n_seq_max = max_batch``: a request joins the running batch at its next step (prefilled alone first),
+advances one token per step with every other active request in one forward pass, and leaves when it
+ends; ``n`` > 1 and several prompts are several sequences. A finished sequence keeps its KV cells, so a
+request whose prompt extends one (a chat's next turn) decodes only the new tokens. A bad request
+(malformed JSON, a field of the wrong type, a value out of range, messages that are not
+``[{"role", "content": str}]``, a prompt longer than the context) gets HTTP 400 (422 for JSON that
 does not match the schema) with an OpenAI-style ``{"error": {"message", "type"}}`` body; the server
-keeps serving. A client that disconnects mid-stream stops its generation at the next token.
+keeps serving. A client that disconnects, streaming or not, frees its sequence at the next step without
+disturbing the others.
 """
 # no `from __future__ import annotations`: FastAPI reads the endpoint annotations at runtime
 
@@ -29,8 +34,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
-from .results import clean_json
+from .engine.batch import Batcher
+from .engine.completion import create_chat_completion, create_completion
 from .engine.time_split import decode_summary
+from .results import clean_json
+
+WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
+POLL_S = 0.25  # how often a waiting request checks whether its client is still there
 
 
 def _require():
@@ -43,9 +53,11 @@ def _require():
                           "install them with: pip install 'epqlab[serve]'") from None
 
 
-def create_app(session, *, model_name: str | None = None):
-    """A FastAPI app serving ``session`` (see the module docstring). The app owns one worker thread;
-    it is shut down with the app (lifespan)."""
+def create_app(session, *, model_name: str | None = None, max_batch: int | None = None, batch_window_s: float = 0.0):
+    """A FastAPI app serving ``session`` (see the module docstring) with continuous batching of up to
+    ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
+    that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
+    batcher's thread; it is stopped with the app (lifespan)."""
     _require()
     from contextlib import asynccontextmanager
 
@@ -56,13 +68,15 @@ def create_app(session, *, model_name: str | None = None):
     from sse_starlette.sse import EventSourceResponse
 
     name = model_name or session.model_name
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epqlab-decode")
+    batcher = Batcher(session, max_batch, prompt_cache=True, window_s=batch_window_s).start()
+    waiters = ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="epqlab-request")
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app):
         yield
-        worker.shutdown(wait=False, cancel_futures=True)
+        batcher.close()
+        waiters.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="epqlab", lifespan=lifespan)
 
@@ -81,7 +95,7 @@ def create_app(session, *, model_name: str | None = None):
         n: int = 1
 
     class CompletionRequest(_Sampling):
-        prompt: Union[str, list[int]]
+        prompt: Union[str, list[str], list[int], list[list[int]]]
         max_tokens: Optional[int] = 16
 
     class ChatRequest(_Sampling):
@@ -98,31 +112,38 @@ def create_app(session, *, model_name: str | None = None):
         return error(422, "invalid request: " + "; ".join(parts))
 
     def kwargs_of(req: _Sampling) -> dict:
-        if req.n != 1:
-            raise ValueError(f"n={req.n}: epqlab returns one choice per request; drop n or set it to 1")
         kw = dict(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                  min_p=req.min_p, repeat_penalty=req.repeat_penalty, stop=req.stop, seed=req.seed, model=name)
+                  min_p=req.min_p, repeat_penalty=req.repeat_penalty, stop=req.stop, seed=req.seed, model=name,
+                  n=req.n, batcher=batcher)
         if req.seed is not None and not 0 <= req.seed < 2**32:
             raise ValueError(f"seed must be in 0..2**32-1, got {req.seed}")
         return kw
 
     async def run(make, stream: bool, request: Request):
-        """Run ``make()`` (a completion call) on the worker. Non-streaming: its dict as JSON.
-        Streaming: validate first (errors -> 400 before any byte is sent), then SSE."""
+        """Run ``make(cancel)`` (a completion call on the batcher) on a waiting thread. Non-streaming: its
+        dict as JSON, the requests cancelled if the client goes away first. Streaming: validate first
+        (errors -> 400 before any byte is sent), then SSE."""
         loop = asyncio.get_running_loop()
+        cancel = threading.Event()
         if not stream:
+            fut = loop.run_in_executor(waiters, make, cancel)
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=POLL_S)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    cancel.set()  # its sequences leave at the next step; nobody reads the answer
             try:
-                return JSONResponse(await loop.run_in_executor(worker, make))
+                return JSONResponse(fut.result())
             except (ValueError, TypeError) as e:
                 return error(400, str(e))
         q: queue.Queue = queue.Queue()
-        cancel = threading.Event()
         started = loop.create_future()
 
-        def job():
+        def job(_cancel):
             try:
-                it = make()
-            except Exception as e:  # noqa: BLE001 - reported to the request, the worker lives on
+                it = make(cancel)
+            except Exception as e:  # noqa: BLE001 - reported to the request, the server lives on
                 loop.call_soon_threadsafe(started.set_result, e)
                 return
             loop.call_soon_threadsafe(started.set_result, None)
@@ -134,10 +155,10 @@ def create_app(session, *, model_name: str | None = None):
             except Exception as e:  # noqa: BLE001
                 q.put(e)
             finally:
-                it.close()  # a closed stream stops decoding and records its stats
+                it.close()  # cancels what is still running: its sequence is freed at the next step
                 q.put(None)
 
-        worker.submit(job)
+        waiters.submit(job, cancel)
         e = await started
         if isinstance(e, (ValueError, TypeError)):
             return error(400, str(e))
@@ -170,7 +191,8 @@ def create_app(session, *, model_name: str | None = None):
             kw = kwargs_of(req)
         except ValueError as e:
             return error(400, str(e))
-        return await run(lambda: session.create_completion(req.prompt, stream=req.stream, **kw), req.stream, request)
+        return await run(lambda c: create_completion(session, req.prompt, stream=req.stream, cancel=c, **kw),
+                         req.stream, request)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
@@ -180,16 +202,16 @@ def create_app(session, *, model_name: str | None = None):
             return error(400, str(e))
         if req.max_completion_tokens is not None:
             kw["max_tokens"] = req.max_completion_tokens
-        return await run(lambda: session.create_chat_completion(req.messages, stream=req.stream, **kw), req.stream,
-                         request)
+        return await run(lambda c: create_chat_completion(session, req.messages, stream=req.stream, cancel=c, **kw),
+                         req.stream, request)
 
     @app.get("/v1/epqlab/stats")
     async def stats():
         def read():
-            with session.decoder.lock:  # between two decode calls: the pager's history is not growing
-                out = {"model": name, "stats": clean_json(session.stats)}
+            with session.decoder.lock:  # between two steps: the pager's history is not growing
+                out = {"model": name, "stats": clean_json(session.stats),
+                       "batch": clean_json({**batcher.summary(), "last_steps": list(batcher.step_log)[-16:]})}
                 if session.paged:  # mean ms per part of every decode call since the last reset_stats
-
                     out["time_split"] = clean_json(decode_summary(session.time_split("token")))
                 return out
 
@@ -199,12 +221,13 @@ def create_app(session, *, model_name: str | None = None):
 
 
 def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
-          log_level: str = "info") -> None:
-    """Serve ``session`` with uvicorn until interrupted (Ctrl-C)."""
+          log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0) -> None:
+    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching as :func:`create_app`."""
     _require()
     import uvicorn
 
-    uvicorn.run(create_app(session, model_name=model_name), host=host, port=int(port), log_level=log_level)
+    uvicorn.run(create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s),
+                host=host, port=int(port), log_level=log_level)
 
 
 __all__ = ["create_app", "serve"]

@@ -1,10 +1,15 @@
 """``epqlab serve MODEL --ram-budget 4GiB --host 127.0.0.1 --port 8000``: an OpenAI-compatible server
-(/v1/models, /v1/completions, /v1/chat/completions with SSE streaming, /v1/epqlab/stats) on one Session;
-see :mod:`epqlab.server`."""
+(/v1/models, /v1/completions, /v1/chat/completions with SSE streaming, /v1/epqlab/stats) on one Session,
+with continuous batching of up to ``--max-batch`` sequences; see :mod:`epqlab.server`."""
 from __future__ import annotations
 
 import sys
+
+from ..engine.arena_sizing import default_max_batch, kv_cache_bytes
 from ..engine.session import Session
+from ..layout import inspect
+from ..memory.auto_budget import auto_budget
+from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import _require, serve
 
@@ -18,7 +23,12 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
-    p.add_argument("--n-ctx", type=int, default=2048, help="context size, tokens (shared by all requests)")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context of each sequence, tokens (default 2048)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="sequences decoded together (continuous batching); default: the most, up to 8, whose KV "
+                        "cache takes at most a quarter of the budget (4 without a budget)")
+    p.add_argument("--batch-window-ms", type=float, default=0.0,
+                   help="when a batch starts from idle, wait this long for more requests before its first step")
     p.add_argument("--threads", type=int, default=None, help="compute threads")
     p.add_argument("--no-pager", dest="pager", action="store_false", default=True, help="plain llama.cpp (mmap)")
     p.add_argument("--model-alias", default=None, help="model name in responses (default: the file name)")
@@ -28,10 +38,23 @@ def register(sub) -> None:
 
 def run(args) -> int:
     _require()
-    with Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx,
+    if args.max_batch is not None and args.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.batch_window_ms < 0:
+        raise ValueError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
+    max_batch = args.max_batch
+    if max_batch is None:
+        rb = args.ram_budget
+        budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
+        max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
+    with Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
                  n_threads=args.threads, pager=args.pager) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
-        print(f"epqlab: serving {s.model_name} ({s!r}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-        serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level)
+        kv = kv_cache_bytes(s.layout, s.n_ctx, max_batch)
+        print(f"epqlab: serving {s.model_name} ({s!r}) on http://{args.host}:{args.port}/v1; up to {max_batch} "
+              f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else ""),
+              file=sys.stderr, flush=True)
+        serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
+              batch_window_s=args.batch_window_ms / 1000)
     return 0

@@ -13,6 +13,26 @@ from ..paging.pager import Pager
 from ..units import fmt_bytes, parse_bytes
 
 
+KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type, f16 (llama_context_params.type_k / type_v)
+
+
+def kv_cache_bytes(lay: ModelLayout, n_ctx: int, n_seq: int = 1) -> int | None:
+    """Bytes of llama.cpp's KV cache for ``n_seq`` sequences of ``n_ctx`` cells each (f16 K and V):
+    sum over layers of ``n_ctx * n_seq * (head_count_kv * (key_length + value_length)) * 2``, from the
+    GGUF's ``<arch>.attention.*`` keys (key/value length default ``embedding_length / head_count``).
+    None when the metadata lacks them."""
+    md, a = lay.metadata or {}, lay.architecture
+    n_layer, n_embd, n_head = md.get(f"{a}.block_count"), md.get(f"{a}.embedding_length"), md.get(f"{a}.attention.head_count")
+    kv_heads = md.get(f"{a}.attention.head_count_kv", n_head)
+    if not n_layer or not n_embd or not n_head:
+        return None
+    heads = list(kv_heads) if isinstance(kv_heads, (list, tuple)) else [kv_heads] * int(n_layer)
+    head_dim = int(n_embd) // int(n_head[0] if isinstance(n_head, (list, tuple)) else n_head)
+    k_len = int(md.get(f"{a}.attention.key_length", head_dim))
+    v_len = int(md.get(f"{a}.attention.value_length", head_dim))
+    return int(sum(int(h) * (k_len + v_len) for h in heads) * n_ctx * n_seq * KV_BYTES_PER_VALUE)
+
+
 @dataclass(frozen=True)
 class ArenaPlan:
     """``arena``, ``stage_reserve`` and ``read_buffers`` (the readers' bounce buffers kept out of
@@ -24,7 +44,8 @@ class ArenaPlan:
 
 
 def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_arena: int, reserve: int,
-               dense_bytes: int = 0, arena_bytes=None, io_threads: int = 0) -> ArenaPlan:
+               dense_bytes: int = 0, arena_bytes=None, io_threads: int = 0, n_ctx: int = 0,
+               n_seq: int = 1) -> ArenaPlan:
     """The arena for ``lay`` at top-``k``.
 
     Args:
@@ -36,6 +57,8 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``budget``.
         io_threads: the pager's reader threads: each, and the computing thread, holds one bounce
             buffer of ``Pager.bounce_bytes()`` bytes, kept out of the arena.
+        n_ctx, n_seq: the context (tokens per sequence) and sequences, named with their KV cache
+            (:func:`kv_cache_bytes`) in the refusal.
 
     Raises:
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is used; the
@@ -55,15 +78,31 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
     need = Pager.min_arena_bytes(lay, k)
     if arena < need:
         smallest = used_before_arena + reserve + bounce + Pager.max_stage_bytes(lay) + need
+        kv = kv_cache_bytes(lay, n_ctx, n_seq) if n_ctx else None
+        kv_s = (f"KV cache {fmt_bytes(kv)} for {n_seq} sequence{'s' if n_seq > 1 else ''} x {n_ctx} tokens"
+                if kv is not None else "KV cache")
         raise ArenaTooSmall(
             f"ram_budget {fmt_bytes(budget)} is too small for {lay.path.name}: the process already "
             f"holds {fmt_bytes(used_before_arena)} (dense weights {fmt_bytes(dense_bytes)}, "
-            f"KV cache, compute buffers, heap, libraries), the reserve is {fmt_bytes(reserve)}, "
+            f"{kv_s}, compute buffers, heap, libraries), the reserve is {fmt_bytes(reserve)}, "
             f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, the read buffers {fmt_bytes(bounce)}, "
             f"and one layer's top-{k} experts "
             f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
-            f"({fmt_bytes(smallest)}); or lower n_ctx / reserve / expert_used.")
+            f"({fmt_bytes(smallest)}); or lower n_ctx / n_seq_max / reserve / expert_used.")
     return ArenaPlan(arena, stage, bounce)
 
 
-__all__ = ["ArenaPlan", "plan_arena"]
+def default_max_batch(lay: ModelLayout, n_ctx: int, budget: int | None, cap: int = 8) -> int:
+    """The server's default ``--max-batch``: the most sequences (1..``cap``) whose KV cache of ``n_ctx``
+    tokens each takes at most a quarter of ``budget`` (the rest stays for the dense weights and the arena);
+    4 without a budget. Batches beyond 8 stop paying on MoE decode (the expert union grows toward
+    all experts per layer; the Crow streamer of llama.cpp PR 25294 reports the same)."""
+    if budget is None:
+        return min(cap, 4)
+    per = kv_cache_bytes(lay, n_ctx, 1)
+    if not per:
+        return 1
+    return max(1, min(cap, int(budget // 4 // per)))
+
+
+__all__ = ["ArenaPlan", "plan_arena", "kv_cache_bytes", "default_max_batch"]

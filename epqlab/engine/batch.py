@@ -10,8 +10,10 @@ records that union per layer and the bytes it read, so the saving is measured, n
 Scheduling is continuous batching (Orca, OSDI '22; as llama.cpp's server and vLLM do): a request waits
 for a free sequence, is prefilled alone (its prompt in ``n_batch`` chunks, one sequence per forward pass),
 joins the next step, and leaves when it stops (an end-of-generation token, a stop string, ``n_predict``
-tokens, its context full) or is cancelled; its KV cells are freed at once and the sequence goes to the
-next waiting request. The math is llama.cpp's: each sequence samples from its own logits row with its own
+tokens, its context full) or is cancelled; the sequence goes to the next waiting request. With
+``prompt_cache`` (the server's default, as llama.cpp's server caches a slot's prompt) a finished sequence
+keeps its KV cells, and a request whose prompt shares a prefix with them (a chat's next turn) is given that
+sequence and decodes only the rest; otherwise its cells are freed at once. The math is llama.cpp's: each sequence samples from its own logits row with its own
 sampler chain (:class:`~epqlab.engine.sampling.Sampler`, its own seed).
 
 Prefetch, pipelined reads and skip-cold act on single-token ubatches only (native/engine/hook.h); a step
@@ -31,6 +33,7 @@ from ..errors import EpqlabError
 from .generation import Generation
 
 STEP_HISTORY = 4096  # per-step records kept by a Batcher (the oldest are dropped first)
+MIN_REUSE_FRACTION = 0.5  # share of a prompt a cached sequence must hold for the prompt cache to reuse it
 
 
 class Request:
@@ -44,22 +47,24 @@ class Request:
         index: the caller's number for it (the choice index of a completion).
         keep_logits: keep every logits row it sampled from (float32 ``[n_vocab]`` each, in :attr:`logits`;
             for exactness tests and A/B comparisons: n_vocab x 4 bytes per token).
+        events: the queue its events go to (default: its own); several requests may share one.
 
     Attributes:
-        events: ``queue.SimpleQueue`` of ``("piece", str)`` as text is produced, then one ``("done", None)``.
+        events: ``queue.SimpleQueue`` of ``("piece", index, str)`` as text is produced, then one
+            ``("done", index, None)``.
         result: the :class:`~epqlab.engine.generation.Generation` once it ended (``finish_reason``
             ``"stop"`` | ``"length"`` | ``"cancelled"`` | ``"error"``), else None; ``error``: the exception that
             ended it, if any.
     """
 
     def __init__(self, tokens: Sequence[int], n_predict: int, sampler, stops: Sequence[str] = (), *, index: int = 0,
-                 keep_logits: bool = False):
+                 keep_logits: bool = False, events: queue.SimpleQueue | None = None):
         self.tokens = [int(t) for t in tokens]
         self.n_predict = int(n_predict)
         self.sampler = sampler
         self.stops = [s for s in stops if s]
         self.index = int(index)
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.events: queue.SimpleQueue = events if events is not None else queue.SimpleQueue()
         self.done = threading.Event()
         self.result: Generation | None = None
         self.error: BaseException | None = None
@@ -76,6 +81,8 @@ class Request:
         self.t_submit = time.perf_counter()
         self.t_prefill0 = self.t_prefill1 = self.t_end = None
         self.prefill_bytes = 0
+        self.reused = 0  # prompt tokens whose KV cells a cached sequence already held
+        self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
 
     def cancel(self) -> None:
@@ -97,7 +104,7 @@ class Request:
     def pieces(self) -> Iterator[str]:
         """The text pieces as a background :class:`Batcher` produces them (blocks between pieces)."""
         while True:
-            kind, value = self.events.get()
+            kind, _, value = self.events.get()
             if kind == "done":
                 if self.error is not None:
                     raise self.error
@@ -111,7 +118,10 @@ class Batcher:
 
     Use it synchronously (:meth:`run`: every request to its end in the calling thread, as
     :meth:`epqlab.Session.generate_batch` does) or in the background (:meth:`start`, then :meth:`submit`
-    from any thread, as ``epqlab serve`` does).
+    from any thread, as ``epqlab serve`` does). ``prompt_cache``: keep a finished sequence's KV cells for a
+    later prompt that extends them (module docstring). ``window_s``: in the background, when a batch starts
+    from idle, wait up to this long for more requests (until ``max_batch`` wait) before its first step, so
+    requests that arrive together decode together from their first token.
 
     Attributes:
         step_log: ``deque`` of per-step records (at most :data:`STEP_HISTORY`): ``n_tokens`` (sequences in the
@@ -122,12 +132,17 @@ class Batcher:
         ValueError: ``max_batch`` < 1.
     """
 
-    def __init__(self, session, max_batch: int | None = None):
+    def __init__(self, session, max_batch: int | None = None, *, prompt_cache: bool = False, window_s: float = 0.0):
         n = session.n_seq_max
         if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        if not window_s >= 0:
+            raise ValueError(f"window_s must be >= 0 seconds, got {window_s!r}")
         self.session = session
         self.max_batch = min(int(max_batch or n), n)
+        self.prompt_cache = bool(prompt_cache)
+        self.window_s = float(window_s)
+        self._cached: dict[int, list[int]] = {}  # free sequence -> the tokens its KV cells still hold
         self.step_log: deque = deque(maxlen=STEP_HISTORY)
         self.steps_total = 0
         self._waiting: deque[Request] = deque()
@@ -195,6 +210,11 @@ class Batcher:
                     self._cv.wait()
                 if self._closing:
                     return
+                if not self._active and self.window_s > 0:  # a batch starts: let its company arrive
+                    deadline = time.monotonic() + self.window_s
+                    while (not self._closing and len(self._waiting) < self.max_batch
+                           and time.monotonic() < deadline):
+                        self._cv.wait(deadline - time.monotonic())
             try:
                 self.drive()
             except BaseException as e:  # noqa: BLE001 - a failed step fails its requests, the loop lives on
@@ -225,6 +245,7 @@ class Batcher:
                                waiting=False)
             self._epoch = d.begin_batch()
             self._free = list(range(s.n_seq_max))
+            self._cached = {}
         for r in [r for r in self._active.values() if r.cancelled]:
             self._finish(r, "cancelled")
         while len(self._active) < self.max_batch and self._free:
@@ -240,14 +261,37 @@ class Batcher:
             self._decode_step()
         return True
 
+    def _pick_sequence(self, r: Request) -> tuple[int, int]:
+        """A free sequence for ``r`` and how many of its prompt tokens that sequence's cells already hold:
+        the cached sequence with the longest common prefix, if it covers at least
+        :data:`MIN_REUSE_FRACTION` of the prompt (llama.cpp's server picks slots by the same similarity,
+        ``--slot-prompt-similarity`` 0.5), leaving at least one token to decode for its logits; else an
+        empty sequence, else the oldest cached one."""
+        best, keep = None, 0
+        for q in self._free:
+            held = self._cached.get(q)
+            if held:
+                n = min(_common_prefix(held, r.tokens), len(r.tokens) - 1)
+                if n > keep and n >= MIN_REUSE_FRACTION * len(r.tokens):
+                    best, keep = q, n
+        if best is None:
+            empty = [q for q in self._free if q not in self._cached]
+            best = empty[0] if empty else self._free[0]
+        self._free.remove(best)
+        held = self._cached.pop(best, None)
+        if held is not None and len(held) > keep:
+            self.session.decoder.free_seq(best, keep)  # drop what the new prompt does not share
+        return best, keep
+
     def _admit(self, r: Request) -> None:
         s, d = self.session, self.session.decoder
-        r.seq = self._free.pop(0)
+        r.seq, r.reused = self._pick_sequence(r)
         r.t_prefill0 = time.perf_counter()
         b0 = _bytes_read(s)
         try:
             r.sampler.accept(r.tokens)
-            logits = d.decode_seq(r.seq, r.tokens, 0, self._epoch)
+            r.kv_tokens = list(r.tokens[:r.reused])
+            logits = d.decode_seq(r.seq, r.tokens[r.reused:], r.reused, self._epoch)
         except BaseException as e:
             r.error = e
             self._finish(r, "error")
@@ -257,6 +301,7 @@ class Batcher:
         r.prefill_bytes = _bytes_read(s) - b0
         r.t_prefill1 = time.perf_counter()
         r.pos = len(r.tokens)
+        r.kv_tokens = list(r.tokens)
         self._active[r.seq] = r
         self._take(r, logits)
 
@@ -271,6 +316,7 @@ class Batcher:
         logits = d.decode_step(toks, pos, seqs, self._epoch)
         for r in rs:
             r.pos += 1
+            r.kv_tokens.append(r.next_token)
             r.steps += 1
             r.step_tokens += len(rs)
         for r, row in zip(rs, logits):
@@ -299,11 +345,11 @@ class Batcher:
         cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
         if cut >= 0:
             if cut > r._emitted:
-                r.events.put(("piece", txt[r._emitted:cut]))
+                r.events.put(("piece", r.index, txt[r._emitted:cut]))
             r._emitted = cut
             return self._finish(r, "stop")
         if len(txt) > r._emitted:
-            r.events.put(("piece", txt[r._emitted:]))
+            r.events.put(("piece", r.index, txt[r._emitted:]))
             r._emitted = len(txt)
         if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:
             return self._finish(r, "length")  # n_predict reached, or no KV cell left for the next token
@@ -314,7 +360,10 @@ class Batcher:
             self._active.pop(r.seq, None)
             d = self.session.decoder
             if not d.closed and self._epoch == d.epoch:
-                d.free_seq(r.seq)
+                if self.prompt_cache and reason != "error" and r.kv_tokens:
+                    self._cached[r.seq] = r.kv_tokens  # kept for a prompt that extends them
+                else:
+                    d.free_seq(r.seq)
             self._free.append(r.seq)
             self._free.sort()
         r.t_end = time.perf_counter()
@@ -324,15 +373,16 @@ class Batcher:
         try:
             r.sampler.free()
         finally:
-            r.events.put(("done", None))
+            r.events.put(("done", r.index, None))
             r.done.set()
 
     def _seq_stats(self, r: Request) -> dict:
         pf = (r.t_prefill1 - r.t_prefill0) if r.t_prefill1 is not None else 0.0
         dec = (r.t_end - r.t_prefill1) if r.t_prefill1 is not None else 0.0
         n_dec = max(0, len(r.out) - 1)  # the first token comes from the prefill
-        return {"index": r.index, "seq": r.seq, "n_prompt": len(r.tokens), "n_gen": len(r.out),
-                "prefill_s": pf, "prefill_tok_s": len(r.tokens) / pf if pf > 0 else 0.0,
+        return {"index": r.index, "seq": r.seq, "n_prompt": len(r.tokens), "n_prompt_reused": r.reused,
+                "n_gen": len(r.out),
+                "prefill_s": pf, "prefill_tok_s": (len(r.tokens) - r.reused) / pf if pf > 0 else 0.0,
                 "prefill_ssd_bytes": r.prefill_bytes, "decode_s": dec,
                 "decode_tok_s": n_dec / dec if dec > 0 and n_dec else 0.0, "decode_steps": r.steps,
                 "mean_batch": r.step_tokens / r.steps if r.steps else 0.0,
@@ -403,11 +453,11 @@ class BatchStream:
                 for r in self.requests:
                     while True:
                         try:
-                            kind, value = r.events.get_nowait()
+                            kind, index, value = r.events.get_nowait()
                         except queue.Empty:
                             break
                         if kind == "piece":
-                            yield r.index, value
+                            yield index, value
                 if all(r.done.is_set() for r in self.requests):
                     break
                 try:
@@ -427,6 +477,14 @@ class BatchStream:
         for r in self.requests:
             if r.error is not None:
                 raise r.error
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _bytes_read(session) -> int:

@@ -262,10 +262,11 @@ class Decoder:
             self._on_step()
             return out
 
-    def free_seq(self, seq: int) -> None:
-        """Free every KV cell of sequence ``seq`` (the other sequences keep theirs)."""
+    def free_seq(self, seq: int, p0: int = 0) -> None:
+        """Free the KV cells of sequence ``seq`` from position ``p0`` on (0: all; the other sequences keep
+        theirs)."""
         with self.lock:
-            self.engine.seq_rm(int(seq))
+            self.engine.seq_rm(int(seq), int(p0))
 
     def layer_unions(self):
         """int64 ``[n_moe_layers]``: distinct experts routed per MoE layer, summed over forward passes since

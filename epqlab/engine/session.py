@@ -260,7 +260,7 @@ class Session:
         io_threads = o.io_threads or default_io_threads()
         plan = plan_arena(lay, o.n_expert_used, budget=self.budget_bytes, used_before_arena=self.used_before_arena,
                           reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
-                          arena_bytes=arena_bytes, io_threads=io_threads)
+                          arena_bytes=arena_bytes, io_threads=io_threads, n_ctx=o.n_ctx, n_seq=o.n_seq_max)
         self.read_buffer_bytes, self.stage_reserve = plan.read_buffers, plan.stage_reserve
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
                             n_expert_used=o.n_expert_used)
@@ -512,38 +512,42 @@ class Session:
         """The model's file name: the ``model`` field of completion responses."""
         return self.layout.path.name
 
-    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
+    def create_completion(self, prompt, max_tokens: int | None = 16, temperature: float = 0.8,
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                          model: str | None = None):
+                          model: str | None = None, n: int = 1):
         """Complete ``prompt`` as ``llama_cpp.Llama.create_completion`` does (same arguments and
         defaults, same OpenAI-schema dict: ``choices[0]["text"]``, ``finish_reason`` ``"stop"`` |
         ``"length"``, ``usage`` token counts), with epqlab's run stats under ``"epqlab"``.
         ``max_tokens`` None or <= 0: until the context is full. ``stream=True`` returns an
         iterator of ``text_completion`` chunks, the last with ``finish_reason``, ``usage`` and
         ``"epqlab"``. KV entries of the previous call are reused when its tokens prefix this prompt.
+        ``prompt`` may also be a list (of strings, or of token-id lists: several prompts) and ``n`` > 1 asks
+        for several choices per prompt, as the OpenAI completions API reads them; those decode as one batch
+        (:meth:`generate_batch`, :mod:`epqlab.engine.completion`), their chunks carry each choice's ``index``.
 
         Raises:
             ValueError: a sampling parameter out of range, an empty prompt, a prompt that fills the
-                context, a bad ``stop``. TypeError: a prompt that is neither text nor token ids.
+                context, a bad ``stop``, ``n`` < 1. TypeError: a prompt that is neither text nor token ids.
         """
         return create_completion(self, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                  top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, seed=seed,
-                                 stream=stream, model=model)
+                                 stream=stream, model=model, n=n)
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                                repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
-                               seed: int | None = None, stream: bool = False, model: str | None = None):
+                               seed: int | None = None, stream: bool = False, model: str | None = None,
+                               n: int = 1):
         """The assistant's reply to ``messages`` (``[{"role": ..., "content": str}]``, formatted with the
         GGUF's chat template) as ``llama_cpp.Llama.create_chat_completion`` returns it: an OpenAI
         ``chat.completion`` dict (``choices[0]["message"]["content"]``, ``finish_reason``, ``usage``)
         plus ``"epqlab"`` run stats, or with ``stream=True`` ``chat.completion.chunk`` dicts (a first
         ``{"role": "assistant"}`` delta, ``{"content": ...}`` deltas, a last empty delta with
         ``finish_reason``). Defaults are llama-cpp-python's; a next turn reuses the KV cache of the
-        previous one.
+        previous one. ``n`` > 1: that many choices, decoded as one batch (see :meth:`create_completion`).
 
         Raises:
             ValueError: malformed messages (the message names the first bad one), no chat template
@@ -551,7 +555,7 @@ class Session:
         """
         return create_chat_completion(self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                       top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop,
-                                      seed=seed, stream=stream, model=model)
+                                      seed=seed, stream=stream, model=model, n=n)
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
         """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat

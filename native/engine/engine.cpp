@@ -228,9 +228,10 @@ void engine::attach_pager(pager * pg) {
 
 void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
-void engine::seq_rm(int32_t seq) {
+void engine::seq_rm(int32_t seq, int32_t p0) {
     if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
-    llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_), seq, p0 > 0 ? p0 : -1, -1))
+        throw std::runtime_error("llama.cpp could not remove positions " + std::to_string(p0) + ".. of sequence " + std::to_string(seq));
 }
 
 int32_t engine::seq_pos_max(int32_t seq) const {

@@ -85,7 +85,8 @@ public:
     void decode_seqs(const int32_t * tokens, const int32_t * pos, const int32_t * seq, const uint8_t * want, int n,
                      float * out);
     void clear();
-    void seq_rm(int32_t seq);  // frees every KV cell of one sequence; the others keep theirs
+    // Frees the KV cells of one sequence from position p0 on (p0 <= 0: all of them); the others keep theirs.
+    void seq_rm(int32_t seq, int32_t p0 = -1);
     int32_t seq_pos_max(int32_t seq) const;  // the last position sequence seq holds, -1 when empty
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;
 

@@ -134,7 +134,7 @@ void register_engine(py::module_ & m) {
             }
             return out;
         }, py::arg("tokens"), py::arg("pos"), py::arg("seq"), py::arg("want"))
-        .def("seq_rm", &engine::seq_rm, py::arg("seq"))
+        .def("seq_rm", &engine::seq_rm, py::arg("seq"), py::arg("p0") = -1)
         .def("seq_pos_max", &engine::seq_pos_max, py::arg("seq"))
         .def("attach_pager", &engine::attach_pager, py::keep_alive<1, 2>())
         .def("clear", &engine::clear)
