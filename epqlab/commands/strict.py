@@ -7,7 +7,7 @@ minus --headroom. MODEL may be ``default`` for the default model. See epqlab.stu
 from __future__ import annotations
 
 from ..paging.pager import POLICIES
-from ..results import write_json
+from ..results import save_csv, write_json
 from ..studies import strict
 from ..studies.strict import DEFAULT_PROMPT
 
@@ -55,5 +55,5 @@ def run(args) -> int:
     if args.json:
         write_json(strict.to_json(df), args.json)
     if args.csv:
-        df.drop(columns=["tokens"], errors="ignore").to_csv(args.csv, index=False)
+        save_csv(df.drop(columns=["tokens"], errors="ignore"), args.csv)
     return 0  # a FAIL level is a result (the table says why), not an error of the command

@@ -48,6 +48,10 @@ class Request:
         keep_logits: keep every logits row it sampled from (float32 ``[n_vocab]`` each, in :attr:`logits`;
             for exactness tests and A/B comparisons: n_vocab x 4 bytes per token).
         events: the queue its events go to (default: its own); several requests may share one.
+        forced: teacher forcing: the tokens to feed, one per step, instead of sampling (the logits are still
+            computed and kept with ``keep_logits``; the sampler is not consulted); it generates
+            ``min(n_predict, len(forced))`` tokens. For timing and routing on real text (a random-weight
+            model's own output repeats itself).
 
     Attributes:
         events: ``queue.SimpleQueue`` of ``("piece", index, str)`` as text is produced, then one
@@ -58,9 +62,11 @@ class Request:
     """
 
     def __init__(self, tokens: Sequence[int], n_predict: int, sampler, stops: Sequence[str] = (), *, index: int = 0,
-                 keep_logits: bool = False, events: queue.SimpleQueue | None = None):
+                 keep_logits: bool = False, events: queue.SimpleQueue | None = None,
+                 forced: Sequence[int] | None = None):
         self.tokens = [int(t) for t in tokens]
-        self.n_predict = int(n_predict)
+        self.forced = None if forced is None else [int(t) for t in forced]
+        self.n_predict = int(n_predict) if forced is None else min(int(n_predict), len(self.forced))
         self.sampler = sampler
         self.stops = [s for s in stops if s]
         self.index = int(index)
@@ -78,6 +84,7 @@ class Request:
         self.next_token: int | None = None  # sampled, to be decoded in the next step
         self.steps = 0  # decode steps it took part in
         self.step_tokens = 0  # tokens of those steps (all sequences): its mean batch = step_tokens / steps
+        self.step_s = 0.0  # wall time of those steps
         self.t_submit = time.perf_counter()
         self.t_prefill0 = self.t_prefill1 = self.t_end = None
         self.prefill_bytes = 0
@@ -322,6 +329,8 @@ class Batcher:
         for r, row in zip(rs, logits):
             self._take(r, row)
         wall = time.perf_counter() - t0
+        for r in rs:
+            r.step_s += wall
         c1 = _step_counters(s)
         union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
         self.steps_total += 1
@@ -336,9 +345,14 @@ class Batcher:
         d = self.session.decoder
         if r.logits is not None:
             r.logits.append(np.array(logits, np.float32, copy=True))
-        tok = r.sampler.sample(logits)
-        if d.is_eog(tok):
-            return self._finish(r, "stop")
+        if r.forced is not None:
+            if len(r.out) >= r.n_predict:
+                return self._finish(r, "length")
+            tok = r.forced[len(r.out)]
+        else:
+            tok = r.sampler.sample(logits)
+            if d.is_eog(tok):
+                return self._finish(r, "stop")
         r.out.append(tok)
         r._text += d.piece(tok)
         txt = r._text.decode("utf-8", "ignore")
@@ -379,12 +393,13 @@ class Batcher:
     def _seq_stats(self, r: Request) -> dict:
         pf = (r.t_prefill1 - r.t_prefill0) if r.t_prefill1 is not None else 0.0
         dec = (r.t_end - r.t_prefill1) if r.t_prefill1 is not None else 0.0
-        n_dec = max(0, len(r.out) - 1)  # the first token comes from the prefill
         return {"index": r.index, "seq": r.seq, "n_prompt": len(r.tokens), "n_prompt_reused": r.reused,
                 "n_gen": len(r.out),
                 "prefill_s": pf, "prefill_tok_s": (len(r.tokens) - r.reused) / pf if pf > 0 else 0.0,
-                "prefill_ssd_bytes": r.prefill_bytes, "decode_s": dec,
-                "decode_tok_s": n_dec / dec if dec > 0 and n_dec else 0.0, "decode_steps": r.steps,
+                "prefill_ssd_bytes": r.prefill_bytes, "decode_s": dec, "step_s": r.step_s,
+                # its own speed: the tokens its steps produced for it over those steps' wall time (others'
+                # prefills, which run between steps, are not its decode)
+                "decode_tok_s": r.steps / r.step_s if r.step_s > 0 else 0.0, "decode_steps": r.steps,
                 "mean_batch": r.step_tokens / r.steps if r.steps else 0.0,
                 "queue_s": (r.t_prefill0 or r.t_end) - r.t_submit}
 

@@ -4,8 +4,12 @@ stats dict of one generation (field meanings: :meth:`epqlab.Session.generate`), 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
+
+from ..results import clean_json
 
 from ..memory.usage import read_bytes, sample
 from .time_split import decode_series, decode_summary
@@ -204,10 +208,46 @@ def cumulative_stats(session) -> dict:
 
 
 def append_jsonl(path, stats: dict) -> None:
-    """Append ``stats`` to the JSON-lines file ``path`` (folder created)."""
+    """Append ``stats`` as one line to the JSON-lines file ``path`` (folder created): one ``write`` of the
+    whole line, and on any failure (a full disk, a file size limit) the file is cut back to where it was, so
+    it stays parseable line by line. A last line left unterminated by an older writer is ended first.
+
+    Raises:
+        OSError: the line could not be written (the file is as before).
+    """
+    line = (json.dumps(clean_json(stats)) + "\n").encode()
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(stats) + "\n")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            line = b"\n" + line
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def check_writable(path) -> None:
+    """Raise OSError naming ``path`` when an output file (stats, route log) could not be written there (its folder cannot be
+    created or written): checked before a run, not after it."""
+    path = Path(path)
+    d = path.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise OSError(f"cannot write {path}: {d} is not a folder; choose another path")
+    if path.is_dir():
+        raise OSError(f"cannot write {path}: it is a folder; give a file name")
+    target = path if path.exists() else d
+    if not os.access(target, os.W_OK):
+        raise OSError(f"cannot write {path}: {target} is not writable; choose another path")
 
 
 def stats_frame(runs: list[dict]):
@@ -217,4 +257,5 @@ def stats_frame(runs: list[dict]):
     return pd.DataFrame([{k: v for k, v in r.items() if k != "slot_classes"} for r in runs])
 
 
-__all__ = ["COUNTERS", "counters", "run_stats", "batch_stats", "cumulative_stats", "memory_parts", "append_jsonl", "stats_frame"]
+__all__ = ["COUNTERS", "counters", "run_stats", "batch_stats", "cumulative_stats", "memory_parts", "append_jsonl",
+           "check_writable", "stats_frame"]

@@ -227,6 +227,9 @@ class Session:
         self.read_segment_bytes, self.read_rate_limit = o.read_segment_bytes, o.read_rate_limit
         self.route_log_path = Path(route_log) if route_log else None
         self.stats_file = Path(stats_file) if stats_file else None
+        for out in (self.stats_file, self.route_log_path):
+            if out is not None:
+                run_stats.check_writable(out)  # before the model loads, not after a generation
         self.auto_budget, self.budget_bytes = _resolve_budget(ram_budget, arena_bytes, lay, o.paged)
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._pager: Pager | None = None

@@ -86,6 +86,9 @@ class SynthSpec:
 PRESETS: dict[str, SynthSpec] = {
     # Qwen3-30B-A3B: 48 layers, 128 experts, top-8, n_embd 2048, expert n_ff 768, 32 q / 4 kv heads of 128
     "qwen3-30b-a3b": SynthSpec("qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768, name="synthetic Qwen3-30B-A3B"),
+    # seed 002's Qwen3.6-35B-A3B shape (moe-stream's model): 40 layers x 256 experts, top-8, expert n_ff 512
+    # (Q4_K: 1.69 MiB per expert, 16.9 GiB routed, 17.9 GiB in all); written with skewed routing by default
+    "qwen35-a3b": SynthSpec("qwen3moe", 40, 2048, 32, 4, 128, 256, 8, 512, name="synthetic Qwen3.6-35B-A3B"),
     # Laguna-S class: layer 0 dense, layers 1-39 Q4_K experts (5.06 MiB), 40-47 BF16 experts (18 MiB)
     "laguna-s": SynthSpec("dots1", 48, 3072, 24, 24, 128, 256, 10, 1024, n_ff_dense=8192, n_dense_lead=1,
                           late_expert_type="BF16", n_late_layers=8, name="synthetic Laguna-S"),
@@ -163,8 +166,12 @@ def _make_unaligned(s: SynthSpec) -> SynthSpec:
     raise ValueError(f"n_embd {s.n_embd}: every Q8_0 expert slice is a multiple of 4096 bytes; use a smaller n_embd")
 
 
+PRESET_ROUTING = {"qwen35-a3b": "skewed"}
+"""Presets written with skewed routing unless ``routing=`` says otherwise (the others: uniform)."""
+
+
 def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = False, progress: bool = True,
-               routing: str = "uniform", **overrides) -> dict:
+               routing: str | None = None, **overrides) -> dict:
     """Write a synthetic MoE GGUF to ``path``.
 
     Args:
@@ -174,7 +181,8 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
             logits are not meaningful); the default writes real random bytes.
         routing: ``"uniform"`` (random routers: no popularity skew, reuse only by chance) or
             ``"skewed"`` (token embeddings and routers written so that routing has per-layer popularity
-            skew and reuse like a real MoE; see :mod:`epqlab.models.routing_profile`).
+            skew and reuse like a real MoE; see :mod:`epqlab.models.routing_profile`); None: the preset's
+            (:data:`PRESET_ROUTING`, else uniform).
         **overrides: any :class:`SynthSpec` field, e.g. ``n_layer=96`` to make a ~30 GB file, or any
             :class:`~epqlab.models.routing_profile.RoutingProfile` field (``zipf``, ``token_std``,
             ``embd_scale``) with ``routing="skewed"``.
@@ -194,6 +202,8 @@ def synthesize(path: str | os.PathLike, preset: str = "tiny", *, sparse: bool = 
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if routing is None:
+        routing = PRESET_ROUTING.get(preset, "uniform")
     if routing not in ROUTINGS:
         raise ValueError(f"unknown routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
     rknobs = {f.name for f in fields(RoutingProfile)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..routes import report as routes_report
-from ..studies import probe_report, strict_report
+from ..studies import batching_report, probe_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
 from ..studies.ablation import topk_report
 from ..units import fmt_bytes
@@ -111,9 +111,24 @@ def memory_levels(doc: dict) -> str:
     return "\n\n".join(["**Runs under a hard memory limit.**", t, strict_report.reading(df)])
 
 
+def batching(doc: dict) -> str:
+    """06: one row per (memory point, batch size), the speculation table, and
+    :func:`epqlab.studies.batching_report.reading`."""
+    df = _frame(doc["rows"], doc.get("parameters"))
+    parts = ["**Several sequences per forward pass.**", table(df, batching_report.COLUMNS)]
+    spec = doc.get("speculation") or {}
+    if spec.get("table"):
+        st = pd.DataFrame(spec["table"])
+        parts += ["**Prompt-lookup speculation on the held-out texts.**", table(st, {c: c for c in st.columns})]
+    sp = pd.DataFrame(spec["rows"]) if spec.get("rows") else None
+    uk = pd.DataFrame(doc["union_k"]) if doc.get("union_k") else None
+    parts.append("\n".join(f"- {s}" for s in batching_report.reading(df, sp, doc.get("draft_reads"), uk)))
+    return "\n\n".join(parts)
+
+
 # study folder -> renderer; the folder name is also the notebook's name and the paper's file name
 STUDIES = {"01_io_probe": io_probe, "02_route_overlap": route_overlap, "03_least_stale": least_stale,
-           "04_topk": topk, "05_memory_levels": memory_levels}
+           "04_topk": topk, "05_memory_levels": memory_levels, "06_batching": batching}
 
 
 def study_of(doc: dict) -> str | None:
@@ -133,7 +148,9 @@ def study_of(doc: dict) -> str | None:
         return "01_io_probe"
     if "simulation" in doc and "union" in doc:
         return "02_route_overlap"
+    if {"batch", "union_per_layer"} <= cols:
+        return "06_batching"
     return None
 
 
-__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels"]
+__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels", "batching"]

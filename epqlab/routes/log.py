@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RouteLogError
+from ..results import atomic_path
 
 
 REQUIRED = ("experts", "layers", "phase", "expert_bytes", "n_expert")  # arrays every route-log NPZ holds
@@ -121,14 +122,17 @@ class RouteLog:
     # ----------------------------------------------------------------------------------- I/O
     def save(self, path: str | os.PathLike) -> None:
         """Write the NPZ of docs/DESIGN.md §6 (``meta`` as a JSON string; ``ubatch`` when known), creating
-        the folder. As with :func:`numpy.savez`, ``.npz`` is appended to a path without it."""
+        the folder, whole or not at all (:func:`epqlab.results.atomic_path`). As with :func:`numpy.savez`,
+        ``.npz`` is appended to a path without it."""
         arrays = dict(experts=self.experts, layers=self.layers, phase=self.phase, expert_bytes=self.expert_bytes,
                       n_expert=np.int64(self.n_expert), meta=np.array(json.dumps(self.meta)))
         if self.ubatch is not None:
             arrays["ubatch"] = self.ubatch
-        parent = os.path.dirname(os.path.abspath(os.fspath(path)))
-        os.makedirs(parent, exist_ok=True)
-        np.savez(path, **arrays)
+        path = os.fspath(path)
+        if not path.endswith(".npz"):
+            path += ".npz"
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RouteLog":

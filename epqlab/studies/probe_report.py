@@ -10,7 +10,7 @@ from ..errors import NotGGUFError, NotMoEError
 from ..layout import inspect
 from ..paging.probe import (DEFAULT_REQUEST_BYTES, REFERENCE_EXPERT_BYTES, flatten_concurrency, rows_of_size, size_label,
                             summarize)
-from ..results import run_info, save_figures, write_json
+from ..results import run_info, save_csv, save_figures, write_json
 from ..units import fmt_bytes
 
 
@@ -171,7 +171,7 @@ def save_probe_results(df, out_dir: str | os.PathLike, run_name: str, *, paramet
     ``summary_line``, ``reading`` (Markdown) and the file names ``csv`` and ``figures``."""
     out_dir = Path(out_dir)
     csv = f"{run_name}.csv"
-    df.to_csv(out_dir / csv, index=False)
+    save_csv(df, out_dir / csv)
     result = to_json(df)
     result.update({
         "notebook": "01_io_probe", "run_name": run_name, "python": sys.executable, "elapsed_s": float(elapsed_s),

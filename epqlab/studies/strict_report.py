@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..results import run_info, write_json
+from ..results import run_info, save_csv, save_figure, write_json
 from ..units import fmt_bytes
 
 
@@ -155,12 +155,12 @@ def save(df, results_dir, name: str = "strict", figure: bool = True, extra: dict
     doc = to_json(df)
     doc.update(extra or {})
     write_json(doc, paths["json"])
-    df.drop(columns=["tokens"], errors="ignore").to_csv(paths["csv"], index=False)
+    save_csv(df.drop(columns=["tokens"], errors="ignore"), paths["csv"])
     if figure:
         import matplotlib.pyplot as plt
 
         fig = plot(df)
         paths["png"] = d / f"{name}.png"
-        fig.savefig(paths["png"], dpi=110, bbox_inches="tight")
+        save_figure(fig, paths["png"])
         plt.close(fig)
     return {k: str(v) for k, v in paths.items()}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from ...results import save_figure
 
 GROUPS = ("stale_left", "current_left", "stale_right", "current_right")
 
@@ -64,7 +65,7 @@ def figures(df, out_dir, prefix: str = "") -> list[str]:
 
 def _save(fig, path: Path) -> str:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -24,7 +24,7 @@ import numpy as np
 from ...constants import EVICTION_GROUPS
 from ...engine.run_stats import WARMUP_PASSES, pass_rates
 from ...layout import ModelLayout
-from ...results import run_info, write_json
+from ...results import run_info, save_csv, write_json
 from ...units import fmt_bytes, parse_bytes
 from ...paging.pager import Pager
 
@@ -186,7 +186,7 @@ def save(df, out_dir, stem: str, meta: dict | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv, js = out / f"{stem}.csv", out / f"{stem}.json"
-    df.to_csv(csv, index=False)
+    save_csv(df, csv)
     meta = dict(meta or {})
     meta.setdefault("run", run_info(df.attrs.get("model")))
     write_json({**meta, "rows": df.to_dict(orient="records")}, js)

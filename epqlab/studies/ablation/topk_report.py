@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from ...results import run_info
+from ...results import run_info, save_csv, save_figure
 from ...results import write_json
 
 # Columns of the speed/I/O summary this report reads (names of epqlab.studies.ablation.grid.summarize).
@@ -186,17 +186,17 @@ def save(df, results_dir, name: str = "topk", skip=None, figure: bool = True, ex
     doc = to_json(df, skip)
     doc.update(extra or {})
     write_json(doc, paths["json"])
-    df.to_csv(paths["csv"], index=False)
-    pd.DataFrame(df.attrs.get("divergence", [])).to_csv(paths["divergence_csv"], index=False)
+    save_csv(df, paths["csv"])
+    save_csv(pd.DataFrame(df.attrs.get("divergence", [])), paths["divergence_csv"])
     if skip is not None:
         paths["skip_cold_csv"] = d / f"{name}_skip_cold.csv"
-        skip.to_csv(paths["skip_cold_csv"], index=False)
+        save_csv(skip, paths["skip_cold_csv"])
     if figure:
         import matplotlib.pyplot as plt
 
         fig = plot(df, skip)
         paths["png"] = d / f"{name}.png"
-        fig.savefig(paths["png"], dpi=110, bbox_inches="tight")
+        save_figure(fig, paths["png"])
         plt.close(fig)
     return {k: str(v) for k, v in paths.items()}
 

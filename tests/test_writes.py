@@ -1,0 +1,77 @@
+"""Writes that never corrupt (epqlab.results.atomic_path, engine.run_stats.append_jsonl): a JSON-lines stats file
+stays parseable line by line when the disk fills mid-line, results and figures are whole or absent, and an
+output path that cannot be written is refused before the model loads."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import epqlab
+
+CHILD = r"""
+import json, resource, signal, sys
+from pathlib import Path
+from epqlab.engine.run_stats import append_jsonl
+from epqlab.results import write_json
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # past the limit write() fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))  # a "disk" of 600 bytes per file
+p = Path(sys.argv[1])
+append_jsonl(p / "runs.jsonl", {"run": 1, "pad": "a" * 100})
+try:
+    append_jsonl(p / "runs.jsonl", {"run": 2, "pad": "b" * 2000})
+    print("no error")
+except OSError as e:
+    print("refused", e.errno)
+append_jsonl(p / "runs.jsonl", {"run": 3})
+write_json({"x": 1}, p / "small.json")
+try:
+    write_json({"x": "y" * 5000}, p / "small.json")
+except OSError as e:
+    print("json refused", e.errno)
+"""
+
+
+def test_full_disk_leaves_whole_lines_and_files(tmp_path):
+    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused 27" in r.stdout and "json refused 27" in r.stdout  # EFBIG
+    lines = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert [json.loads(x)["run"] for x in lines] == [1, 3]  # the cut line was taken back; nothing glued on
+    assert json.loads((tmp_path / "small.json").read_text()) == {"x": 1}  # the old file, whole
+    assert not list(tmp_path.glob(".*.part"))  # no temporary left behind
+
+
+def test_unterminated_line_of_an_older_writer_is_ended(tmp_path):
+    from epqlab.engine.run_stats import append_jsonl
+
+    f = tmp_path / "old.jsonl"
+    f.write_text('{"run": 0}\n{"run": 1, "cut')
+    append_jsonl(f, {"run": 2})
+    assert f.read_text().splitlines()[-1] == '{"run": 2}'
+
+
+def test_unwritable_output_is_refused_before_loading(tmp_path, mini_gguf):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    with pytest.raises(OSError, match="is not a folder"):
+        epqlab.Session(mini_gguf, stats_file=f / "s.jsonl")
+    with pytest.raises(OSError, match="is a folder"):
+        epqlab.Session(mini_gguf, route_log=tmp_path)
+
+
+def test_read_only_folder_is_refused_before_loading(tmp_path, mini_gguf):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if __import__("os").access(ro, __import__("os").W_OK):
+            pytest.skip("running as a user that can write read-only folders")
+        with pytest.raises(OSError, match="not writable"):
+            epqlab.Session(mini_gguf, stats_file=ro / "s.jsonl")
+        with pytest.raises(OSError, match="not writable"):
+            epqlab.Session(mini_gguf, route_log=ro / "r.npz")
+    finally:
+        ro.chmod(0o700)
