@@ -17,6 +17,7 @@ from __future__ import annotations
 # I/O probe (epqlab._pager_core) never need them (docs/DESIGN.md, "Native modules").
 from .errors import (
     ArenaTooSmall,
+    BudgetTooLargeError,
     EpqlabError,
     LlamaCppError,
     ModelChangedError,
@@ -63,7 +64,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ArenaTooSmall", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
+    "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
     "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "fmt_bytes", "parse_bytes", "__version__",
 ]

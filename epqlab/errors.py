@@ -39,6 +39,11 @@ class PagerIOError(EpqlabError, OSError):
     """A read of expert bytes failed or came back short; names the file, offset and errno."""
 
 
+class BudgetTooLargeError(EpqlabError, ValueError):
+    """``ram_budget`` is more than the machine (its memory cgroup, or MemAvailable) can give this process: the
+    kernel would kill it once the arena fills. The message names the numbers and what ``"auto"`` would choose."""
+
+
 class ModelChangedError(EpqlabError, OSError):
     """The model file changed on disk (size, mtime or inode) while a Session had it open; decoding
     would mix old and new bytes. Reopen the Session."""

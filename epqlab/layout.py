@@ -477,6 +477,12 @@ def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: i
         bad("expert_count", n_exp, f"at most {LLAMA_MAX_EXPERTS}")
     if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
         bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
+    # a per-layer array is checked element by element: its largest value passing above says nothing of a 0
+    # or a negative one (llama.cpp segfaults on 0 and asserts n_expert_used_max <= n_expert on -1)
+    for key, lo, hi in (("expert_used_count", 1, n_exp), ("expert_count", 0, LLAMA_MAX_EXPERTS)):
+        least = hp(key, 1, low=True)
+        if n_exp > 0 and least < lo:
+            bad(key, f"{least} in its per-layer array", f"every layer's value in {lo}..{hi}")
     if n_exp == 0 and n_expert_used:
         bad("expert_used_count", n_expert_used, "0 for a model without experts")
     groups, used = hp("expert_group_count"), hp("expert_group_used_count")
@@ -494,13 +500,13 @@ def _inspect(path: Path) -> ModelLayout:
     name = str(_field_value(reader, "general.name") or (SPLIT_NAME_RE.match(path.name)["prefix"] if len(shards) > 1 else path.stem))
     alignment = int(_field_value(reader, "general.alignment") or 32)
 
-    def hp(key, default=0):
+    def hp(key, default=0, low=False):
         # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
-        # largest value any layer uses.
+        # largest value any layer uses (low=True: the smallest, for the range checks)
         v = _field_value(reader, f"{arch}.{key}")
         try:
             if isinstance(v, (list, tuple)):
-                return max((int(x) for x in v), default=default)
+                return (min if low else max)((int(x) for x in v), default=default)
             return int(v) if v is not None else default
         except (TypeError, ValueError, OverflowError):
             raise NotGGUFError(f"{path}: {arch}.{key} is {str(v)[:80]!r}, not an integer: the file is corrupt or "

@@ -64,7 +64,11 @@ def write_moe(path, layers: list[LayerSpec], n_expert=8, n_expert_used=2, n_laye
         w.add_custom_alignment(alignment)
     w.add_block_count(n_layer)
     w.add_expert_count(n_expert)
-    w.add_expert_used_count(n_expert_used)
+    if isinstance(n_expert_used, (list, tuple)):  # a per-layer array, as llama.cpp's loader also reads
+        w.add_array(f"{arch}.expert_used_count", [int(x) for x in n_expert_used])
+        n_expert_used = max(n_expert_used)
+    else:
+        w.add_expert_used_count(n_expert_used)
     w.add_embedding_length(layers[0].n_embd)
     out = Written(path, n_expert, n_expert_used, n_layer)
     emb = rng.standard_normal((16, layers[0].n_embd)).astype(np.float32)

@@ -69,3 +69,14 @@ def test_default_budget_turns_auto_when_the_model_does_not_fit(default_model_pat
                                                                  available=100 * size, margin=0))
     with epqlab.Session(default_model_path, n_threads=1, n_ctx=256) as s:  # fits: all experts, no budget
         assert s.budget_bytes is None and s.auto_budget is None
+
+
+def test_budget_above_the_machine_is_refused(monkeypatch, mini_gguf):
+    """A cgroup with 2 GiB of headroom, this process holding 0.5 GiB: a budget of 1 TiB (or 2.6 GiB) would be
+    killed by the kernel once the arena fills, so the Session refuses it with the numbers and the auto value
+    (2.5 GiB available - 256 MiB margin); 2.4 GiB passes the check."""
+    _fake(monkeypatch, 10 * GiB, (2 * GiB, "cgroup-v1"), GiB // 2)
+    for budget in ("1TiB", int(2.6 * GiB)):
+        with pytest.raises(epqlab.BudgetTooLargeError, match=r"2\.50 GiB available \(cgroup-v1.*'auto' \(2\.25 GiB"):
+            epqlab.Session(mini_gguf, ram_budget=budget, n_threads=1)
+    ab.check_budget(int(2.4 * GiB))  # below what is available: no error

@@ -136,6 +136,10 @@ def f(tmp_path_factory, tiny_gguf):
         fh.write(bytes(32))  # so the moved tensor still ends inside the file
     edited("badkey", lambda r: r.fields["llama.expert_count"].parts[1].__setitem__(0, 0xFF))  # not UTF-8
     edited("badtype", lambda r: r.fields["llama.expert_count"].parts[2].__setitem__(0, 77))  # no such value type
+    # per-layer top-k arrays with a 0 or a negative entry (their max passes; llama.cpp segfaults / aborts)
+    for tag, arr in (("topk_arr0", [2, 0, 2]), ("topk_arr_neg", [2, -1, 2])):
+        write_moe(d / f"{tag}.gguf", [LayerSpec(i, "Q8_0", 64, 32) for i in range(3)], n_expert=8, n_expert_used=arr)
+        out[tag] = d / f"{tag}.gguf"
     # a tensor in two shards: shard 2 of a split that also put token_embd there replaces shard 2
     out["split_dup"] = split_gguf(small, d / "dup", 2)[0]
     split_gguf(small, d / "dupx", 2, shard_of=lambda i, name: 1 if name == "token_embd.weight" or name.startswith("blk.1.") else 0)
@@ -209,6 +213,9 @@ ROWS = [
     ("top-k 0", I("topk0"), NotGGUFError, "expert_used_count is missing or 0"),
     ("top-k above experts", I("topk9"), NotGGUFError, "expert_used_count is 9, but llama.cpp needs 1..8"),
     ("Session top-k 0", S("topk0"), NotGGUFError, "expert_used_count is missing or 0"),
+    ("per-layer top-k with a 0", I("topk_arr0"), NotGGUFError, "expert_used_count is 0 in its per-layer array"),
+    ("per-layer top-k with -1", I("topk_arr_neg"), NotGGUFError, "expert_used_count is -1 in its per-layer array"),
+    ("Session per-layer top-k 0", S("topk_arr0"), NotGGUFError, "every layer's value in 1..8"),
     ("tensor data not packed", I("gap"), NotGGUFError, "but the tensors before it in the header end at"),
     ("key not UTF-8", I("badkey"), NotGGUFError, "header is corrupt"),
     ("unknown value type", I("badtype"), NotGGUFError, "header is corrupt"),

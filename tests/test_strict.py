@@ -73,7 +73,7 @@ def too_small(model):
     budget that works with the default reserve, parsed from the ArenaTooSmall message."""
     df = strict.run(model, [LEVEL], n_predict=4, repeats=1, reserve="1GiB", n_ctx=256)
     r = df.iloc[0]
-    m = re.search(r"smallest budget that works is (\d+) bytes", str(r["reason"]))
+    m = re.search(r"that is (\d+) bytes as measured now", str(r["reason"]))  # the quote less its margin
     smallest = int(m.group(1)) - 2**30 + DEFAULT_RESERVE if m else None
     return r, smallest
 

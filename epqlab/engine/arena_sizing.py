@@ -13,6 +13,11 @@ from ..paging.pager import Pager
 from ..units import fmt_bytes, parse_bytes
 
 
+QUOTE_MARGIN_MIN = 32 * 2**20  # bytes added to the smallest budget an ArenaTooSmall quotes ...
+QUOTE_MARGIN_FRACTION = 0.10  # ... or this share of what the process held, whichever is larger
+"""The quote must open when passed back: a later Session in the same process (or a fresh one) holds more
+before its arena (libllama's and the heap's growth after a first load, measured 140 -> 156 MiB over five tries
+on the tiny model), so the smallest budget is quoted with this margin, rounded up to a MiB."""
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type, f16 (llama_context_params.type_k / type_v)
 
 
@@ -62,7 +67,8 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
 
     Raises:
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is used; the
-            message states the smallest budget that works.
+            message states the smallest budget that works, with a margin (:data:`QUOTE_MARGIN_MIN`,
+            :data:`QUOTE_MARGIN_FRACTION`) so that passing it back opens.
     """
     all_bytes = Pager.all_experts_bytes(lay)
     bounce = (io_threads + 1) * Pager.bounce_bytes() if io_threads else 0
@@ -77,7 +83,9 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
         arena -= stage
     need = Pager.min_arena_bytes(lay, k)
     if arena < need:
-        smallest = used_before_arena + reserve + bounce + Pager.max_stage_bytes(lay) + need
+        exact = used_before_arena + reserve + bounce + Pager.max_stage_bytes(lay) + need
+        margin = max(QUOTE_MARGIN_MIN, int(QUOTE_MARGIN_FRACTION * used_before_arena))
+        smallest = -(-(exact + margin) // 2**20) * 2**20
         kv = kv_cache_bytes(lay, n_ctx, n_seq) if n_ctx else None
         kv_s = (f"KV cache {fmt_bytes(kv)} for {n_seq} sequence{'s' if n_seq > 1 else ''} x {n_ctx} tokens"
                 if kv is not None else "KV cache")
@@ -88,7 +96,8 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
             f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, the read buffers {fmt_bytes(bounce)}, "
             f"and one layer's top-{k} experts "
             f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
-            f"({fmt_bytes(smallest)}); or lower n_ctx / n_seq_max / reserve / expert_used.")
+            f"({fmt_bytes(smallest)}; that is {exact} bytes as measured now plus a margin of {fmt_bytes(margin)} "
+            f"for the growth of a later load); or lower n_ctx / n_seq_max / reserve / expert_used.")
     return ArenaPlan(arena, stage, bounce)
 
 

@@ -53,13 +53,18 @@ def _prefetch_header(lay: ModelLayout) -> None:
 
 def _resolve_budget(ram_budget, arena_bytes, lay: ModelLayout, paged: bool):
     """``(AutoBudget or None, budget bytes or None)``: ``"auto"``, and None for a paged model larger than
-    what auto allows, take :func:`epqlab.memory.auto_budget.auto_budget`'s rule."""
+    what auto allows, take :func:`epqlab.memory.auto_budget.auto_budget`'s rule; a budget given in bytes must
+    fit the machine (:func:`~epqlab.memory.auto_budget.check_budget`: BudgetTooLargeError)."""
     if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto" or (
             ram_budget is None and arena_bytes is None and paged):
         ab = budget_rule.auto_budget()
         if ram_budget is not None or sum(os.path.getsize(f) for f in lay.files) > ab.budget:
             return ab, ab.budget
-    return None, parse_bytes(ram_budget) if ram_budget is not None else None
+    if ram_budget is None:
+        return None, None
+    budget = parse_bytes(ram_budget)
+    budget_rule.check_budget(budget)
+    return None, budget
 
 
 def _open_engine(lay: ModelLayout, o: Options, record: bool):
@@ -70,6 +75,7 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool):
 
     names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
     files = [str(f) for f in lay.files] if lay.n_files > 1 else []
+    core.malloc_release()  # an earlier load's freed heap must not count as in use, nor be reused unseen
     before, io0, m0 = sample(), read_bytes(), core.malloc_bytes()
     t0 = time.perf_counter()
     if o.dense_weights != "mmap":
@@ -92,6 +98,7 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool):
         # the hook's own float32 copy is made before the budget's sample, so it is counted
         engine.set_predictor(o.predictor.W, o.predictor.b)
     after = sample()
+    # malloc'd but not yet touched (not in RSS yet, but it will be): what malloc handed out beyond the RSS growth
     untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
     return engine, load_s, report, after.total + untouched
 

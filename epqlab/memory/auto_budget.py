@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BudgetTooLargeError
 from .limits import _mounts
 from .usage import sample
 from ..units import fmt_bytes
@@ -106,6 +107,22 @@ def mem_available() -> int:
     raise OSError("/proc/meminfo has no MemAvailable line (Linux >= 3.14 has one)")
 
 
+def check_budget(budget: int) -> None:
+    """Refuse a ``ram_budget`` above what this machine can give the process: min(memory-cgroup headroom,
+    MemAvailable) + what the process already holds, the ``available`` of :func:`auto_budget` (the same
+    numbers, without the margin).
+
+    Raises:
+        BudgetTooLargeError: naming the budget, what is available and from where, and the ``"auto"`` value.
+    """
+    ab = auto_budget()
+    if budget > ab.available:
+        raise BudgetTooLargeError(
+            f"ram_budget {fmt_bytes(budget)} is more than this machine can give this process: "
+            f"{fmt_bytes(ab.available)} available ({ab.source}, this process included); the kernel would kill it "
+            f"once the arena fills. Pass a smaller budget, or ram_budget='auto' ({fmt_bytes(ab.budget)} here).")
+
+
 def auto_budget() -> AutoBudget:
     """The budget of the module docstring's rule, for a Session about to open in this process."""
     avail, source = mem_available(), "MemAvailable"
@@ -117,4 +134,4 @@ def auto_budget() -> AutoBudget:
     return AutoBudget(max(0, avail - margin), source, avail, margin)
 
 
-__all__ = ["AutoBudget", "auto_budget", "cgroup_headroom", "mem_available", "AUTO_MARGIN_MIN", "AUTO_MARGIN_FRACTION"]
+__all__ = ["AutoBudget", "auto_budget", "check_budget", "cgroup_headroom", "mem_available", "AUTO_MARGIN_MIN", "AUTO_MARGIN_FRACTION"]

@@ -74,6 +74,8 @@ static std::string take_errors() {
 
 void engine_set_verbose(bool verbose) { g_verbose = verbose; }
 
+bool malloc_release() { return malloc_trim(0) != 0; }
+
 int64_t malloc_bytes() {
     struct mallinfo2 mi = mallinfo2();
     return (int64_t) (mi.uordblks + mi.hblkhd);

@@ -112,4 +112,8 @@ private:
 // Bytes malloc has handed out (arena + mmapped chunks), from mallinfo2: counts buffers llama
 // allocated but has not touched yet, which RSS does not.
 int64_t malloc_bytes();
+// Returns the free memory of malloc's heap to the system (glibc malloc_trim(0)), so that RSS counts only
+// what is in use and a later allocation that reuses the heap shows as growth: the budget's sample before a
+// load is then not inflated by an earlier load's freed heap.
+bool malloc_release();
 void    engine_set_verbose(bool verbose);

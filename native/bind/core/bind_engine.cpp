@@ -60,6 +60,7 @@ void register_engine(py::module_ & m) {
     m.attr("MAX_PREFETCH_DEPTH") = expert_hook::kMaxDepth;
     m.attr("MAX_FIT_DEPTH") = expert_hook::kMaxFitDepth;
     m.def("malloc_bytes", &malloc_bytes, "bytes handed out by malloc (mallinfo2 uordblks + hblkhd)");
+    m.def("malloc_release", &malloc_release, "return malloc's free heap memory to the system (malloc_trim(0))");
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
     m.def("lazy_load_check", [] { return lazy_load_check(); },
           "empty string when libllama's mmap/posix_madvise relocations can be redirected, else the reason");
