@@ -43,7 +43,7 @@ def run_row(model, limit, b, n, session_kw, workdir: Path, tag: str) -> dict:
     cmd = [sys.executable, "-m", "epqlab.studies.batching_child", str(sp), str(op)]
     lim = run_limited(cmd, limit or 2**40, mode=None if limit else "sampled", timeout_s=3600)
     out = json.loads(op.read_text()) if op.is_file() else {"status": "FAIL", "reason": lim.reason or lim.stderr[-300:]}
-    out["limit_mode"], out["cgroup_peak"] = lim.mode, lim.as_dict().get("cgroup_peak")
+    out["limit_mode"], out["cgroup_peak"], out["killed"] = lim.limit_mode, lim.cgroup_peak, lim.killed
     return out
 
 

@@ -187,3 +187,27 @@ def test_batching_notebook(tmp_path, default_model_path):
     out = write_papers(tmp_path / "results", tmp_path / "papers")
     text = (tmp_path / "papers" / "06_batching.md").read_text()
     assert "Several sequences per forward pass" in text and "Prompt-lookup" in text
+
+
+def test_four_sequences_inside_a_cgroup_of_their_budget(tmp_path, default_model_path):
+    """epqlab.studies.batching_child (one bench row) in a memory cgroup of ram_budget + 16 MiB: a Session with
+    4 KV streams (all inside the budget) decodes 4 teacher-forced sequences and stays under the limit."""
+    import json
+    import sys
+
+    from epqlab.memory import limits
+
+    if limits.cgroup_unavailable_reason() is not None:
+        pytest.skip(f"no writable memory cgroup here: {limits.cgroup_unavailable_reason()}")
+    budget = 420 * 2**20
+    spec = {"model": str(default_model_path), "ram_budget": budget, "batch": 4, "n_predict": 6,
+            "teacher_forced": True, "prompt_tokens": 16, "session_kw": {"n_threads": 1, "n_ctx": 256}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    lim = limits.run_limited([sys.executable, "-m", "epqlab.studies.batching_child", str(tmp_path / "spec.json"),
+                              str(tmp_path / "out.json")], budget + 16 * 2**20, timeout_s=600)
+    assert not lim.killed and lim.returncode == 0, (lim.reason, lim.stderr[-2000:])
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["status"] == "PASS", out.get("reason")
+    assert out["row"]["mean_batch"] == 4 and out["row"]["n_gen"] == 24
+    assert out["memory"]["budget"] == budget and 0 < out["arena_bytes"] < budget
+    assert lim.cgroup_peak is not None and lim.cgroup_peak <= budget + 16 * 2**20

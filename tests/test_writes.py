@@ -75,3 +75,28 @@ def test_read_only_folder_is_refused_before_loading(tmp_path, mini_gguf):
             epqlab.Session(mini_gguf, route_log=ro / "r.npz")
     finally:
         ro.chmod(0o700)
+
+
+def test_messages_not_tracebacks(tmp_path, mini_gguf, capsys):
+    """A lone surrogate, an empty route log, a study reading with no steady-state passes: each a message."""
+    import numpy as np
+    import pandas as pd
+
+    from epqlab.cli import main
+    from epqlab.engine.completion import check_messages
+    from epqlab.routes import RouteLog
+    from epqlab.studies.ablation.eviction_report import reading
+
+    with epqlab.Session(mini_gguf, n_threads=1, n_ctx=256) as s:
+        with pytest.raises(ValueError, match="lone surrogate"):
+            s.tokenize("ok \ud800 no")
+    with pytest.raises(ValueError, match=r"messages\[0\]: content is not valid Unicode"):
+        check_messages([{"role": "user", "content": "a\udc00"}])
+    empty = RouteLog(experts=np.zeros((0, 2, 2), np.int32), layers=np.array([0, 1], np.int32),
+                     phase=np.zeros(0, np.uint8), expert_bytes=np.array([1, 1], np.int64), n_expert=8, meta={})
+    empty.save(tmp_path / "empty.npz")
+    assert main(["routes", str(tmp_path / "empty.npz")]) == 1
+    assert "holds no routes" in capsys.readouterr().err
+    df = pd.DataFrame([{"point": "arena 50%", "policy": "lru", "slots": 4, "steady_hit_rate": None,
+                        "replay_equal": True}])
+    assert "n_predict <= warmup" in reading(df)

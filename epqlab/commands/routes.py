@@ -23,6 +23,9 @@ def run(args) -> int:
     import pandas as pd
 
     log = RouteLog.load(args.log)
+    if log.n_tokens == 0:
+        raise RouteLogError(f"{args.log} holds no routes (a Session closed before it decoded anything): record one "
+                            "with Session(route_log=...) and generate or score some text first")
     caps = None
     if args.capacities:
         try:

@@ -310,7 +310,7 @@ class Batcher:
         r.pos = len(r.tokens)
         r.kv_tokens = list(r.tokens)
         self._active[r.seq] = r
-        self._take(r, logits)
+        self._accept(r, self._sample(r, logits))
 
     def _decode_step(self) -> None:
         s, d = self.session, self.session.decoder
@@ -321,16 +321,16 @@ class Batcher:
         c0 = _step_counters(s)
         t0 = time.perf_counter()
         logits = d.decode_step(toks, pos, seqs, self._epoch)
+        picked = [self._sample(r, row) for r, row in zip(rs, logits)]
+        wall = time.perf_counter() - t0  # the forward pass and every sequence's sampling
         for r in rs:
             r.pos += 1
             r.kv_tokens.append(r.next_token)
             r.steps += 1
             r.step_tokens += len(rs)
-        for r, row in zip(rs, logits):
-            self._take(r, row)
-        wall = time.perf_counter() - t0
-        for r in rs:
             r.step_s += wall
+        for r, tok in zip(rs, picked):
+            self._accept(r, tok)
         c1 = _step_counters(s)
         union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
         self.steps_total += 1
@@ -340,19 +340,23 @@ class Batcher:
             "union_mean": float(np.mean(union)) if union else 0.0,
             **{k: c1[k] - c0[k] for k in ("requests", "hits", "misses", "staged_layers")}})
 
-    def _take(self, r: Request, logits) -> None:
-        """Sample ``r``'s next token from its logits row; emit its text; finish it or queue the token."""
-        d = self.session.decoder
+    def _sample(self, r: Request, logits) -> int | None:
+        """``r``'s next token from its logits row (its sampler, or the forced text); None when it ends here
+        (the forced text is used up)."""
         if r.logits is not None:
             r.logits.append(np.array(logits, np.float32, copy=True))
         if r.forced is not None:
-            if len(r.out) >= r.n_predict:
-                return self._finish(r, "length")
-            tok = r.forced[len(r.out)]
-        else:
-            tok = r.sampler.sample(logits)
-            if d.is_eog(tok):
-                return self._finish(r, "stop")
+            return r.forced[len(r.out)] if len(r.out) < r.n_predict else None
+        return r.sampler.sample(logits)
+
+    def _accept(self, r: Request, tok: int | None) -> None:
+        """Emit ``tok``'s text; finish ``r`` (end of generation, a stop string, its limit, a full context) or
+        queue the token for the next step."""
+        d = self.session.decoder
+        if tok is None:
+            return self._finish(r, "length")
+        if r.forced is None and d.is_eog(tok):
+            return self._finish(r, "stop")
         r.out.append(tok)
         r._text += d.piece(tok)
         txt = r._text.decode("utf-8", "ignore")

@@ -242,6 +242,11 @@ def check_messages(messages) -> list[dict]:
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}]: content must be a string (content parts, images and tool calls "
                              f"are not supported), got {type(m.get('content')).__name__}")
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"messages[{i}]: content is not valid Unicode at position {e.start} (a lone "
+                             "surrogate): remove it or pair it") from None
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 

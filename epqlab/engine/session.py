@@ -177,10 +177,11 @@ class Session:
             device of that speed with no burst credit (:attr:`epqlab.Pager.read_rate_limit`); None = the disk as it is.
         read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
             spread over the I/O threads (``None``/0: one read per slice).
-        pipeline_reads: in single-token decode steps, queue a layer's missing experts' reads matrix
-            by matrix in the order the graph computes them, and let each expert matmul wait only
-            for its own matrix, so the later matrices' reads overlap the matmuls before them
-            (``False``: the router's callback reads all of a layer's misses first). Timing only:
+        pipeline_reads: queue a layer's missing experts' reads matrix by matrix in the order the graph
+            computes them, and let each expert matmul wait only for its own matrix, so the later
+            matrices' reads overlap the matmuls before them (decode steps, batch steps and prefill
+            ubatches whose union fits the layer's slots; ``False``: the router's callback reads all
+            of a layer's misses first). Timing only:
             logits, requests, hits and evictions are unchanged. Default ``None``: on unless
             ``skip_cold`` is set (the two are exclusive). bench/bench_overlap.py: 339-379 vs
             427-474 ms/token on an 8.27 GiB synthesized model in a 1.5 GiB cgroup (fast disk);
@@ -299,7 +300,8 @@ class Session:
         positionally the same, ``add_bos`` / ``special`` accepted as names for ``add_special`` /
         ``parse_special``. ``parse_special`` (special-token text such as ``<|im_start|>`` becomes that
         token) defaults to True for str and, as in llama-cpp-python, False for bytes. Raises
-        TypeError for anything but str / bytes, UnicodeDecodeError for bytes that are not UTF-8."""
+        TypeError for anything but str / bytes, UnicodeDecodeError for bytes that are not UTF-8, ValueError for
+        a str with a lone surrogate."""
         self.decoder.check_open()
         if add_bos is not None:
             add_special = add_bos
@@ -311,6 +313,11 @@ class Session:
                 parse_special = False
         elif not isinstance(text, str):
             raise TypeError(f"tokenize takes a str or UTF-8 bytes, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (e.g. "\ud800" from JSON): not text llama.cpp can take
+            raise ValueError(f"the text is not valid Unicode at position {e.start} ({text[e.start:e.end]!r}, a lone "
+                             "surrogate): remove it or pair it") from None
         if parse_special is None:
             parse_special = True
         return list(self.decoder.engine.tokenize(text, bool(add_special), bool(parse_special)))

@@ -436,7 +436,17 @@ void expert_hook::on_topk(ggml_tensor * t) {
     }
     try {
         std::vector<int32_t> staged;
-        const bool queued = pipeline_ && n_tokens == 1 && pg_->request_layer_async(li, ids.data(), k, mm_order_[li]);
+        bool queued = false;
+        if (pipeline_ && n_tokens == 1) {
+            queued = pg_->request_layer_async(li, ids.data(), k, mm_order_[li]);
+        } else if (pipeline_) {
+            // A batch (or prefill) ubatch: its sorted union, as request_layer hands load_layer, so the pager's
+            // requests, hits and evictions are those of the unpipelined load; false when it needs staging.
+            std::vector<int32_t> uni(ids);
+            std::sort(uni.begin(), uni.end());
+            uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+            queued = pg_->request_layer_async(li, uni.data(), (int) uni.size(), mm_order_[li]);
+        }
         if (!queued && !pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
             // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
             mode_[li] = STAGE;

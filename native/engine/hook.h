@@ -79,8 +79,9 @@
 // removed 3 of 145 misses on the skewed 8 GiB model (docs/DESIGN.md §3c, "Oracle"). Prefetch
 // changes only which experts are resident when, never the bytes in the region.
 //
-// Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): for a single-token ubatch the hook requests a
-// layer with pager::request_layer_async, so the misses' reads are queued matrix by matrix in the
+// Pipelined reads (set_pipeline; off here, on by default in epqlab.Session): the hook requests a layer with
+// pager::request_layer_async (a multi-token ubatch, a batch step or a prefill, by its sorted union of experts,
+// as request_layer loads it; one that needs staging is not pipelined), so the misses' reads are queued matrix by matrix in the
 // order the graph computes them (learned from the asks), and each expert matmul's ask waits
 // only for its own matrix (pager::wait_tensor) and is a needed node: ggml computes up to it, so
 // the next matrix's reads overlap this matmul. The bytes each matmul reads are the same.

@@ -77,6 +77,10 @@ def reading(df) -> str:
     steady-state hit rate and its share of Belady's, LRU's and Least-Stale's standing (the claims of
     seed 000 and SpecMD), and decode speed with its I/O-wait share."""
     lines = []
+    if df["steady_hit_rate"].isna().all():
+        lines.append("No steady-state decode passes were measured (n_predict <= warmup): raise n_predict above the "
+                     "warm-up for steady-state hit rates; the lifetime rates are in the table.")
+        return "\n\n".join(lines)
     for point, g in df.groupby("point", sort=False):
         g = g.set_index("policy")
         best = g["steady_hit_rate"].idxmax()
