@@ -35,6 +35,15 @@ def clean_json(x):
     return x
 
 
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path beside ``path`` (same folder, created if missing) to write to; on success it is
@@ -44,6 +53,7 @@ def atomic_path(path: str | os.PathLike):
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".part")
     os.close(fd)
+    os.chmod(tmp, _FILE_MODE)  # as open() would create it (mkstemp makes 0600)
     try:
         yield tmp
         os.replace(tmp, path)

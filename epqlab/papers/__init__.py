@@ -14,6 +14,7 @@ import re
 import shlex
 from pathlib import Path
 
+from ..results import atomic_path
 from .markdown import figure
 from .provenance import NOTEBOOKS, section
 from .studies import STUDIES, study_of
@@ -126,7 +127,8 @@ def write_papers(results_dir: str | os.PathLike, out_dir: str | os.PathLike = "p
                                f"hand (see README.md here to regenerate)."]
         body += [render_run(study, p, out_dir, h) for p, h in items]
         path = out_dir / f"{study}.md"
-        path.write_text("\n\n".join(body))
+        with atomic_path(path) as tmp:  # whole or not at all
+            Path(tmp).write_text("\n\n".join(body))
         written.append(str(path))
     return written
 

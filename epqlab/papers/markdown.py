@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..results import atomic_path
+
 MAX_FIGURE_BYTES = 200_000  # figures committed under papers/ stay below this (bytes)
 
 
@@ -38,10 +40,12 @@ def table(records, columns: dict, floatfmt: str = ".3g") -> str:
 
 
 def _shrink_png(src: Path, dst: Path, max_bytes: int) -> None:
-    """Copy the PNG ``src`` to ``dst``; if it is larger than ``max_bytes``, re-encode it with an adaptive
-    256-colour palette and, if still too large, halve its size until it fits."""
+    """Copy the PNG ``src`` to ``dst``, whole or not at all (:func:`epqlab.results.atomic_path`); if it is larger
+    than ``max_bytes``, re-encode it with an adaptive 256-colour palette and, if still too large, halve its size
+    until it fits."""
     if src.stat().st_size <= max_bytes:
-        shutil.copyfile(src, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
         return
     from PIL import Image
 
@@ -50,7 +54,8 @@ def _shrink_png(src: Path, dst: Path, max_bytes: int) -> None:
         buf = io.BytesIO()
         img.convert("P", palette=Image.Palette.ADAPTIVE, colors=256).save(buf, format="PNG", optimize=True)
         if buf.tell() <= max_bytes or min(img.size) < 200:
-            dst.write_bytes(buf.getvalue())
+            with atomic_path(dst) as tmp:
+                Path(tmp).write_bytes(buf.getvalue())
             return
         img = img.resize((img.width // 2, img.height // 2), Image.Resampling.LANCZOS)
 
