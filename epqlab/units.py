@@ -20,13 +20,17 @@ def parse_bytes(value: int | float | str) -> int:
     bare K/M/G/T) are powers of 1000. Case-insensitive.
 
     Raises:
-        ValueError: unparseable string, a negative, infinite or NaN value, or more than
+        ValueError: unparseable string, a float that is not a whole number (``0.5`` is no byte
+            count), a negative, infinite or NaN value, or more than
             :data:`MAX_BYTES` (2**62: what a signed 64-bit offset can address with room to add).
     """
     if isinstance(value, bool):
         raise ValueError(f"not a byte count: {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"not a byte count: {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"not a byte count: {value!r} is not a whole number of bytes (a fraction of the "
+                         "experts? pass arena sizes as fractions to the sweeps, budgets as bytes or '4GiB')")
     if isinstance(value, (int, float)):
         n = int(value)
     else:

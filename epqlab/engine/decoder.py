@@ -37,11 +37,12 @@ PHASE_PREFILL, PHASE_DECODE = 0, 1
 
 
 def file_identity(paths) -> tuple:
-    """(dev, inode, size, mtime) of each file of the model (every shard of a split one)."""
+    """(dev, inode, size, mtime, ctime) of each file of the model (every shard of a split one). The ctime
+    catches a rewrite that restored the mtime (``touch -r``): only the kernel sets it."""
     out = []
     for p in paths:
         st = os.stat(p)
-        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
 
 
@@ -118,8 +119,8 @@ class Decoder:
             raise ModelChangedError(f"a file of the model {self._files[0]} is gone ({e}); reopen the Session") from None
         if now != self._file_id:
             raise ModelChangedError(
-                f"the model file {self._files[0]} changed on disk since this Session opened it (size, mtime or "
-                "inode differ): its dense weights and experts would mix old and new bytes. Close the Session and "
+                f"the model file {self._files[0]} changed on disk since this Session opened it (size, mtime, ctime "
+                "or inode differ): its dense weights and experts would mix old and new bytes. Close the Session and "
                 "open a new one.")
 
     def chunk_tokens(self, all_logits: bool) -> int:

@@ -1,6 +1,6 @@
 """Models to run and page: the embedded default MoE model and synthetic large models.
 
-- :func:`default_model` builds (once, cached) a 16-expert MoE GGUF from SmolLM2-135M-Instruct.
+- :func:`default_model` builds (once, cached) an 8-expert (top-3) MoE GGUF from SmolLM2-135M-Instruct.
 - :func:`synthesize` writes a random-weight MoE GGUF with real shapes (:data:`PRESETS`).
 - :func:`eval_text` is the evaluation passage (Python Language Reference, PSF License).
 """

@@ -89,7 +89,8 @@ def reading(df) -> str:
                  f"{hi['ssd_mb_per_token']:.2f} MB/token and decode {lo['decode_tok_s']:.2f} -> "
                  f"{hi['decode_tok_s']:.2f} tok/s.")
     if not df["cache_dropped"].all():
-        s.append("The model file could not be dropped from the page cache before every run (tmpfs?): "
+        s.append("The model file could not be dropped from the page cache before every run (its file system "
+                 "keeps it, as tmpfs does, or another process holds it mapped): "
                  "runs did not start cold.")
     return " ".join(s)
 
