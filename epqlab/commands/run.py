@@ -90,6 +90,8 @@ def stats_table(st: dict, session) -> str:
 def run_session(model, args, arena_bytes=None, result: dict | None = None) -> int:
     """Stream one generation with the CLI's session arguments and print its stats; ``result``, when
     given, receives ``text``, ``tokens`` and ``stats``."""
+    if args.n_predict < 0:  # before the model loads, and before the prompt is echoed
+        raise ValueError(f"-n/--n-predict must be >= 0, got {args.n_predict}")
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
@@ -104,10 +106,8 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
         prompt = args.prompt
         if args.chat:
             prompt = s.chat_prompt([{"role": "user", "content": args.prompt}])
-            print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
-        else:
-            print(prompt, end="", flush=True)
-        stream = s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat)
+        stream = s.stream(prompt, args.n_predict, args.temperature, args.seed, add_special=not args.chat)  # checks first
+        print(f"user: {args.prompt}\nassistant: " if args.chat else prompt, end="", flush=True)
         for piece in stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
