@@ -6,7 +6,7 @@ fails here. (The eviction policies, ``POLICIES`` of ``_pager_core``, are checked
 from __future__ import annotations
 
 from epqlab import constants as C
-from epqlab._native import core
+from epqlab.engine.native import core
 
 
 def test_prefetch_modes_agree():

@@ -107,3 +107,26 @@ def test_dropped_client_frees_its_sequence(server, reference):
         time.sleep(0.2)
     assert st["active"] == 0 and st["waiting"] == 0  # the dropped stream's sequence left
     assert proc.poll() is None
+
+
+def test_abandoned_non_streaming_request_stops(server, reference, default_model_path):
+    """A non-streaming client that gives up (a 1 s timeout on a 240-token request that, alone, runs all 240
+    tokens): the server notices the closed connection and frees the sequence at the next step, so far fewer
+    than 240 steps run."""
+    url, proc = server
+    _wait_ready(url, proc)
+    body = {"prompt": PROMPTS[3], "max_tokens": 240, "temperature": 0}
+    with epqlab.Session(default_model_path, pager=False, n_threads=1, n_ctx=256) as s:
+        assert s.create_completion(PROMPTS[3], max_tokens=240, temperature=0)["usage"]["completion_tokens"] == 240
+    steps0 = httpx.get(url + "/v1/epqlab/stats").json()["batch"]["steps"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/completions", timeout=1.0, json=body)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        st = httpx.get(url + "/v1/epqlab/stats").json()["batch"]
+        if st["active"] == 0 and st["waiting"] == 0:
+            break
+        time.sleep(0.1)
+    assert st["active"] == 0 and st["steps"] - steps0 < 150
+    r = httpx.post(url + "/v1/completions", timeout=120, json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and proc.poll() is None

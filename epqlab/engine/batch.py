@@ -16,8 +16,9 @@ keeps its KV cells, and a request whose prompt shares a prefix with them (a chat
 sequence and decodes only the rest; otherwise its cells are freed at once. The math is llama.cpp's: each sequence samples from its own logits row with its own
 sampler chain (:class:`~epqlab.engine.sampling.Sampler`, its own seed).
 
-Prefetch, pipelined reads and skip-cold act on single-token ubatches only (native/engine/hook.h); a step
-of two or more sequences pages its union at each layer's router, as a prefill ubatch does.
+Prefetch and skip-cold act on single-token ubatches only (native/engine/hook.h); a step of two or more
+sequences pages its union at each layer's router, as a prefill ubatch does, with pipelined reads when the union
+fits the layer's slots.
 """
 from __future__ import annotations
 
