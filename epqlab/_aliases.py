@@ -55,12 +55,17 @@ def target(name: str) -> str | None:
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str):
         self.new = new
+        self._spec = None
 
     def create_module(self, spec):
-        return importlib.import_module(self.new)
+        mod = importlib.import_module(self.new)
+        self._spec = mod.__spec__
+        return mod
 
-    def exec_module(self, module):  # the target module ran when it was imported
-        pass
+    def exec_module(self, module):
+        # the target module ran when it was imported; the import system has just set its __spec__ to the
+        # alias's: give it back its own, so that importlib.reload (and IPython's autoreload) reload it
+        module.__spec__ = self._spec
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):
@@ -71,6 +76,13 @@ class AliasFinder(importlib.abc.MetaPathFinder):
         if new is None:
             return None
         mod = importlib.import_module(new)
+        if hasattr(mod, "__path__"):
+            # a package: its submodules already loaded go into sys.modules under the old names too, so that
+            # importing one by its old name finds it there and the import system does not bind the submodule
+            # over a name the package exports (epqlab.ablation.topk must not replace the function topk)
+            for k, m in list(sys.modules.items()):
+                if k.startswith(new + ".") and m is not None:
+                    sys.modules.setdefault(name + k[len(new):], m)
         spec = importlib.util.spec_from_loader(name, _AliasLoader(new), is_package=hasattr(mod, "__path__"))
         if hasattr(mod, "__path__"):
             spec.submodule_search_locations = list(mod.__path__)

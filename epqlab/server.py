@@ -40,6 +40,12 @@ from .engine.time_split import decode_summary
 from .results import clean_json
 
 WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
+# OpenAI / llama-cpp-python fields not supported yet: refused (400) unless sent at their "off" value, never ignored
+UNSUPPORTED = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0), "suffix": (None, ""),
+               "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+               "response_format": (None, {"type": "text"}), "grammar": (None, ""), "logit_bias": (None, {}),
+               "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "best_of": (None, 1),
+               "mirostat_mode": (None, 0), "typical_p": (None, 1, 1.0)}
 POLL_S = 0.25  # how often a waiting request checks whether its client is still there
 
 
@@ -63,13 +69,17 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from fastapi.responses import JSONResponse
     from pydantic import BaseModel, ConfigDict
     from sse_starlette.sse import EventSourceResponse
 
     name = model_name or session.model_name
     batcher = Batcher(session, max_batch, prompt_cache=True, window_s=batch_window_s).start()
+    # requests wait (and streams read their queues) on their own pool; the stats endpoint has its own thread,
+    # so neither a crowd of queued streams nor a busy one delays it
     waiters = ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="epqlab-request")
+    stats_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epqlab-stats")
     created = int(time.time())
 
     @asynccontextmanager
@@ -77,6 +87,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         yield
         batcher.close()
         waiters.shutdown(wait=False, cancel_futures=True)
+        stats_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="epqlab", lifespan=lifespan)
 
@@ -106,12 +117,19 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     def error(status: int, msg: str, typ: str = "invalid_request_error"):
         return JSONResponse({"error": {"message": msg, "type": typ, "param": None, "code": None}}, status_code=status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc):  # a body that is not JSON or not UTF-8, an unknown route: the OpenAI error shape
+        return error(exc.status_code, str(exc.detail))
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request, exc):
         parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
         return error(422, "invalid request: " + "; ".join(parts))
 
     def kwargs_of(req: _Sampling) -> dict:
+        for k, v in (req.model_extra or {}).items():
+            if k in UNSUPPORTED and v not in UNSUPPORTED[k]:
+                raise ValueError(f"{k}={v!r} is not supported by epqlab yet (see the README's list); drop it")
         kw = dict(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                   min_p=req.min_p, repeat_penalty=req.repeat_penalty, stop=req.stop, seed=req.seed, model=name,
                   n=req.n, batcher=batcher)
@@ -168,7 +186,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         async def events():
             try:
                 while True:
-                    item = await loop.run_in_executor(None, q.get)
+                    item = await loop.run_in_executor(waiters, q.get)
                     if item is None:
                         break
                     if isinstance(item, Exception):
@@ -215,7 +233,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                     out["time_split"] = clean_json(decode_summary(session.time_split("token")))
                 return out
 
-        return JSONResponse(await asyncio.get_running_loop().run_in_executor(None, read))
+        return JSONResponse(await asyncio.get_running_loop().run_in_executor(stats_pool, read))
 
     return app
 

@@ -29,3 +29,17 @@ def test_attributes_without_an_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["epqlab.models.synth", "epqlab.studies.strict", "RouteLog"]
+
+
+def test_old_paths_do_not_rebind_names_or_specs():
+    """Importing a submodule by its old path leaves what the package exports under that name (the function
+    ``topk``, not the module), and the module keeps its own spec, so ``importlib.reload`` reloads it."""
+    code = ("import importlib, epqlab.studies.ablation as a\n"
+            "import epqlab.ablation.topk, epqlab.ablation.eviction, epqlab.pager\n"
+            "import epqlab.paging.pager as q\n"
+            "from epqlab.studies.ablation import topk, eviction\n"
+            "q.MAX_IO_THREADS = -1; importlib.reload(q)\n"  # a reload runs the module again: the constant is back
+            "print(callable(topk), callable(eviction), q.__spec__.name, q.MAX_IO_THREADS > 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "epqlab.paging.pager", "True"]

@@ -142,6 +142,9 @@ def test_batch_arguments_are_checked(unpaged, default_model_path):
         epqlab.Session(default_model_path, n_seq_max=0)
     with pytest.raises(ValueError, match="max_batch"):
         Batcher(unpaged, 0)
+    # nothing to generate: nothing generated (as generate(n_predict=0)), and a stream yields nothing
+    assert [g.tokens for g in unpaged.generate_batch(["a", "b"], 0)] == [[], []] == [unpaged.generate("a", 0).tokens] * 2
+    assert list(unpaged.stream_batch(["a", "b"], 0)) == []
 
 
 def test_stream_batch_yields_every_sequence(unpaged):

@@ -130,3 +130,49 @@ def test_abandoned_non_streaming_request_stops(server, reference, default_model_
     assert st["active"] == 0 and st["steps"] - steps0 < 150
     r = httpx.post(url + "/v1/completions", timeout=120, json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and proc.poll() is None
+
+
+def test_fields_bodies_usage_and_stats_under_load(server, reference):
+    """Unsupported OpenAI fields are refused (not ignored); a body that is not UTF-8 gets the OpenAI error shape;
+    a streamed n=2 reports usage once; the stats endpoint answers while streams wait for a sequence."""
+    url, proc = server
+    _wait_ready(url, proc)
+    for field, value in (("echo", True), ("logprobs", 3), ("response_format", {"type": "json_object"}),
+                         ("tools", [{"type": "function", "function": {"name": "f"}}]), ("logit_bias", {"1": 5})):
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, field: value}, timeout=60)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "logprobs": None, "echo": False},
+                   timeout=60)
+    assert r.status_code == 200  # the "off" values pass
+    r = httpx.post(url + "/v1/completions", content=b'{"prompt": "\xff", "max_tokens": 2}',
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert 400 <= r.status_code < 500 and "message" in r.json()["error"]
+    chunks = []
+    with httpx.stream("POST", url + "/v1/completions", timeout=120,
+                      json={"prompt": "Hi", "max_tokens": 4, "n": 2, "stream": True, "temperature": 0}) as resp:
+        for ln in resp.iter_lines():
+            if ln.startswith("data:") and ln != "data: [DONE]":
+                chunks.append(__import__("json").loads(ln[5:]))
+    assert sum("usage" in c for c in chunks) == 1 and chunks[-1]["usage"]["completion_tokens"] == 8
+    # a long request on every sequence, 6 streams queued behind it: the stats endpoint still answers at once
+    big = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", timeout=300, json={
+        "prompt": PROMPTS[3], "max_tokens": 150, "n": 4, "temperature": 0}))
+    big.start()
+    time.sleep(1.0)
+    def stream_one():
+        with httpx.stream("POST", url + "/v1/completions", timeout=300,
+                          json={"prompt": "Hi", "max_tokens": 2, "stream": True}) as resp:
+            list(resp.iter_lines())
+
+    streams = [threading.Thread(target=stream_one) for _ in range(6)]
+    for t in streams:
+        t.start()
+    time.sleep(1.0)
+    t0 = time.time()
+    st = httpx.get(url + "/v1/epqlab/stats", timeout=60).json()["batch"]
+    answered = time.time() - t0
+    still_running = big.is_alive()
+    big.join(300)
+    for t in streams:
+        t.join(300)
+    assert still_running and st["active"] == 4 and answered < 3.0  # it did not wait for the big request

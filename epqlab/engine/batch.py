@@ -311,6 +311,8 @@ class Batcher:
         r.pos = len(r.tokens)
         r.kv_tokens = list(r.tokens)
         self._active[r.seq] = r
+        if r.n_predict <= 0:  # nothing to generate (as Session.generate with n_predict=0)
+            return self._finish(r, "length")
         self._accept(r, self._sample(r, logits))
 
     def _decode_step(self) -> None:
@@ -386,7 +388,7 @@ class Batcher:
             self._free.append(r.seq)
             self._free.sort()
         r.t_end = time.perf_counter()
-        full = r._text.decode("utf-8", "replace")
+        full = r._text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
         text = full[:r._emitted] if r.stops else full
         r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
         try:
@@ -444,7 +446,9 @@ class Batcher:
 class BatchStream:
     """Iterator over ``(index, piece)`` of a batch's sequences as they are produced, driving the
     :class:`Batcher` step by step in the consuming thread (built by :meth:`epqlab.Session.stream_batch`).
-    Once exhausted, :attr:`results` holds every request's Generation in order (None before)."""
+    Once exhausted, :attr:`results` holds every request's Generation in order (None before). The batch is one
+    operation on the Session's one context: another call on the Session while the stream is open (a
+    ``generate``, another batch) restarts the context, and the stream's next step raises EpqlabError."""
 
     def __init__(self, batcher: Batcher, requests: Sequence[Request], on_end=None):
         self.batcher = batcher
@@ -489,8 +493,11 @@ class BatchStream:
         finally:
             for r in self.requests:
                 r.cancel()
-            while self.batcher.drive():  # let cancelled sequences leave (frees their KV cells)
-                pass
+            try:
+                while self.batcher.drive():  # let cancelled sequences leave (frees their KV cells)
+                    pass
+            except EpqlabError:  # the Session was closed (or reset) meanwhile: nothing left to free
+                self.batcher._fail_all(EpqlabError("the batch ended with its Session"))
             self.results = [r.result for r in self.requests]
             if self._on_end is not None:
                 self._on_end(self)

@@ -77,6 +77,8 @@ def prompt_list(session, prompt) -> list[list[int]]:
         return [session.prompt_tokens(x, True) for x in prompt]
     if all(isinstance(x, Sequence) and not isinstance(x, (str, bytes)) for x in prompt):
         return [session.prompt_tokens(list(x), True) for x in prompt]
+    if all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in prompt):
+        raise TypeError(f"token ids must be integers, got {type(next(x for x in prompt if not isinstance(x, numbers.Integral))).__name__}")
     raise TypeError("prompt must be a str, a list of str, a list of token ids or a list of token-id lists; "
                     "this list mixes them")
 
@@ -182,16 +184,19 @@ def create_completion(session, prompt, *, max_tokens: int | None = 16, temperatu
     n_prompt = sum(len(t) for t in prompts)
     if stream:
         def chunks():
+            left = len(reqs)
             for kind, c, value in batch_events(session, reqs, batcher, cancel):
                 if kind == "piece":
                     yield chunk(value, None, c)
-                elif all(r.done.is_set() for r in reqs):
+                    continue
+                left -= 1
+                if reqs[c].error is not None:
+                    raise reqs[c].error
+                if left:  # usage once, on the last choice's final chunk
+                    yield chunk("", reqs[c].result.finish_reason, c)
+                else:
                     gens, usage, st = _batch_result(reqs, n_prompt)
                     yield chunk("", gens[c].finish_reason, c, {"usage": usage, "epqlab": st})
-                else:
-                    if reqs[c].error is not None:
-                        raise reqs[c].error
-                    yield chunk("", reqs[c].result.finish_reason, c)
         return chunks()
     for _ in batch_events(session, reqs, batcher, cancel):
         pass
@@ -300,20 +305,22 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
     n_prompt = len(toks)
     if stream:
         def chunks():
-            started = set()
+            started, left = set(), len(reqs)
             for kind, c, value in batch_events(session, reqs, batcher, cancel):
                 if c not in started:
                     started.add(c)
                     yield chunk({"role": "assistant"}, None, c)
                 if kind == "piece":
                     yield chunk({"content": value}, None, c)
-                elif all(r.done.is_set() for r in reqs):
+                    continue
+                left -= 1
+                if reqs[c].error is not None:
+                    raise reqs[c].error
+                if left:  # usage once, on the last choice's final chunk
+                    yield chunk({}, reqs[c].result.finish_reason, c)
+                else:
                     gens, usage, st = _batch_result(reqs, n_prompt)
                     yield chunk({}, gens[c].finish_reason, c, {"usage": usage, "epqlab": st})
-                else:
-                    if reqs[c].error is not None:
-                        raise reqs[c].error
-                    yield chunk({}, reqs[c].result.finish_reason, c)
         return chunks()
     for _ in batch_events(session, reqs, batcher, cancel):
         pass

@@ -118,7 +118,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     finally:
         t_decode = time.perf_counter() - t1
         if d.closed:  # closed from another thread between two steps: no counters left to read
-            full = text.decode("utf-8", "replace")
+            full = text.decode("utf-8", "ignore")
             holder.result = Generation(full[:emitted] if stops else full, out, toks, {}, "closed")
             sampler.free()
             return
@@ -131,7 +131,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         s.runs.append(st)
         if s.stats_file:
             append_jsonl(s.stats_file, st)
-        full = text.decode("utf-8", "replace")
+        full = text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
         holder.result = Generation(full[:emitted] if stops else full, out, toks, st, reason)
         sampler.free()
 

@@ -233,6 +233,8 @@ def text_routes(model=None, n_tokens: int = 600, texts: dict[str, str] | None = 
     """The held-out texts' first ``n_tokens`` token ids each and the route log of decoding them (plain
     llama.cpp, each text from an empty context, every token routed through every layer): the inputs of
     :func:`speculation` and :func:`draft_reads`. Returns ``(sequences {name: ids}, RouteLog)``."""
+    if int(n_tokens) < 2:
+        raise ValueError(f"n_tokens must be >= 2 (spec_tokens: tokens of each held-out text to draft over), got {n_tokens}")
     model = str(model or default_model(progress=False))
     texts = texts or heldout_texts()
     with tempfile.TemporaryDirectory() as td, Session(model, pager=False, n_ctx=max(256, n_tokens),

@@ -8,8 +8,8 @@ import pandas as pd
 
 from ..results import run_info, save_csv, save_figure, write_json
 
-COLUMNS = {"point": "memory", "batch": "batch", "decode_tok_s": "tok/s (all)", "speedup": "x batch 1",
-           "per_seq_tok_s": "tok/s per seq", "ssd_mb_per_token": "SSD MB/token", "mb_ratio": "MB x batch 1",
+COLUMNS = {"point": "memory", "batch": "batch", "decode_tok_s": "tok/s (all)", "speedup": "x smallest batch",
+           "per_seq_tok_s": "tok/s per seq", "ssd_mb_per_token": "SSD MB/token", "mb_ratio": "MB x smallest batch",
            "union_per_layer": "U(b)/layer", "hit_rate": "hit %", "step_ms": "ms/step", "attn_ms": "attn",
            "expert_ms": "experts", "io_ms": "io wait", "other_ms": "other"}
 
@@ -47,6 +47,11 @@ def reading(df: pd.DataFrame, spec: pd.DataFrame | None = None, draft: dict | No
     for point, g in df.groupby("point", sort=False):
         g = g.sort_values("batch")
         b0, bN = g.iloc[0], g.iloc[-1]
+        if len(g) < 2:
+            out.append(f"{point} ({mode}): one batch size ({int(b0.batch)}): {b0.decode_tok_s:.1f} tok/s over all "
+                       f"sequences, {b0.ssd_mb_per_token:.3f} SSD MB/token, U(b) {b0.union_per_layer:.1f}; measure "
+                       "several batch sizes to compare.")
+            continue
         s = (f"{point} ({mode}): batch {int(bN.batch)} decodes {bN.decode_tok_s:.1f} tok/s over all sequences, "
              f"{bN.speedup:.2f}x batch {int(b0.batch)} ({b0.decode_tok_s:.1f}); each sequence gets {bN.per_seq_tok_s:.1f} "
              f"tok/s ({bN.per_seq_tok_s / b0.per_seq_tok_s:.2f}x its speed alone). SSD reads per generated token "
