@@ -91,7 +91,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
     """Stream one generation with the CLI's session arguments and print its stats; ``result``, when
     given, receives ``text``, ``tokens`` and ``stats``."""
     if args.n_predict < 0:  # before the model loads, and before the prompt is echoed
-        raise ValueError(f"-n/--n-predict must be >= 0, got {args.n_predict}")
+        raise ValueError(f"n_predict must be >= 0 (-n), got {args.n_predict}")
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
