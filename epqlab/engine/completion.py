@@ -144,6 +144,25 @@ def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
                 b._fail_all(e)
 
 
+def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int) -> Iterator[tuple]:
+    """:func:`batch_events` as a stream's chunks need them: ``("piece", choice, text)`` and ``("end", choice,
+    finish_reason, extra)``, ``extra`` None except on the last choice to end, where it carries ``usage`` and
+    ``epqlab`` (once per call); raises the error that ended a choice."""
+    left = len(reqs)
+    for kind, c, value in batch_events(session, reqs, batcher, cancel):
+        if kind == "piece":
+            yield "piece", c, value
+            continue
+        left -= 1
+        if reqs[c].error is not None:
+            raise reqs[c].error
+        if left:
+            yield "end", c, reqs[c].result.finish_reason, None
+        else:
+            gens, usage, st = _batch_result(reqs, n_prompt)
+            yield "end", c, gens[c].finish_reason, {"usage": usage, "epqlab": st}
+
+
 def _batch_result(reqs: list[Request], n_prompt: int) -> tuple[list, dict, dict]:
     """(generations, usage, epqlab stats) of finished requests (``n_prompt``: prompt tokens, each prompt
     counted once however many choices it has); raises the first request's error."""
@@ -184,19 +203,8 @@ def create_completion(session, prompt, *, max_tokens: int | None = 16, temperatu
     n_prompt = sum(len(t) for t in prompts)
     if stream:
         def chunks():
-            left = len(reqs)
-            for kind, c, value in batch_events(session, reqs, batcher, cancel):
-                if kind == "piece":
-                    yield chunk(value, None, c)
-                    continue
-                left -= 1
-                if reqs[c].error is not None:
-                    raise reqs[c].error
-                if left:  # usage once, on the last choice's final chunk
-                    yield chunk("", reqs[c].result.finish_reason, c)
-                else:
-                    gens, usage, st = _batch_result(reqs, n_prompt)
-                    yield chunk("", gens[c].finish_reason, c, {"usage": usage, "epqlab": st})
+            for kind, c, *rest in _choice_events(session, reqs, batcher, cancel, n_prompt):
+                yield chunk(rest[0], None, c) if kind == "piece" else chunk("", rest[0], c, rest[1])
         return chunks()
     for _ in batch_events(session, reqs, batcher, cancel):
         pass
@@ -305,22 +313,12 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
     n_prompt = len(toks)
     if stream:
         def chunks():
-            started, left = set(), len(reqs)
-            for kind, c, value in batch_events(session, reqs, batcher, cancel):
+            started = set()
+            for kind, c, *rest in _choice_events(session, reqs, batcher, cancel, n_prompt):
                 if c not in started:
                     started.add(c)
                     yield chunk({"role": "assistant"}, None, c)
-                if kind == "piece":
-                    yield chunk({"content": value}, None, c)
-                    continue
-                left -= 1
-                if reqs[c].error is not None:
-                    raise reqs[c].error
-                if left:  # usage once, on the last choice's final chunk
-                    yield chunk({}, reqs[c].result.finish_reason, c)
-                else:
-                    gens, usage, st = _batch_result(reqs, n_prompt)
-                    yield chunk({}, gens[c].finish_reason, c, {"usage": usage, "epqlab": st})
+                yield chunk({"content": rest[0]}, None, c) if kind == "piece" else chunk({}, rest[0], c, rest[1])
         return chunks()
     for _ in batch_events(session, reqs, batcher, cancel):
         pass

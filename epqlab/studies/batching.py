@@ -88,7 +88,7 @@ def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, pro
         c0, t0 = run_stats.counters(session), time.perf_counter()
         bt.run(reqs)
         st = run_stats.batch_stats(session, bt, reqs, c0, run_stats.counters(session), time.perf_counter() - t0)
-    steps = [x for x in st["steps"]]
+    steps = st["steps"]
     per_seq = [x["decode_tok_s"] for x in st["sequences"] if x.get("decode_tok_s")]
     ts = session.time_split("token")
     multi = ts[ts["n_tokens"] == b] if "n_tokens" in ts else ts.tail(len(steps))  # the decode steps (prompts are longer)
