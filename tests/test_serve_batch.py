@@ -168,11 +168,9 @@ def test_fields_bodies_usage_and_stats_under_load(server, reference):
     for t in streams:
         t.start()
     time.sleep(1.0)
-    t0 = time.time()
     st = httpx.get(url + "/v1/epqlab/stats", timeout=60).json()["batch"]
-    answered = time.time() - t0
-    still_running = big.is_alive()
+    still_running = big.is_alive()  # it answered while the big request was still decoding, not after it
     big.join(300)
     for t in streams:
         t.join(300)
-    assert still_running and st["active"] == 4 and answered < 3.0  # it did not wait for the big request
+    assert still_running and st["active"] == 4  # answered mid-run, with every sequence busy (no wall-clock bound)
