@@ -403,3 +403,23 @@ def test_synth_rejects_unknown_routing(tmp_path):
         synthesize(tmp_path / "x.gguf", "small", routing="zipf")
     with pytest.raises(ValueError, match="only apply with routing='skewed'"):
         synthesize(tmp_path / "x.gguf", "small", zipf=2.0)
+
+
+def test_seed_presets_sizes_by_hand():
+    """The seed-shaped presets' expert and routed bytes, from GGUF block sizes by hand: Q4_K packs 256
+    weights in 144 bytes, BF16 is 2 bytes a weight; an expert is gate + up (n_embd x n_ff) + down."""
+    from epqlab.models import PRESETS, planned_sizes
+    from epqlab.models.synth import PRESET_ROUTING
+
+    q4k = lambda n: n // 256 * 144  # noqa: E731 -- bytes of n Q4_K weights
+    q = planned_sizes("qwen35-a3b")
+    e = 3 * q4k(2048 * 512)  # 1,769,472 B = 1.6875 MiB
+    assert q["expert_bytes"] == [e] * 40 and e == 1_769_472
+    assert q["routed_expert_bytes"] == 40 * 256 * e == 18_119_393_280  # 16.9 GiB
+    lg = planned_sizes("laguna-s")
+    small, big = 3 * q4k(3072 * 1024), 3 * 3072 * 1024 * 2  # 5.06 MiB (Q4_K), 18 MiB (BF16)
+    assert lg["expert_bytes"] == [small] * 39 + [big] * 8 and lg["n_moe_layers"] == 47
+    # seed 000 lists Laguna-S-2.1 Q4_K_M's routed experts as 91,653,931,008 B
+    assert lg["routed_expert_bytes"] == 256 * (39 * small + 8 * big) == 91_653_931_008
+    assert PRESETS["laguna-s"].n_layer == 48 and PRESET_ROUTING["laguna-s"] == PRESET_ROUTING["qwen35-a3b"] == "skewed"
+    assert planned_sizes("laguna-s", n_layer=24)["n_moe_layers"] == 23  # --n-layer cuts the depth

@@ -270,3 +270,24 @@ def test_notebook_05_two_levels(model, too_small, tmp_path):
     out = Path(tmp_path) / "results" / "05_memory_levels"
     assert (out / "test.png").stat().st_size > 10_000 and (out / "test.csv").is_file()
     assert f"passes at {epqlab.fmt_bytes(lo)}, {epqlab.fmt_bytes(hi)}" in r["reading"]
+
+
+def test_cli_strict_teacher_forced_with_route_replay(model, too_small, tmp_path):
+    """--teacher-forced feeds the held-out prose (its tokens are the run's tokens); --simulate-routes adds
+    LRU and Belady replays of the run's routes (Belady >= LRU: it is the offline optimum) and the prefill's
+    distinct-expert bytes (the arena starts empty, so the prefill reads each of them at least once)."""
+    from epqlab.cli import main
+    from epqlab.data import heldout_texts
+
+    level = level_for(model, too_small[1], 0.5) // MiB * MiB
+    out = tmp_path / "strict.json"
+    rc = main(["strict", str(model), "--levels", f"{level // MiB}MiB", "--repeats", "1", "-n", "6", "--n-ctx", "256",
+               "--limit-mode", "sampled", "--teacher-forced", "--simulate-routes", "--json", str(out), "-q"])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "PASS" and row["teacher_forced"] is True
+    with epqlab.Session(model, pager=False, n_ctx=256) as s:
+        want = s.tokenize(heldout_texts()["prose"], add_special=False)[:6]
+    assert row["tokens"] == want
+    assert 0 <= row["sim_lru_hit_rate"] <= row["sim_belady_hit_rate"] <= 1
+    assert 0 < row["prefill_distinct_expert_bytes"] <= row["prefill_ssd_bytes"]

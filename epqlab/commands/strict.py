@@ -6,6 +6,7 @@ minus --headroom. MODEL may be ``default`` for the default model. See epqlab.stu
 """
 from __future__ import annotations
 
+from ..data import heldout_texts
 from ..paging.pager import POLICIES
 from ..results import save_csv, write_json
 from ..studies import strict
@@ -20,6 +21,11 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
     p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per level (default %(default)s; medians reported)")
+    p.add_argument("--teacher-forced", nargs="?", const="prose", default=None, choices=["prose", "code", "legal"],
+                   help="feed a held-out text (default prose) one token per decode step instead of the greedy "
+                        "tokens: timings and hit rates from real text (use it on random-weight models)")
+    p.add_argument("--simulate-routes", action="store_true",
+                   help="also replay each paged run's routes with LRU and Belady at its slot count")
 
     p.add_argument("--policy", default="lru", choices=list(POLICIES))
     p.add_argument("--mmap-baseline", action="store_true",
@@ -44,11 +50,13 @@ def run(args) -> int:
         kw["n_ctx"] = args.n_ctx
     if args.threads is not None:
         kw["n_threads"] = args.threads
+    forced = heldout_texts()[args.teacher_forced] if args.teacher_forced else None
     df = strict.run(None if args.model == "default" else args.model, args.levels, prompt=args.prompt,
-                    n_predict=args.n_predict, policy=args.policy, pager=args.pager, repeats=args.repeats,
+                    n_predict=args.n_predict, forced=forced, simulate_routes=args.simulate_routes, policy=args.policy, pager=args.pager, repeats=args.repeats,
                     mmap_baseline=args.mmap_baseline, headroom=args.headroom, limit_mode=args.limit_mode,
                     timeout_s=args.timeout, progress=not args.quiet, **kw)
-    print(f"{df.attrs['model']}  ({args.repeats} run(s) per level, n_predict {args.n_predict})")
+    print(f"{df.attrs['model']}  ({args.repeats} run(s) per level, n_predict {args.n_predict}"
+          f"{', teacher-forced on the held-out ' + args.teacher_forced + ' text' if forced else ''})")
     print(strict.format_table(df))
     print()
     print(strict.reading(df))

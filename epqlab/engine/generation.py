@@ -38,14 +38,18 @@ class Stream:
     Args (built by :meth:`epqlab.Session.stream`):
         session: the Session; toks: prompt token ids; n_predict: most tokens to generate;
         sampler: an :class:`epqlab.engine.sampling.Sampler`; stop: stop strings (not yielded);
-        reuse_kv: keep the KV entries of the previous call when its tokens are a prefix of ``toks``.
+        reuse_kv: keep the KV entries of the previous call when its tokens are a prefix of ``toks``;
+        forced: teacher forcing: token ids fed one per decode step instead of sampled ones (no
+        end-of-generation or stop check), ``min(n_predict, len(forced))`` of them.
     """
 
     def __init__(self, session, toks: list[int], n_predict: int, sampler, stop: Sequence[str] | None,
-                 reuse_kv: bool = False):
+                 reuse_kv: bool = False, forced: list[int] | None = None):
         self.result: Generation | None = None
         self.tokens: list[int] = []  # generated ids so far (grows while the stream runs)
-        self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self)
+        if forced is not None:
+            n_predict = min(n_predict, len(forced))
+        self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self, forced)
 
     def __iter__(self):
         return self
@@ -75,7 +79,8 @@ class Stream:
         return f"Stream({'running' if self.result is None else self.result.finish_reason})"
 
 
-def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv: bool, holder: Stream):
+def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv: bool, holder: Stream,
+         forced: list[int] | None = None):
     d = s.decoder
     d.prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
     with d.lock:
@@ -94,6 +99,17 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     pos = len(toks)
     try:
         while len(out) < n_predict:
+            if forced is not None:  # teacher forcing: same graph, hook and stats; the text's token
+                out.append(forced[len(out)])
+                text += d.piece(out[-1])
+                txt = text.decode("utf-8", "ignore")
+                yield txt[emitted:]  # may be "" (a character cut between tokens): one piece per token
+                emitted = len(txt)
+                if len(out) >= n_predict:
+                    break
+                logits = d.step(out[-1], pos, epoch)
+                pos += 1
+                continue
             tok = sampler.sample(logits)
             if d.is_eog(tok):
                 reason = "stop"
@@ -128,11 +144,12 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
             s.pager.native.prefetch_finish()
         st = run_stats(s, len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, counters(s),
                        n_prompt_reused=reused)
+        st["teacher_forced"] = forced is not None
         s.runs.append(st)
         if s.stats_file:
             append_jsonl(s.stats_file, st)
         full = text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
-        holder.result = Generation(full[:emitted] if stops else full, out, toks, st, reason)
+        holder.result = Generation(full[:emitted] if stops and forced is None else full, out, toks, st, reason)
         sampler.free()
 
 

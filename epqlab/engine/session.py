@@ -385,7 +385,7 @@ class Session:
     def stream(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
                seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-               reuse_kv: bool = False) -> Stream:
+               reuse_kv: bool = False, forced: str | Sequence[int] | None = None) -> Stream:
         """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
 
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
@@ -394,6 +394,13 @@ class Session:
         temperature samples the plain softmax). ``reuse_kv`` keeps the previous call's KV entries
         when its tokens are a prefix of this prompt (default off: every run starts from an empty
         context, so its stats are comparable).
+
+        ``forced`` (teacher-forced decode): a text (tokenized without BOS) or token ids fed one per
+        decode step instead of the sampled token, ``min(n_predict, len(forced))`` steps, with no
+        end-of-generation or stop check. Each step is an ordinary decode pass (same graph, hook, pager
+        and stats; ``stats["teacher_forced"]`` is True), so timings and route statistics come from a
+        real token sequence. Use it to time decode on a random-weight model, whose own greedy output
+        repeats itself and routes alike token after token (hit rates far above a real model's).
 
         Returns:
             a :class:`~epqlab.engine.generation.Stream`; once it ends, ``.result`` is the
@@ -411,9 +418,13 @@ class Session:
         if not math.isfinite(temperature):
             raise ValueError(f"temperature must be finite (<= 0 for greedy), got {temperature}")
         toks = self.prompt_tokens(prompt, add_special)
+        if forced is not None:
+            if hasattr(forced, "__len__") and len(forced) == 0:
+                raise ValueError("forced is empty: pass the text (or token ids) to feed, or None to sample")
+            forced = self.prompt_tokens(forced, False)
         sampler = Sampler(self.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
-        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv)
+        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv, forced=forced)
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
                  seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,

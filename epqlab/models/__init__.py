@@ -7,6 +7,6 @@
 from __future__ import annotations
 
 from .default import DEFAULT_CONFIG, default_model, eval_text
-from .synth import PRESETS, SynthSpec, synthesize
+from .synth import PRESETS, SynthSpec, planned_sizes, synthesize
 
-__all__ = ["DEFAULT_CONFIG", "PRESETS", "SynthSpec", "default_model", "eval_text", "synthesize"]
+__all__ = ["DEFAULT_CONFIG", "PRESETS", "SynthSpec", "default_model", "eval_text", "planned_sizes", "synthesize"]

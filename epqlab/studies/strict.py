@@ -72,13 +72,14 @@ def _model_files(model: str) -> list:
 
 
 def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt, n_predict, policy, session_kw,
-             limit_mode, timeout_s, python, workdir: Path, tag: str) -> dict:
+             limit_mode, timeout_s, python, workdir: Path, tag: str, forced=None, simulate_routes=False) -> dict:
     files = _model_files(model)
     for f in files:  # every shard of a split model
         drop_page_cache(f)
     resident = sum(page_cache_bytes(f) for f in files)
     spec = {"model": model, "ram_budget": budget, "pager": pager, "policy": policy, "prompt": prompt,
-            "n_predict": int(n_predict), "session_kw": session_kw}
+            "n_predict": int(n_predict), "forced": forced, "session_kw": session_kw,
+            "route_log": str(workdir / f"{tag}.routes.npz") if simulate_routes and pager else None}
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
     spec_path.write_text(json.dumps(spec))
     if out_path.exists():
@@ -105,7 +106,7 @@ def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt,
 
 
 def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_predict: int = 16,
-        policy: str = "lru", pager: bool = True, repeats: int = 3, mmap_baseline: bool = False,
+        forced: str | None = None, simulate_routes: bool = False, policy: str = "lru", pager: bool = True, repeats: int = 3, mmap_baseline: bool = False,
         headroom=DEFAULT_HEADROOM, limit_mode: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
         python: str | None = None, progress: bool = False, **session_kw):
     """Generate under hard memory limits, one child process per run, and tabulate.
@@ -114,6 +115,12 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         model: GGUF path; None = the default model (:func:`epqlab.models.default_model`).
         levels: memory limits (bytes or strings like ``"4GiB"``; list or comma-separated string).
         prompt, n_predict: the greedy generation each run does (n_predict tokens).
+        forced: teacher-forced decode: feed this text one token per decode step instead of the greedy
+            tokens (:meth:`epqlab.Session.stream`); use it on a random-weight model, whose own output
+            repeats itself and routes alike (hit rates far too high).
+        simulate_routes: record each paged run's routes and add ``sim_lru_hit_rate`` and
+            ``sim_belady_hit_rate``: LRU and Belady replayed on them in one pool of the run's slots
+            (:func:`epqlab.routes.simulate`; the offline ceiling beside the online policy).
         policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES`.
         pager: page experts (True) or run plain llama.cpp mmap (False) at every level.
         repeats: runs per (level, pager) pair (>= 1; default 3, medians reported).
@@ -176,7 +183,8 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
                     budget = level - headroom if pg else None
                     row = _run_one(model, level, budget, pg, prompt=prompt, n_predict=n_predict, policy=policy,
                                    session_kw=session_kw, limit_mode=limit_mode, timeout_s=timeout_s,
-                                   python=python, workdir=Path(tmp), tag=f"r{r}-{level}-{int(pg)}")
+                                   python=python, workdir=Path(tmp), tag=f"r{r}-{level}-{int(pg)}",
+                                   forced=forced, simulate_routes=simulate_routes)
                     row["repeat"] = r
                     runs.append(row)
                     if progress:
@@ -189,7 +197,7 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
     df = pd.DataFrame(rows)
     if mmap_baseline and pager:
         _add_baseline(df)
-    df.attrs.update(model=model, prompt=prompt, n_predict=int(n_predict), policy=policy, repeats=int(repeats),
+    df.attrs.update(model=model, prompt=prompt, n_predict=int(n_predict), forced=forced, policy=policy, repeats=int(repeats),
                     headroom=headroom, mmap_baseline=bool(mmap_baseline), session_kw=session_kw,
                     limit_mode_requested=limit_mode or os.environ.get("EPQLAB_LIMIT_MODE") or "auto",
                     runs=[_clean_run(x) for x in runs])
@@ -251,6 +259,12 @@ def _aggregate(rs: list[dict]) -> dict:
         "io_mb_per_token": per_tok("decode_read_bytes"),
         "hit_rate": _median(s.get("hit_rate") for s in stats) if rs[0]["pager"] else None,
         "evictions": _median(s.get("evictions") for s in stats) if rs[0]["pager"] else None,
+        "sim_lru_hit_rate": _median((x["child"].get("sim") or {}).get("lru_hit_rate") for x in ok),
+        "sim_belady_hit_rate": _median((x["child"].get("sim") or {}).get("belady_hit_rate") for x in ok),
+        "prefill_ssd_bytes": _median(s.get("prefill_ssd_bytes") for s in stats) if rs[0]["pager"] else None,
+        "prefill_distinct_expert_bytes": _median((x["child"].get("sim") or {}).get("prefill_distinct_expert_bytes")
+                                                 for x in ok),
+        "teacher_forced": all(s.get("teacher_forced") for s in stats) if stats else None,
         "dense_weights": st0.get("dense_weights"),
         "used_before_arena": _median((s.get("memory") or {}).get("used_before_arena") for s in stats),
         "stage_reserve": _median((s.get("memory") or {}).get("stage_reserve") for s in stats),

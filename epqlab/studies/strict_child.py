@@ -1,10 +1,12 @@
 """One run of :func:`epqlab.studies.strict.run`, in its own process: ``python -m epqlab.studies.strict_child SPEC OUT``.
 
 SPEC is a JSON file ``{"model", "ram_budget" (bytes or null), "pager", "policy", "prompt",
-"n_predict", "session_kw"}``. The child loads the model with :class:`epqlab.Session`, generates
-``n_predict`` greedy tokens and writes OUT (JSON): ``status`` (``PASS`` | ``FAIL``), ``reason``,
+"n_predict", "forced" (text or null), "route_log" (path or null), "session_kw"}``. The child loads the
+model with :class:`epqlab.Session`, generates ``n_predict`` greedy tokens (teacher-forced on ``forced``
+when given: :meth:`epqlab.Session.stream`) and writes OUT (JSON): ``status`` (``PASS`` | ``FAIL``), ``reason``,
 the run stats of :meth:`Session.generate`, the session's cumulative stats, the text and token ids,
-the layout figures the table needs, and ``io``: storage bytes read (``read_bytes`` of
+the layout figures the table needs, ``sim``: with a route log, the LRU and Belady hit rates of the
+run's routes at its arena's slot count (one shared pool, :func:`epqlab.routes.simulate`), and ``io``: storage bytes read (``read_bytes`` of
 /proc/self/io) during the load, the prefill and the decode. Exit status: 0 PASS, 3 ArenaTooSmall, 1 other error. A
 child killed by its memory limit writes nothing; the parent reports that.
 """
@@ -15,9 +17,12 @@ import sys
 import time
 import traceback
 
+import numpy as np
+
 from ..engine.session import Session
 from ..errors import ArenaTooSmall
 from ..memory.usage import read_bytes
+from ..routes.simulators import simulate
 
 EXIT_ARENA_TOO_SMALL = 3
 
@@ -39,6 +44,19 @@ def _diff(a, b):
     return None if a is None or b is None else a - b
 
 
+def _simulated(s) -> dict:
+    """LRU and Belady hit rates of this run's route log (prefill and decode) in one pool of the arena's
+    slots: the online policy's replay and the offline ceiling at the same capacity."""
+    log = s.route_log()
+    cap = max(int(s.pager.n_slots), log.k)
+    df = simulate(log, [cap], ("lru", "belady"), per_layer=False).set_index("policy")
+    pre = log.experts[log.phase == 0]  # [T_prefill, L, k]
+    distinct = sum(np.unique(pre[:, li]).size * int(log.expert_bytes[li]) for li in range(pre.shape[1]))
+    return {"slots": cap, "lru_hit_rate": float(df.loc["lru", "hit_rate"]),
+            "belady_hit_rate": float(df.loc["belady", "hit_rate"]),
+            "prefill_distinct_expert_bytes": int(distinct)}
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
@@ -50,10 +68,11 @@ def main(argv: list[str]) -> int:
     try:
         try:
             with Session(spec["model"], ram_budget=spec.get("ram_budget"), policy=spec.get("policy", "lru"),
-                         pager=bool(spec.get("pager", True)), **spec.get("session_kw", {})) as s:
+                         pager=bool(spec.get("pager", True)), route_log=spec.get("route_log"),
+                         **spec.get("session_kw", {})) as s:
                 io_loaded = read_bytes()
                 io_prefilled = None
-                stream = s.stream(spec["prompt"], int(spec["n_predict"]))
+                stream = s.stream(spec["prompt"], int(spec["n_predict"]), forced=spec.get("forced"))
                 for _ in stream:
                     if io_prefilled is None:  # the first piece comes right after the prefill
                         io_prefilled = read_bytes()
@@ -71,6 +90,7 @@ def main(argv: list[str]) -> int:
                     routed_expert_bytes=lay.routed_expert_bytes, non_expert_bytes=lay.non_expert_bytes,
                     n_routed_experts=sum(c.n_experts for c in lay.slot_classes),
                     used_before_arena=getattr(s, "used_before_arena", None),
+                    sim=_simulated(s) if spec.get("route_log") and s.pager else None,
                 )
                 code = 0
         except ArenaTooSmall as e:

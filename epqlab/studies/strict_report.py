@@ -30,6 +30,9 @@ def format_table(df) -> str:
             "evict", "load s", "load read", "status"]
     if "speedup_vs_mmap" in df:
         cols.insert(-1, "x mmap")
+    sim = "sim_lru_hit_rate" in df and df["sim_lru_hit_rate"].notna().any()
+    if sim:
+        cols[cols.index("hit") + 1:cols.index("hit") + 1] = ["LRU sim", "Belady"]
     lines = []
     for _, r in df.iterrows():
         cells = [b(r["level"]), r["mode"], r["limit_mode"] + ("" if r["cache_dropped"] else " (cache kept)"),
@@ -43,6 +46,9 @@ def format_table(df) -> str:
                  r["status"] + (f" ({r['passed']}/{r['runs']})" if r["passed"] != r["runs"] else "")]
         if "speedup_vs_mmap" in df:
             cells.insert(-1, f(r["speedup_vs_mmap"], ".2f"))
+        if sim:
+            i = cols.index("LRU sim")
+            cells[i:i] = [f(r["sim_lru_hit_rate"], ".1%"), f(r["sim_belady_hit_rate"], ".1%")]
         lines.append([str(c) for c in cells])
     w = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(cols)]
     out = ["  ".join(c.ljust(w[i]) for i, c in enumerate(cols))]
