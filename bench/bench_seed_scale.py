@@ -1,0 +1,155 @@
+"""The seeds' tables at scale, held against the roofline: strict memory levels with teacher-forced decode.
+
+    .venv/bin/epqlab model synth qwen35-a3b /work/big/q35.gguf          # 17.9 GiB, seed 002's shape, skewed routing
+    .venv/bin/python bench/bench_seed_scale.py --model /work/big/q35.gguf --levels 4GiB,8GiB,16GiB --n 64 --repeats 3
+
+1. ``epqlab.studies.strict`` at every level (a memory cgroup that charges page cache, the file dropped
+   from the page cache before each run, repeats interleaved over the levels): a Session generating ``--n``
+   tokens **teacher-forced** on the held-out prose (one token per decode step: a random-weight model's
+   own output repeats itself and routes alike), its routes replayed with LRU and Belady at the run's slot
+   count (seed 002 measured 70% / 78.9% on the real model at 18.9% coverage).
+2. plain llama.cpp (mmap, pager off) under the first level: ``--mmap-n`` tokens, one run (~20 s/token).
+3. The device: ``epqlab.probe_io`` at one expert matrix per request and the pager's I/O threads.
+4. ``T_plain``: plain llama.cpp with every weight in RAM (the file read into the page cache, no limit, the
+   same threads, context and kernels), the same teacher-forced tokens, median of ``--repeats``
+   (``epqlab.studies.roofline``). Skipped, with the reason, when the file cannot fit in RAM.
+5. A ``--prefill``-token prompt at the first level: prefill tok/s against plain's, and the pager's bytes
+   read in the prefill over the bytes of the distinct experts it routed to (1.0 = each read once).
+
+Each paged row reports time/token / max(T_plain, miss bytes per token / probe bandwidth) and tok/s /
+plain tok/s. Run it alone: a build, a test suite or a helper beside it measures the contention.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import epqlab
+from epqlab.data import heldout_texts
+from epqlab.paging.pager import default_io_threads
+from epqlab.studies import roofline, strict, strict_report
+from epqlab.studies.strict import DEFAULT_PROMPT
+from epqlab.units import fmt_bytes
+
+
+def prompt_ids(model: str, n: int) -> list[int]:
+    """The first ``n`` tokens of the held-out legal text (+ BOS), from the model's own vocabulary."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model, vocab_only=True, verbose=False)
+    try:
+        ids = llm.tokenize(heldout_texts()["legal"].encode(), add_bos=True)
+    finally:
+        llm.close()
+    if len(ids) < n:
+        raise SystemExit(f"the held-out text has {len(ids)} tokens, fewer than --prefill {n}")
+    return ids[:n]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--levels", default="4GiB,8GiB,16GiB")
+    ap.add_argument("--n", type=int, default=64, help="teacher-forced decode tokens per run (default 64)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=1024)
+    ap.add_argument("--mmap-n", type=int, default=8, help="tokens of the mmap baseline run (0: skip it)")
+    ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill run (0: skip it)")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain-in-RAM reference")
+    ap.add_argument("--json", default=None, help="write every table and run here")
+    a = ap.parse_args()
+    lay = epqlab.inspect(a.model)
+    forced = heldout_texts()["prose"]
+    kw = {"n_threads": a.threads, "n_ctx": a.n_ctx}
+    levels = strict.parse_levels(a.levels)
+    print(f"model {lay.path} ({fmt_bytes(lay.file_size)}; {len(lay.layers)} MoE layers x {lay.n_expert} experts, "
+          f"top-{lay.n_expert_used}; routed {fmt_bytes(lay.routed_expert_bytes)}); {a.n} teacher-forced tokens "
+          f"(held-out prose), {a.repeats} interleaved repeats, {a.threads} threads", flush=True)
+    out: dict = {"model": str(lay.path), "levels": levels, "n": a.n, "repeats": a.repeats, "threads": a.threads}
+
+    # 1. paged at every level
+    df = strict.run(a.model, levels, n_predict=a.n, forced=forced, simulate_routes=True, repeats=a.repeats,
+                    progress=True, **kw)
+    print(strict_report.format_table(df), flush=True)
+    out["paged"] = strict.to_json(df)
+
+    # 2. mmap under the first level
+    mm = None
+    if a.mmap_n:
+        mdf = strict.run(a.model, levels[:1], n_predict=a.mmap_n, forced=forced, pager=False, repeats=1,
+                         progress=True, **kw)
+        mm = mdf.iloc[0]
+        print(strict_report.format_table(mdf), flush=True)
+        out["mmap"] = strict.to_json(mdf)
+
+    # 3. the device
+    mat = max(t.expert_bytes for l in lay.layers for t in l.tensors)
+    probe = epqlab.probe_io(a.model, request_bytes=[mat], concurrency=[default_io_threads()], n_requests=64,
+                            progress=False)
+    bw = float(probe["mb_s"].iloc[0]) * 1e6
+    print(f"probe: {fmt_bytes(mat)} reads x {default_io_threads()} threads: {bw / 1e6:.0f} MB/s", flush=True)
+    out["probe_mb_s"] = bw / 1e6
+
+    # 5. prefill at the first level (before the plain reference fills the page cache)
+    pre = None
+    if a.prefill:
+        ids = prompt_ids(a.model, a.prefill)
+        pdf = strict.run(a.model, levels[:1], prompt=ids, n_predict=2, simulate_routes=True, repeats=1, **kw)
+        pre = pdf.iloc[0]
+        out["prefill"] = strict.to_json(pdf)
+
+    # 4. plain llama.cpp, all in RAM
+    plain = plain_pre = None
+    if not a.no_plain:
+        try:
+            plain = roofline.plain_reference(a.model, DEFAULT_PROMPT, forced, a.n, repeats=a.repeats, **kw)
+            if a.prefill:
+                plain_pre = roofline.plain_reference(a.model, ids, forced, 2, repeats=1, warm=False, **kw)
+        except epqlab.EpqlabError as e:
+            print(f"plain-in-RAM reference skipped: {e}")
+        if plain:
+            print(f"plain llama.cpp, all weights in RAM: {plain['ms_per_token']:.1f} ms/token "
+                  f"({plain['decode_tok_s']:.2f} tok/s; runs {', '.join(f'{x:.1f}' for x in plain['ms_per_token_runs'])} ms)",
+                  flush=True)
+            out["plain"] = plain
+            out["plain_prefill"] = plain_pre
+
+    print("\n| level | arena | cover | peak | decode tok/s (min-max) | ms/tok | SSD MB/tok | hit | LRU sim | Belady | "
+          "miss/BW ms | T_plain ms | / max(T_plain, miss/BW) | x plain | x mmap |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for _, r in df.iterrows():
+        if r["status"] != "PASS":
+            print(f"| {fmt_bytes(r['level'])} | FAIL: {str(r['reason'])[:100]} |")
+            continue
+        ms = 1000.0 / r["decode_tok_s"]
+        b = roofline.bound_ratios(ms, plain["ms_per_token"], r["ssd_mb_per_token"] * 1e6, bw) if plain else None
+        x_mm = r["decode_tok_s"] / mm["decode_tok_s"] if mm is not None and r["level"] == levels[0] and mm["decode_tok_s"] else None
+        rows.append({"level": int(r["level"]), "ms_per_token": ms, **(b or {}), "x_mmap": x_mm})
+
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+
+        print(f"| {fmt_bytes(r['level'])} | {fmt_bytes(r['arena_bytes'])} | {r['coverage']:.1%} | "
+              f"{fmt_bytes(r['cgroup_peak'] or r['peak_rss'])} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-"
+              f"{r['decode_tok_s_max']:.2f}) | {ms:.0f} | {r['ssd_mb_per_token']:.1f} | {r['hit_rate']:.1%} | "
+              f"{f(r['sim_lru_hit_rate'], '.1%')} | {f(r['sim_belady_hit_rate'], '.1%')} | {f(b and b['io_ms'], '.0f')} | "
+              f"{f(plain and plain['ms_per_token'], '.0f')} | {f(b and b['roofline_ratio'], '.2f')} | "
+              f"{f(b and b['plain_ratio'], '.2f')} | {f(x_mm, '.1f')} |")
+    out["rows"] = rows
+    if mm is not None:
+        print(f"\nmmap under {fmt_bytes(levels[0])}: {mm['decode_tok_s']:.3f} tok/s ({a.mmap_n} tokens, 1 run)")
+    if pre is not None and pre["status"] == "PASS":
+        ratio = pre["prefill_ssd_bytes"] / pre["prefill_distinct_expert_bytes"] if pre["prefill_distinct_expert_bytes"] else None
+        pp = plain_pre["prefill_tok_s"] if plain_pre else None
+        vs = f" vs plain in RAM {pp:.1f} tok/s ({pre['prefill_tok_s'] / pp:.2f}x)" if pp else ""
+        print(f"prefill of {a.prefill} tokens under {fmt_bytes(levels[0])}: {pre['prefill_tok_s']:.1f} tok/s{vs}; "
+              f"pager read {fmt_bytes(pre['prefill_ssd_bytes'])} for {fmt_bytes(pre['prefill_distinct_expert_bytes'])} "
+              f"of distinct experts: {ratio:.2f}x (goal <= 2x)")
+    if a.json:
+        epqlab.results.write_json(json.loads(json.dumps(out, default=str)), a.json)
+
+
+if __name__ == "__main__":
+    main()
