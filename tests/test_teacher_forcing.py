@@ -52,3 +52,20 @@ def test_forced_text_is_fed_not_sampled(default_path):
     short = want[:3]
     with epqlab.Session(default_path, pager=False, n_threads=THREADS) as s:
         assert s.generate(PROMPT, 12, forced=short).tokens == short  # min(n_predict, len(forced))
+
+
+@pytest.mark.parametrize("time_split", [True, False])
+def test_graph_pieces_per_decode_pass(default_path, time_split):
+    """With every expert resident, a decode pass is split where the hook must look: after each MoE
+    layer's router top-k, plus (time split on) after each layer's last expert matmul -- counted by hand:
+    30 MoE layers -> 60 pieces, or 30 without the time split."""
+    lay = epqlab.inspect(default_path)
+    n_layers = len(lay.layers)
+    with epqlab.Session(default_path, arena_bytes=epqlab.Pager.all_experts_bytes(lay), n_threads=THREADS,
+                        time_split=time_split) as s:
+        toks = s.tokenize(PROMPT)
+        s.greedy_trace(toks, 4)  # every expert these tokens use is now resident
+        g = s.generate(toks, 6, forced=s.greedy_trace(toks, 6)[2])
+        assert g.stats["decode_hit_rate"] == 1.0
+        assert g.stats["decode_graph_pieces_per_pass"] == n_layers * (2 if time_split else 1)
+        assert bool(g.stats["time_split"]) == time_split

@@ -23,7 +23,7 @@ PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefe
 COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
             "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us", "evict_unmap_us", "evict_unmap_io_us",
             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early") + PREFETCH_COUNTERS
+            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early", "graph_asks", "graph_pieces") + PREFETCH_COUNTERS
 
 
 def counters(session) -> dict:
@@ -139,6 +139,8 @@ def run_stats(session, n_prompt: int, n_gen: int, passes: int, t_prefill: float,
         "prefill_ssd_bytes": c1["bytes_read"] - c0["bytes_read"],
         "ssd_bytes_per_token": d["bytes_read"] / max(1, n_decoded + n_gen),
         "decode_ssd_bytes_per_token": (c2["bytes_read"] - c1["bytes_read"]) / max(1, passes),
+        # graph pieces per decode pass: each is a thread-pool kick-off and barrier (hook.h, hook_stats)
+        "decode_graph_pieces_per_pass": (c2["graph_pieces"] - c1["graph_pieces"]) / max(1, passes),
         "io_wait_s": d["io_wait_us"] / 1e6,
         "decode_io_wait_s": (c2["io_wait_us"] - c1["io_wait_us"]) / 1e6,
         "storage_read_bytes": (c2["storage_read_bytes"] - c0["storage_read_bytes"]

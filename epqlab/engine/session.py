@@ -149,6 +149,12 @@ class Session:
             on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
             logits for every token, so llama.cpp routes all of them through the last layer.
         stats_file: path; each generate() appends its run stats as one JSON line.
+        time_split: measure the per-layer time split of decode (attention, experts, I/O wait, map:
+            :meth:`time_split`; default True). It ends a graph piece after each MoE layer's last expert
+            matmul in decode, one more thread-pool kick-off and barrier per layer (the router's top-k
+            ends one in any case: the hook must see the choice before the matmuls);
+            ``stats["decode_graph_pieces_per_pass"]`` counts them. False drops those pieces and the
+            split (timing only: logits, hits and bytes are unchanged).
         direct_io: O_DIRECT reads (falls back to buffered where refused).
         skip_cold: ``None`` (default, off: logits bit-identical to plain llama.cpp) or a threshold
             tau >= 0 for the *lossy* skip-cold knob: in single-token decode steps, a selected expert
@@ -217,7 +223,7 @@ class Session:
                  prefetch: str | None = None, prefetch_predictor=None, prefetch_budget=None, prefetch_depth: int = 1,
                  prefetch_min_precision: float | None = None, skip_cold: float | None = None,
                  # what is written down
-                 route_log=None, stats_file=None):
+                 route_log=None, stats_file=None, time_split: bool = True):
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
         self.layout: ModelLayout = inspect(model, require_moe=bool(pager) or route_log is not None)
         lay = self.layout
@@ -250,6 +256,10 @@ class Session:
         self.load_s, self.load_report, self.used_before_arena = opened[1:]
         self.decoder = Decoder(opened[0], lay.files, len(lay.layers), record_routes=record, on_step=self._on_step)
         del opened
+        if not isinstance(time_split, bool):
+            self.decoder.close()
+            raise ValueError(f"time_split must be True or False, got {time_split!r}")
+        self.decoder.engine.set_timing(time_split)
         if o.prefetch == "trained":  # the hook holds its own copy; ours (loaded from a path) is freed
             o = self.options = dataclasses.replace(o, predictor=None)
         self.stage_reserve = 0

@@ -103,7 +103,11 @@ bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
     try {
         if (ask) {
             const bool need = h->on_ask(t);
-            if (need) h->t_need_ = io_now_us();  // ggml computes the piece ending at t next
+            h->stats_.graph_asks++;
+            if (need) {
+                h->stats_.graph_pieces++;
+                h->t_need_ = io_now_us();  // ggml computes the piece ending at t next
+            }
             return need;
         }
         if (h->timing_ && h->in_decode_) h->charge_compute(t, io_now_us() - h->t_need_);

@@ -114,6 +114,10 @@ struct hook_stats {
     int64_t pred_actual = 0;     // experts the router then selected (sum of |actual set|)
     int64_t pred_correct = 0;    // |predicted ∩ actual|, summed: precision = correct/experts, recall = correct/actual
     int64_t pred_gated = 0;      // predicted non-resident experts not read: their rank's precision was below the gate
+    // The callback's own cost: every ask answered "needed" ends a graph piece, and each piece is one
+    // ggml_graph_compute (a thread-pool kick-off and barrier) of its own.
+    int64_t graph_asks = 0;      // nodes ggml asked about
+    int64_t graph_pieces = 0;    // asks answered "needed": the pieces the graph was split into, less one
 };
 
 // One decode call's time in one MoE layer, microseconds (see "Time split" above).

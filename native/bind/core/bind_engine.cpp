@@ -31,6 +31,8 @@ static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
         EPQ_FIELD(hook_stats, "pred_actual", s.pred_actual),
         EPQ_FIELD(hook_stats, "pred_correct", s.pred_correct),
         EPQ_FIELD(hook_stats, "pred_gated", s.pred_gated),
+        EPQ_FIELD(hook_stats, "graph_asks", s.graph_asks),
+        EPQ_FIELD(hook_stats, "graph_pieces", s.graph_pieces),
     };
     return f;
 }
