@@ -3,6 +3,9 @@
     .venv/bin/epqlab model synth qwen3-30b-a3b /work/big/q8g.gguf --n-layer 24      # 8.3 GiB
     .venv/bin/python bench/bench_memory.py --model /work/big/q8g.gguf [--limit 1.5GiB] [--levels ...]
 
+Every run decodes teacher-forced on the held-out prose (one token per step: a random-weight model's own
+greedy output repeats itself and routes alike).
+
 1. One limit (default: a fifth of the file, rounded down to 64 MiB), both modes, each run a child in
    a memory cgroup that charges page cache (``epqlab.studies.strict``), file dropped from the page cache
    before each run, ``--repeats`` runs each (medians): decode tok/s, cgroup peak and failcnt, load
@@ -11,6 +14,8 @@
    thread count), then the paged run against an I/O model: time/token vs (miss bytes/token /
    probe bandwidth + compute time/token), compute = decode time - I/O wait (per pass); and the
    load against dense bytes / probe bandwidth + 2 s.
+2b. The roofline: plain llama.cpp with every weight in RAM (``epqlab.studies.roofline``; skipped when the
+   file cannot fit), and the paged run's time/token / max(T_plain, miss bytes/token / probe bandwidth).
 3. The strict table at ``--levels`` (default: the limit x 1, 1.5, 2, 3), paged only.
 
 Every speed is printed beside the bytes moved; the disk here alternates between ~1.2 GB/s and a
@@ -22,7 +27,8 @@ import argparse
 import statistics
 
 import epqlab
-from epqlab.studies import strict, strict_report
+from epqlab.data import heldout_texts
+from epqlab.studies import roofline, strict, strict_report
 from epqlab.paging.pager import default_io_threads
 from epqlab.units import fmt_bytes, parse_bytes
 
@@ -45,7 +51,8 @@ def main():
     kw = dict(n_threads=args.threads, n_ctx=512)
 
     # 1. paged vs mmap under one limit
-    df = strict.run(args.model, [limit], n_predict=args.n, repeats=args.repeats, mmap_baseline=True, **kw)
+    forced = heldout_texts()["prose"]
+    df = strict.run(args.model, [limit], n_predict=args.n, forced=forced, repeats=args.repeats, mmap_baseline=True, **kw)
     print(strict_report.format_table(df))
     paged = df[df["mode"] == "paged"].iloc[0]
     mm = df[df["mode"] == "mmap"].iloc[0]
@@ -79,6 +86,15 @@ def main():
     for name, r in (("paged", paged), ("mmap", mm)):
         print(f"{name:>5} load: {r['load_s']:.2f} s, {fmt_bytes(r['load_bytes_read'] or 0)} read; cgroup peak "
               f"{fmt_bytes(r['cgroup_peak'] or 0)}, failcnt {r['failcnt']}")
+    if paged["status"] == "PASS":
+        try:
+            plain = roofline.plain_reference(args.model, strict.DEFAULT_PROMPT, forced, args.n, repeats=args.repeats, **kw)
+            b = roofline.bound_ratios(1000 / paged["decode_tok_s"], plain["ms_per_token"], paged["ssd_mb_per_token"] * 1e6, bw)
+            print(f"plain llama.cpp, all weights in RAM: {plain['ms_per_token']:.0f} ms/token; paged "
+                  f"{1000 / paged['decode_tok_s']:.0f} ms/token = {b['roofline_ratio']:.2f} x max(T_plain, miss/BW "
+                  f"{b['io_ms']:.0f} ms), {b['plain_ratio']:.2f} x plain tok/s")
+        except epqlab.EpqlabError as e:
+            print(f"roofline skipped: {e}")
     goal = lay.non_expert_bytes / bw + 2
     print(f"load goal: <= dense bytes / probe bandwidth + 2 s = {goal:.2f} s (paged load {paged['load_s']:.2f} s)")
 
@@ -86,7 +102,7 @@ def main():
     if args.no_table:
         return
     levels = strict.parse_levels(args.levels) if args.levels else [int(limit * f) for f in (1, 1.5, 2, 3)]
-    table = strict.run(args.model, levels, n_predict=args.n, repeats=args.repeats, **kw)
+    table = strict.run(args.model, levels, n_predict=args.n, forced=forced, repeats=args.repeats, **kw)
     print("\n" + strict_report.format_table(table))
     strict_report.save(table, args.results_dir, name="bench_memory")
 

@@ -7,7 +7,8 @@ Usage:
 
 Each run is its own child process (``epqlab.studies.strict.run``: a cgroup v1 child of this process's
 memory cgroup with the limit set before the model loads, page cache of the model dropped first),
-greedy, ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
+decoding **teacher-forced** on the held-out prose (one token per step: a random-weight model's own
+greedy output repeats itself and routes alike), ``--threads`` compute threads. Rows: ``off`` (synchronous reads: a token costs T_io +
 T_compute), ``lookahead`` / ``previous`` / ``union`` / ``trained`` (next-layer prefetch predictors,
 epqlab.engine.prefetch; ``trained`` needs ``--predictor``, fitted by ``epqlab predictor fit`` on the shipped
 calibration texts, never on this benchmark's prompt), ``oracle`` (the ceiling of every predictor:
@@ -50,10 +51,12 @@ import sys
 import tempfile
 import time
 
+from epqlab.data import heldout_texts
 from epqlab.studies import strict, strict_report
 from epqlab.results import write_json
 from epqlab.units import fmt_bytes, parse_bytes
 
+FORCED = heldout_texts()["prose"]
 PROMPT = ("A CPU cache is a small, fast memory that sits between the processor and main memory. "
           "It keeps copies of recently used data so that")
 
@@ -103,7 +106,7 @@ def record_oracle_log(model: str, limit: str, n_predict: int, kw: dict) -> str:
     folder = tempfile.mkdtemp(prefix="epqlab-oracle-")
     atexit.register(shutil.rmtree, folder, True)
     path = os.path.join(folder, "routes.npz")
-    df = strict.run(model, levels=limit, prompt=PROMPT, n_predict=n_predict, repeats=1, progress=False,
+    df = strict.run(model, levels=limit, prompt=PROMPT, n_predict=n_predict, forced=FORCED, repeats=1, progress=False,
                     route_log=path, **kw)
     run = df.attrs["runs"][0]
     if run.get("status") != "PASS" or not os.path.exists(path):
@@ -340,7 +343,7 @@ def main(argv=None) -> int:
     for rep in range(a.repeats):  # interleaved: the disk's state drifts between fast and throttled
         for name in names:
             mb_s = disk_mb_s(model)
-            df = strict.run(model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, repeats=1,
+            df = strict.run(model, levels=a.limit, prompt=PROMPT, n_predict=a.n_predict, forced=FORCED, repeats=1,
                             progress=False, **kw, **row_kwargs(name, seg, budget, a.predictor, oracle_log))
             run = df.attrs["runs"][0]
             run["disk_mb_s"] = mb_s

@@ -79,7 +79,9 @@ def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt,
     resident = sum(page_cache_bytes(f) for f in files)
     spec = {"model": model, "ram_budget": budget, "pager": pager, "policy": policy, "prompt": prompt,
             "n_predict": int(n_predict), "forced": forced, "session_kw": session_kw,
-            "route_log": str(workdir / f"{tag}.routes.npz") if simulate_routes and pager else None}
+            "simulate_routes": bool(simulate_routes and pager),
+            "route_log": (session_kw.get("route_log") or str(workdir / f"{tag}.routes.npz"))
+            if simulate_routes and pager else None}
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
     spec_path.write_text(json.dumps(spec))
     if out_path.exists():

@@ -67,9 +67,11 @@ def main(argv: list[str]) -> int:
     code = 1
     try:
         try:
+            kw = dict(spec.get("session_kw", {}))
+            if spec.get("route_log"):
+                kw["route_log"] = spec["route_log"]
             with Session(spec["model"], ram_budget=spec.get("ram_budget"), policy=spec.get("policy", "lru"),
-                         pager=bool(spec.get("pager", True)), route_log=spec.get("route_log"),
-                         **spec.get("session_kw", {})) as s:
+                         pager=bool(spec.get("pager", True)), **kw) as s:
                 io_loaded = read_bytes()
                 io_prefilled = None
                 stream = s.stream(spec["prompt"], int(spec["n_predict"]), forced=spec.get("forced"))
@@ -90,7 +92,7 @@ def main(argv: list[str]) -> int:
                     routed_expert_bytes=lay.routed_expert_bytes, non_expert_bytes=lay.non_expert_bytes,
                     n_routed_experts=sum(c.n_experts for c in lay.slot_classes),
                     used_before_arena=getattr(s, "used_before_arena", None),
-                    sim=_simulated(s) if spec.get("route_log") and s.pager else None,
+                    sim=_simulated(s) if spec.get("simulate_routes") and s.pager else None,
                 )
                 code = 0
         except ArenaTooSmall as e:
