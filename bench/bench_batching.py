@@ -13,6 +13,10 @@ token per step from real text, the timing and routing the model's; a random-weig
 repeats itself). Repeats are interleaved (every batch size once, then again), speeds are medians, the
 bytes moved and the time split printed beside them. Goals (issue: batched decode, 35B-A3B shape, 4 GiB):
 aggregate decode tok/s at batch 4 >= 2.5x batch 1, and SSD MB per generated token at batch 4 <= 0.5x.
+Beside each batch size, ``plain``: plain llama.cpp (``pager=False``) with every weight in RAM (the file read
+into the page cache first, no limit: ``epqlab.studies.roofline``), the same sequences and threads: the
+roofline, with the paged row's aggregate tok/s / plain's (``x plain``). ``--no-plain`` skips it (a file that
+cannot fit in RAM skips it anyway, saying why).
 Run it alone: a build or a test suite beside it measures the contention.
 """
 from __future__ import annotations
@@ -28,14 +32,18 @@ import epqlab
 from epqlab.memory.limits import run_limited
 from epqlab.memory.usage import drop_page_cache
 from epqlab.models import default_model
+from epqlab.studies.roofline import warm_file
 from epqlab.units import fmt_bytes, parse_bytes
 
 HEADROOM = 16 * 2**20
 SPEEDS = ("decode_tok_s", "per_seq_tok_s", "step_ms")
 
 
-def run_row(model, limit, b, n, session_kw, workdir: Path, tag: str) -> dict:
-    drop_page_cache(model)
+def run_row(model, limit, b, n, session_kw, workdir: Path, tag: str, plain: bool = False) -> dict:
+    if plain:  # all weights in RAM: warm, no limit
+        limit, session_kw = None, {k: v for k, v in session_kw.items() if k != "arena_bytes"} | {"pager": False}
+    else:
+        drop_page_cache(model)
     spec = {"model": model, "ram_budget": None if limit is None else limit - HEADROOM, "batch": b, "n_predict": n,
             "teacher_forced": True, "prompt_tokens": 32, "session_kw": session_kw}
     sp, op = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
@@ -58,6 +66,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=256, help="context of each sequence")
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain-in-RAM rows")
     a = ap.parse_args()
     model = str(a.model or default_model(progress=False))
     lay = epqlab.inspect(model)
@@ -70,8 +79,23 @@ def main():
           f"top-{lay.n_expert_used}); limit {fmt_bytes(limit) if limit else 'none'}; {a.n} teacher-forced tokens per "
           f"sequence; {a.repeats} interleaved repeats", flush=True)
     runs: dict[int, list[dict]] = {b: [] for b in sizes}
+    plain_runs: dict[int, list[dict]] = {b: [] for b in sizes}
+    want_plain = not a.no_plain
+    if want_plain:
+        try:
+            warm_file(model)
+        except epqlab.EpqlabError as e:
+            print(f"plain-in-RAM rows skipped: {e}")
+            want_plain = False
     with tempfile.TemporaryDirectory() as td:
         for rep in range(a.repeats):
+            for b in sizes if want_plain else ():
+                r = run_row(model, limit, b, a.n, kw, Path(td), f"p{b}r{rep}", plain=True)
+                if r.get("status") == "PASS":
+                    plain_runs[b].append(r)
+                    print(f"  plain b={b} rep {rep + 1}: {r['row']['decode_tok_s']:.2f} tok/s", flush=True)
+                else:
+                    print(f"  plain b={b} rep {rep + 1}: FAIL {r.get('reason')}", flush=True)
             for b in sizes:
                 r = run_row(model, limit, b, a.n, kw, Path(td), f"b{b}r{rep}")
                 if r.get("status") != "PASS":
@@ -94,14 +118,19 @@ def main():
         for k in ("ssd_mb_per_token", "union_per_layer", "hit_rate", "attn_ms", "expert_ms", "io_ms", "other_ms"):
             t[k] = statistics.median(x.get(k, 0.0) for x in rows)
         t["arena_bytes"] = runs[b][0]["arena_bytes"]
+        pv = [r["row"]["decode_tok_s"] for r in plain_runs[b]]
+        t["plain_tok_s"] = statistics.median(pv) if pv else None
         t["cgroup_peak"] = max((r.get("cgroup_peak") or 0) for r in runs[b])
         table.append(t)
     base = table[0] if table else None
-    print("\n| batch | tok/s all (min-max) | x b1 | tok/s per seq | SSD MB/tok | x b1 | U/layer | hit % | ms/step: attn, experts, io, other | peak |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| batch | tok/s all (min-max) | x b1 | plain tok/s | x plain | tok/s per seq | SSD MB/tok | x b1 | U/layer | hit % | "
+          "ms/step: attn, experts, io, other | peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in table:
         print(f"| {t['batch']} | {t['decode_tok_s']:.2f} ({t['decode_tok_s_min']:.2f}-{t['decode_tok_s_max']:.2f}) | "
-              f"{t['decode_tok_s'] / base['decode_tok_s']:.2f} | {t['per_seq_tok_s']:.2f} | {t['ssd_mb_per_token']:.2f} | "
+              f"{t['decode_tok_s'] / base['decode_tok_s']:.2f} | "
+              f"{'-' if t['plain_tok_s'] is None else format(t['plain_tok_s'], '.2f')} | "
+              f"{'-' if t['plain_tok_s'] is None else format(t['decode_tok_s'] / t['plain_tok_s'], '.2f')} | {t['per_seq_tok_s']:.2f} | {t['ssd_mb_per_token']:.2f} | "
               f"{t['ssd_mb_per_token'] / base['ssd_mb_per_token'] if base['ssd_mb_per_token'] else float('nan'):.2f} | "
               f"{t['union_per_layer']:.1f} | {100 * t['hit_rate']:.1f} | {t['step_ms']:.0f}: {t['attn_ms']:.0f}, "
               f"{t['expert_ms']:.0f}, {t['io_ms']:.0f}, {t['other_ms']:.0f} | "
