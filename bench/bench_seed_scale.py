@@ -138,6 +138,8 @@ def main():
               f"{f(plain and plain['ms_per_token'], '.0f')} | {f(b and b['roofline_ratio'], '.2f')} | "
               f"{f(b and b['plain_ratio'], '.2f')} | {f(x_mm, '.1f')} |")
     out["rows"] = rows
+    print("\nseed 002 for comparison (the real Qwen3.6-35B-A3B at 18.9% coverage): decode hit rate 70%, Belady 78.9%; "
+          "LRU sim and Belady above replay this run's own routes (prefill and decode) in one pool of its slots")
     if mm is not None:
         print(f"\nmmap under {fmt_bytes(levels[0])}: {mm['decode_tok_s']:.3f} tok/s ({a.mmap_n} tokens, 1 run)")
     if pre is not None and pre["status"] == "PASS":

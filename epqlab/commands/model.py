@@ -22,7 +22,7 @@ def register(sub) -> None:
     s.add_argument("--sparse", action="store_true", help="leave expert bytes as file holes (tests only)")
     s.add_argument("--routing", choices=("uniform", "skewed"), default=None,
                    help="uniform: random routers; skewed: popularity skew and reuse like a real MoE "
-                        "(default: skewed for qwen35-a3b, else uniform)")
+                        "(default: skewed for qwen35-a3b and laguna-s, else uniform)")
     s.add_argument("--zipf", type=float, default=None, help="skewed routing: steepness of the per-expert bias")
     s.set_defaults(func=run)
 
