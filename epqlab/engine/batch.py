@@ -56,7 +56,8 @@ class Request:
 
     Attributes:
         events: ``queue.SimpleQueue`` of ``("piece", index, str)`` as text is produced, then one
-            ``("done", index, None)``.
+            ``("done", index, None)``; ``piece_ends[k]``: how many tokens had been generated when the k-th
+            piece was queued (it is set before the event, so a consumer of the event may read it).
         result: the :class:`~epqlab.engine.generation.Generation` once it ended (``finish_reason``
             ``"stop"`` | ``"length"`` | ``"cancelled"`` | ``"error"``), else None; ``error``: the exception that
             ended it, if any.
@@ -92,6 +93,7 @@ class Request:
         self.reused = 0  # prompt tokens whose KV cells a cached sequence already held
         self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
+        self.piece_ends: list[int] = []  # len(out) when each "piece" event was queued (appended before it)
 
     def cancel(self) -> None:
         """Stop this request at the next step (its sequence is freed; the others go on)."""
@@ -366,10 +368,12 @@ class Batcher:
         cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
         if cut >= 0:
             if cut > r._emitted:
+                r.piece_ends.append(len(r.out))
                 r.events.put(("piece", r.index, txt[r._emitted:cut]))
             r._emitted = cut
             return self._finish(r, "stop")
         if len(txt) > r._emitted:
+            r.piece_ends.append(len(r.out))
             r.events.put(("piece", r.index, txt[r._emitted:]))
             r._emitted = len(txt)
         if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:
