@@ -168,12 +168,14 @@ class Sampler:
                                        selected=-1, sorted=False)
         ref = ctypes.byref(arr)
         L.llama_sampler_apply(self._pre, ref)
-        if self._grammar is not None:
-            L.llama_sampler_apply(self._grammar, ref)
-        L.llama_sampler_apply(self._post, ref)
-        if not 0 <= arr.selected < arr.size:
-            raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={arr.selected})")
-        tok = int(arr.data[arr.selected].id)
+        tok = self._greedy_in_grammar() if self._grammar is not None and self.temperature <= 0 else None
+        if tok is None:
+            if self._grammar is not None:
+                L.llama_sampler_apply(self._grammar, ref)
+            L.llama_sampler_apply(self._post, ref)
+            if not 0 <= arr.selected < arr.size:
+                raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={arr.selected})")
+            tok = int(arr.data[arr.selected].id)
         if self.n_logprobs is not None:
             self.logprobs.append(_logprobs(np.asarray(logits), tok, self.n_logprobs))
         L.llama_sampler_accept(self._pre, tok)
@@ -181,6 +183,18 @@ class Sampler:
             L.llama_sampler_accept(self._grammar, tok)
         L.llama_sampler_accept(self._post, tok)
         return tok
+
+    def _greedy_in_grammar(self) -> int | None:
+        """Greedy with a grammar, the way llama.cpp's ``common_sampler_sample`` saves the grammar's pass over
+        the whole vocabulary: the argmax of the (biased, penalized) row, if the grammar admits it, is the
+        argmax of the grammar-masked row too (exact for greedy); else None (mask the whole row)."""
+        L, v = self._L, self._view
+        i = int(np.argmax(v["logit"]))  # llama.cpp's greedy keeps the first of equal maxima, as argmax does
+        one = (L.llama_token_data * 1)()
+        one[0].id, one[0].logit, one[0].p = int(v["id"][i]), float(v["logit"][i]), 0.0
+        a1 = L.llama_token_data_array(data=ctypes.cast(one, L.llama_token_data_p), size=1, selected=-1, sorted=False)
+        L.llama_sampler_apply(self._grammar, ctypes.byref(a1))
+        return int(one[0].id) if math.isfinite(one[0].logit) else None
 
     def free(self) -> None:
         for name in ("_pre", "_post", "_grammar"):

@@ -22,6 +22,8 @@ import threading
 
 _VOCABS: dict[str, tuple] = {}  # model path -> (llama_model *, llama_vocab *), vocab-only loads
 _LOCK = threading.Lock()
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
 def vocab_of(session):
@@ -61,9 +63,13 @@ def schema_grammar(schema) -> str:
     if not isinstance(schema, str):
         raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
     try:
-        return json_schema_to_gbnf(schema)
+        g = json_schema_to_gbnf(schema)
     except Exception as e:  # noqa: BLE001 - the converter raises whatever it meets; the request is at fault
         raise ValueError(f"the JSON schema could not be converted to a grammar ({type(e).__name__}: {e})") from None
+    # llama-cpp-python 0.3.36's string character rule admits raw control characters (a newline inside a
+    # string: invalid JSON); llama.cpp's own converter (common/json-schema-to-grammar.cpp, PRIMITIVE_RULES
+    # "char") excludes them, as JSON (RFC 8259 section 7) does: use its rule
+    return g.replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
 def request_grammar(response_format=None, grammar=None) -> str | None:
