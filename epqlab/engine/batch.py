@@ -315,7 +315,12 @@ class Batcher:
         self._active[r.seq] = r
         if r.n_predict <= 0:  # nothing to generate (as Session.generate with n_predict=0)
             return self._finish(r, "length")
-        self._accept(r, self._sample(r, logits))
+        try:
+            tok = self._sample(r, logits)
+        except ValueError as e:  # its grammar admits nothing: this request ends, the others go on
+            r.error = e
+            return self._finish(r, "error")
+        self._accept(r, tok)
 
     def _decode_step(self) -> None:
         s, d = self.session, self.session.decoder
@@ -326,7 +331,14 @@ class Batcher:
         c0 = _step_counters(s)
         t0 = time.perf_counter()
         logits = d.decode_step(toks, pos, seqs, self._epoch)
-        picked = [self._sample(r, row) for r, row in zip(rs, logits)]
+        picked, failed = [], []
+        for r, row in zip(rs, logits):
+            try:
+                picked.append(self._sample(r, row))
+            except ValueError as e:  # this request's own fault (its grammar): it ends, the others go on
+                r.error = e
+                failed.append(r)
+                picked.append(None)
         wall = time.perf_counter() - t0  # the forward pass and every sequence's sampling
         for r in rs:
             r.pos += 1
@@ -335,7 +347,10 @@ class Batcher:
             r.step_tokens += len(rs)
             r.step_s += wall
         for r, tok in zip(rs, picked):
-            self._accept(r, tok)
+            if r in failed:
+                self._finish(r, "error")
+            else:
+                self._accept(r, tok)
         c1 = _step_counters(s)
         union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
         self.steps_total += 1

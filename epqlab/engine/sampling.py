@@ -108,6 +108,7 @@ class Sampler:
         self.seed = int(seed)
         self.n_logprobs = None if n_logprobs is None else int(n_logprobs)
         self.logprobs: list[tuple] = []
+        self.n_sampled = 0
         self._grammar = None
         if grammar:
             if vocab is None:
@@ -156,7 +157,8 @@ class Sampler:
             self._L.llama_sampler_accept(self._pre, int(t))
 
     def sample(self, logits: np.ndarray) -> int:
-        """The next token id from float32 logits ``[n_vocab]`` (accepted into every stage)."""
+        """The next token id from float32 logits ``[n_vocab]`` (accepted into every stage). Raises ValueError
+        when the grammar admits no token (the request's fault: llama.cpp would abort on accepting one)."""
         L = self._L
         if self._pre is None:
             raise RuntimeError("this Sampler was freed")
@@ -172,12 +174,16 @@ class Sampler:
         if tok is None:
             if self._grammar is not None:
                 L.llama_sampler_apply(self._grammar, ref)
+                if not np.isfinite(v["logit"]).any():  # accepting any token now would abort in llama.cpp
+                    raise ValueError("the grammar admits no token of this vocabulary here (after "
+                                     f"{self.n_sampled} generated tokens): fix the grammar")
             L.llama_sampler_apply(self._post, ref)
             if not 0 <= arr.selected < arr.size:
                 raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={arr.selected})")
             tok = int(arr.data[arr.selected].id)
         if self.n_logprobs is not None:
             self.logprobs.append(_logprobs(np.asarray(logits), tok, self.n_logprobs))
+        self.n_sampled += 1
         L.llama_sampler_accept(self._pre, tok)
         if self._grammar is not None:
             L.llama_sampler_accept(self._grammar, tok)
