@@ -170,13 +170,18 @@ def test_logit_bias_and_penalties_as_computed(client, sess):
                                        logit_bias={str(t0): -100}).choices[0].logprobs.tokens
     assert sess.detokenize([t0]) not in banned and banned[0] == sess.detokenize([int(np.argsort(-row)[1])])
     # llama.cpp's penalties over the last 64 accepted tokens (the prompt here): l - count * f - (count > 0) * p
-    f, p = 1.5, 0.5
-    adj = row.copy()
-    for t, n in Counter(toks[-64:]).items():
-        adj[t] -= n * f + p
-    want = int(np.argmax(adj))
-    assert want != t0  # the hand computation says the penalty changes the pick
-    assert one(frequency_penalty=f, presence_penalty=p) == sess.detokenize([want])
+    counts = Counter(toks[-64:])
+
+    def pick(f, p):
+        adj = row.copy()
+        for t, n in counts.items():
+            adj[t] -= n * f + p
+        return int(np.argmax(adj))
+
+    # a pair where each penalty matters: the pick differs from no penalty, frequency alone, presence alone
+    grid = [(f, p) for f in (0.25, 0.5, 1.0, 1.5) for p in (0.5, 1.0, 1.5, 2.0)]
+    f, p = next((f, p) for f, p in grid if pick(f, p) not in (pick(f, 0), pick(0, p), t0))
+    assert one(frequency_penalty=f, presence_penalty=p) == sess.detokenize([pick(f, p)])
 
 
 def test_api_key_on_every_endpoint(server, client):
@@ -206,6 +211,10 @@ def test_bad_and_oversized_requests_then_serves(server, client):
     url, proc = server
     auth = {"Authorization": f"Bearer {KEY}"}
     h = httpx.post(url + "/v1/completions", json={"prompt": "x" * 30000}, headers=auth)
+    assert h.status_code == 413 and "limit" in h.json()["error"]["message"]
+    body = json.dumps({"prompt": "x" * 30000}).encode()
+    h = httpx.post(url + "/v1/completions", content=iter([body[:10000], body[10000:]]),  # chunked: no length
+                   headers={**auth, "content-type": "application/json"})
     assert h.status_code == 413 and "limit" in h.json()["error"]["message"]
     bad = [("max_tokens", dict(prompt="hi", max_tokens=100000)), ("response_format", dict(
         prompt="hi", extra_body={"response_format": {"type": "yaml"}})),
@@ -243,6 +252,9 @@ def test_in_process_same_dicts(sess):
     _, steps, gen = sess.greedy_trace(toks, 3)
     lp = sess.create_completion(toks, max_tokens=3, temperature=0, logprobs=1)["choices"][0]["logprobs"]
     assert lp["token_logprobs"] == pytest.approx([_log_softmax(r)[t] for r, t in zip(steps, gen)], abs=1e-4)
+    streamed = [x for c in sess.create_completion(toks, max_tokens=3, temperature=0, logprobs=1, stream=True)
+                if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == lp["token_logprobs"]  # each chunk carries its own tokens' log-probabilities
     two = sess.create_completion(toks, max_tokens=3, temperature=0, n=2, logit_bias={gen[0]: -100})
     assert all(sess.detokenize([gen[0]]) != c["text"][:len(sess.detokenize([gen[0]]))] for c in two["choices"])
 
