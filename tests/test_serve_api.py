@@ -255,6 +255,12 @@ def test_in_process_same_dicts(sess):
     streamed = [x for c in sess.create_completion(toks, max_tokens=3, temperature=0, logprobs=1, stream=True)
                 if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["token_logprobs"]]
     assert streamed == lp["token_logprobs"]  # each chunk carries its own tokens' log-probabilities
+    both = sess.create_completion(toks, max_tokens=3, temperature=0, logprobs=1, n=2)["choices"]
+    per: dict = {0: [], 1: []}
+    for c in sess.create_completion(toks, max_tokens=3, temperature=0, logprobs=1, n=2, stream=True):
+        ch = c["choices"][0]
+        per[ch["index"]] += ch["logprobs"]["token_logprobs"] if ch["logprobs"] else []
+    assert [per[0], per[1]] == [b["logprobs"]["token_logprobs"] for b in both]  # batched: per sequence, per piece
     two = sess.create_completion(toks, max_tokens=3, temperature=0, n=2, logit_bias={gen[0]: -100})
     assert all(sess.detokenize([gen[0]]) != c["text"][:len(sess.detokenize([gen[0]]))] for c in two["choices"])
 
