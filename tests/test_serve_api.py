@@ -284,3 +284,19 @@ def test_tool_prompt_and_reply_parsing():
     assert parse_reply('<tool_call>{"name": "other"}</tool_call>', fns)[1] == []  # not a given tool: text
     sp = StreamSplitter()
     assert [sp.feed(x) for x in ("Sure. <to", "ol_c", "all>{")] == ["Sure. ", "", ""] and sp.calling
+
+
+def test_template_with_tools_renders_through_jinja(sess, monkeypatch):
+    """A GGUF whose chat template renders ``tools`` gets its own rendering (jinja2), not the fallback prompt."""
+    import epqlab.engine.tools as tools_mod
+
+    tmpl = ("{% for t in tools or [] %}[TOOL {{ t.function.name }}]{% endfor %}"
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "<|im_start|>assistant\n")
+    monkeypatch.setattr(tools_mod, "chat_template", lambda s: tmpl)
+    text = tools_mod.chat_prompt(sess, ASK, [WEATHER[0]["function"]], "auto")
+    # (jinja2 drops the template's final newline, as transformers' environment does)
+    assert text == "[TOOL get_weather]<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant"
+    r = sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=1, temperature=0)
+    assert r["usage"]["prompt_tokens"] == len(sess.tokenize(text, add_special=False))
+    assert tools_mod.TOOL_PROMPT[:20] not in text  # not the fallback
