@@ -57,7 +57,9 @@ WAITERS = 64  # threads that may wait on running requests at once (each holds on
 # (suffix and best_of are refused by epqlab.engine.completion with their reasons)
 UNSUPPORTED = {"audio": ((None,), "audio output is not offered (a text model)"),
                "modalities": ((None, ["text"]), "only text output is offered"),
-               "prediction": ((None,), "predicted outputs (speculative decoding) are not offered")}
+               "prediction": ((None,), "predicted outputs (speculative decoding) are not offered"),
+               "tfs_z": ((None, 1, 1.0), "tail-free sampling is gone from llama.cpp's sampler chain "
+                                        "(llama-cpp-python accepts and ignores it)")}
 MAX_BODY_BYTES = 8 << 20  # default request body limit (--max-body-bytes): a full context of token ids fits many times
 POLL_S = 0.25  # how often a waiting request checks whether its client is still there
 

@@ -220,7 +220,7 @@ def test_bad_and_oversized_requests_then_serves(server, client):
         prompt="hi", extra_body={"response_format": {"type": "yaml"}})),
         ("grammar", dict(prompt="hi", extra_body={"grammar": "root ::= ("})),
         ("logit_bias", dict(prompt="hi", logit_bias={"abc": 1})), ("suffix", dict(prompt="hi", suffix="end")),
-        ("echo", dict(prompt="hi", echo=True, logprobs=1)), ("frequency_penalty", dict(prompt="hi", frequency_penalty=9))]
+        ("echo", dict(prompt="hi", echo=True, logprobs=1)), ("tfs_z", dict(prompt="hi", extra_body={"tfs_z": 0.9})), ("frequency_penalty", dict(prompt="hi", frequency_penalty=9))]
     for what, kw in bad:
         with pytest.raises(openai.BadRequestError, match=what):
             client.completions.create(model="x", **kw)
