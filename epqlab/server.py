@@ -3,15 +3,27 @@ FastAPI + uvicorn + sse-starlette (install with ``pip install 'epqlab[serve]'``)
 
 Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 
+- ``GET  /health``: ``{"status": "ok"}``, the one endpoint that needs no API key.
 - ``GET  /v1/models``: the one model (its file name).
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
-- ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion`.
+- ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
+  ``logprobs`` included: :mod:`epqlab.engine.completion`).
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
+- ``POST /tokenize`` and ``/extras/tokenize`` (``{"input": str}`` -> ``{"tokens": [int]}``),
+  ``/extras/tokenize/count`` (-> ``{"count": int}``), ``POST /detokenize`` and ``/extras/detokenize``
+  (``{"tokens": [int]}`` -> ``{"text": str}``): llama-cpp-python's server's shapes.
+- ``POST /v1/embeddings``: 400, naming why (a causal MoE language model's hidden states are not embeddings).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`),
   ``batch``: the continuous batcher's figures (:meth:`epqlab.engine.batch.Batcher.summary`: steps, batch
   sizes, mean union of experts per layer per step, SSD bytes per token) and its last steps; with a pager,
   ``time_split``: the mean milliseconds per part of its decode calls
   (:func:`epqlab.engine.time_split.decode_summary`).
+
+Keys and limits: with an API key (``--api-key`` / ``EPQLAB_API_KEY``) every endpoint but ``/health`` answers
+401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>``; a body over
+``--max-body-bytes`` gets 413 before it is parsed; a prompt that does not fit the context, or a ``max_tokens``
+that does not fit after the prompt, gets 400 before any decoding (the server does not clamp ``max_tokens``,
+as OpenAI's API does not).
 
 Scheduling: continuous batching (:mod:`epqlab.engine.batch`) on one Session opened with
 ``n_seq_max = max_batch``: a request joins the running batch at its next step (prefilled alone first),
@@ -27,6 +39,7 @@ disturbing the others.
 # no `from __future__ import annotations`: FastAPI reads the endpoint annotations at runtime
 
 import asyncio
+import hmac
 import json
 import queue
 import threading
@@ -40,12 +53,14 @@ from .engine.time_split import decode_summary
 from .results import clean_json
 
 WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
-# OpenAI / llama-cpp-python fields not supported yet: refused (400) unless sent at their "off" value, never ignored
-UNSUPPORTED = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0), "suffix": (None, ""),
-               "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-               "response_format": (None, {"type": "text"}), "grammar": (None, ""), "logit_bias": (None, {}),
-               "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "best_of": (None, 1),
-               "mirostat_mode": (None, 0), "typical_p": (None, 1, 1.0)}
+# OpenAI / llama-cpp-python fields epqlab does not do: refused (400) unless sent at their "off" value, never ignored
+# (suffix and best_of are refused by epqlab.engine.completion with their reasons)
+UNSUPPORTED = {"audio": ((None,), "audio output is not offered (a text model)"),
+               "modalities": ((None, ["text"]), "only text output is offered"),
+               "prediction": ((None,), "predicted outputs (speculative decoding) are not offered"),
+               "tfs_z": ((None, 1, 1.0), "tail-free sampling is gone from llama.cpp's sampler chain "
+                                        "(llama-cpp-python accepts and ignores it)")}
+MAX_BODY_BYTES = 8 << 20  # default request body limit (--max-body-bytes): a full context of token ids fits many times
 POLL_S = 0.25  # how often a waiting request checks whether its client is still there
 
 
@@ -59,11 +74,16 @@ def _require():
                           "install them with: pip install 'epqlab[serve]'") from None
 
 
-def create_app(session, *, model_name: str | None = None, max_batch: int | None = None, batch_window_s: float = 0.0):
+def create_app(session, *, model_name: str | None = None, max_batch: int | None = None, batch_window_s: float = 0.0,
+               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
     """A FastAPI app serving ``session`` (see the module docstring) with continuous batching of up to
     ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
     that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
-    batcher's thread; it is stopped with the app (lifespan)."""
+    batcher's thread; it is stopped with the app (lifespan). ``api_key``: every endpoint but ``GET /health``
+    answers 401 without ``Authorization: Bearer <api_key>`` (compared in constant time, never logged);
+    ``max_body_bytes``: larger request bodies get 413 before they are parsed."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     _require()
     from contextlib import asynccontextmanager
 
@@ -104,18 +124,54 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         seed: Optional[int] = None
         stream: bool = False
         n: int = 1
+        # checked by epqlab.engine (a bad value is a 400 naming it, not a 422)
+        frequency_penalty: Any = 0.0
+        presence_penalty: Any = 0.0
+        typical_p: Any = 1.0
+        logit_bias: Any = None
+        logit_bias_type: Optional[str] = None
+        mirostat_mode: Any = 0
+        mirostat_tau: Any = 5.0
+        mirostat_eta: Any = 0.1
+        grammar: Any = None
+        response_format: Any = None
 
     class CompletionRequest(_Sampling):
         prompt: Union[str, list[str], list[int], list[list[int]]]
         max_tokens: Optional[int] = 16
+        logprobs: Any = None
+        echo: Any = False
+        suffix: Any = None
+        best_of: Any = None
 
     class ChatRequest(_Sampling):
         messages: list[dict[str, Any]]
         temperature: float = 0.2
         max_completion_tokens: Optional[int] = None
+        logprobs: Any = None
+        top_logprobs: Any = None
+        tools: Any = None
+        tool_choice: Any = None
+        functions: Any = None
+        function_call: Any = None
+
+    class TokenizeRequest(BaseModel):
+        model: Optional[str] = None
+        input: str
+
+    class DetokenizeRequest(BaseModel):
+        model: Optional[str] = None
+        tokens: list[int]
 
     def error(status: int, msg: str, typ: str = "invalid_request_error"):
         return JSONResponse({"error": {"message": msg, "type": typ, "param": None, "code": None}}, status_code=status)
+
+    class _BadInput(Exception):
+        pass
+
+    @app.exception_handler(_BadInput)
+    async def _bad(request, exc):
+        return error(400, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc):  # a body that is not JSON or not UTF-8, an unknown route: the OpenAI error shape
@@ -126,16 +182,32 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
         return error(422, "invalid request: " + "; ".join(parts))
 
-    def kwargs_of(req: _Sampling) -> dict:
+    def kwargs_of(req: _Sampling, fields: tuple) -> dict:
         for k, v in (req.model_extra or {}).items():
-            if k in UNSUPPORTED and v not in UNSUPPORTED[k]:
-                raise ValueError(f"{k}={v!r} is not supported by epqlab yet (see the README's list); drop it")
-        kw = dict(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                  min_p=req.min_p, repeat_penalty=req.repeat_penalty, stop=req.stop, seed=req.seed, model=name,
-                  n=req.n, batcher=batcher)
+            if k in UNSUPPORTED and v not in UNSUPPORTED[k][0]:
+                raise ValueError(f"{k}={v!r}: {UNSUPPORTED[k][1]}; drop it")
         if req.seed is not None and not 0 <= req.seed < 2**32:
             raise ValueError(f"seed must be in 0..2**32-1, got {req.seed}")
+        kw = dict(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                  min_p=req.min_p, repeat_penalty=req.repeat_penalty, stop=req.stop, seed=req.seed, model=name,
+                  n=req.n, batcher=batcher, strict_context=True, frequency_penalty=req.frequency_penalty,
+                  presence_penalty=req.presence_penalty, typical_p=req.typical_p,
+                  logit_bias=bias_of(req.logit_bias, req.logit_bias_type), mirostat_mode=req.mirostat_mode,
+                  mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta, grammar=req.grammar,
+                  response_format=req.response_format)
+        kw.update({k: getattr(req, k) for k in fields})
         return kw
+
+    def bias_of(bias, typ):
+        """OpenAI's logit_bias ({"token id": bias}); llama-cpp-python's logit_bias_type "tokens": keys are text,
+        each of its tokens gets the bias (as llama-cpp-python's server does)."""
+        if typ in (None, "input_ids") or not bias:
+            return bias
+        if typ != "tokens":
+            raise ValueError(f'logit_bias_type must be "input_ids" or "tokens", got {typ!r}')
+        if not isinstance(bias, dict):
+            raise ValueError("logit_bias must be an object")
+        return {t: b for k, b in bias.items() for t in session.tokenize(str(k), add_special=False, parse_special=True)}
 
     async def run(make, stream: bool, request: Request):
         """Run ``make(cancel)`` (a completion call on the batcher) on a waiting thread. Non-streaming: its
@@ -199,6 +271,10 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
         return EventSourceResponse(events(), ping=15)
 
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "epqlab"}]}
@@ -206,7 +282,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         try:
-            kw = kwargs_of(req)
+            kw = kwargs_of(req, ("logprobs", "echo", "suffix", "best_of"))
         except ValueError as e:
             return error(400, str(e))
         return await run(lambda c: create_completion(session, req.prompt, stream=req.stream, cancel=c, **kw),
@@ -215,13 +291,43 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         try:
-            kw = kwargs_of(req)
+            kw = kwargs_of(req, ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call"))
         except ValueError as e:
             return error(400, str(e))
         if req.max_completion_tokens is not None:
             kw["max_tokens"] = req.max_completion_tokens
         return await run(lambda c: create_chat_completion(session, req.messages, stream=req.stream, cancel=c, **kw),
                          req.stream, request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings():
+        return error(400, "embeddings are not offered: this engine runs a causal MoE language model for generation; "
+                          "its last hidden state is not a trained sentence embedding (use an embedding model)")
+
+    async def _tokenize(body: TokenizeRequest):
+        def go():
+            return session.tokenize(body.input.encode("utf-8"), special=True)  # llama-cpp-python's server's call
+        try:
+            return await asyncio.get_running_loop().run_in_executor(stats_pool, go)
+        except (ValueError, UnicodeError) as e:
+            raise _BadInput(str(e)) from None
+
+    @app.post("/tokenize")
+    @app.post("/extras/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return {"tokens": await _tokenize(body)}
+
+    @app.post("/extras/tokenize/count")
+    async def tokenize_count(body: TokenizeRequest):
+        return {"count": len(await _tokenize(body))}
+
+    @app.post("/detokenize")
+    @app.post("/extras/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        bad = [t for t in body.tokens if not 0 <= t < session.n_vocab]
+        if bad:
+            return error(400, f"token ids must be in [0, {session.n_vocab}); got {bad[0]}")
+        return {"text": session.detokenize(body.tokens)}
 
     @app.get("/v1/epqlab/stats")
     async def stats():
@@ -235,16 +341,77 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
         return JSONResponse(await asyncio.get_running_loop().run_in_executor(stats_pool, read))
 
-    return app
+    return _Guard(app, api_key, int(max_body_bytes))
+
+
+class _Guard:
+    """ASGI wrapper in front of the app: the API key (every path but ``/health``) and the body-size limit,
+    both answered before the app parses anything, in OpenAI's error shape."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self._want = None if not api_key else f"Bearer {api_key}".encode()
+        self.max_body_bytes = max_body_bytes
+
+    def __getattr__(self, name):  # the wrapped app's attributes (routes, state) for callers that look
+        return getattr(self.app, name)
+
+    async def _send_error(self, send, status: int, msg: str, typ: str, extra_headers=()):
+        body = json.dumps({"error": {"message": msg, "type": typ, "param": None, "code": None}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *extra_headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self._want is not None and scope.get("path") != "/health":
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self._want):
+                return await self._send_error(send, 401, "missing or wrong API key: send the header "
+                                              "'Authorization: Bearer <key>' with the key the server was started with",
+                                              "authentication_error", [(b"www-authenticate", b"Bearer")])
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        limit = self.max_body_bytes
+        cl = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)"
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            return await self._send_error(send, 413, too_big, "invalid_request_error")
+        chunks, size = [], 0
+        while True:  # the whole body, counted, before the app sees any of it
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await self._send_error(send, 413, too_big, "invalid_request_error")
+            if not msg.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the disconnect, when it comes
+
+        return await self.app(scope, replay, send)
 
 
 def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
-          log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0) -> None:
-    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching as :func:`create_app`."""
+          log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0,
+          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching, ``api_key`` and ``max_body_bytes``
+    as :func:`create_app`."""
     _require()
     import uvicorn
 
-    uvicorn.run(create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s),
+    uvicorn.run(create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s,
+                           api_key=api_key, max_body_bytes=max_body_bytes),
                 host=host, port=int(port), log_level=log_level)
 
 

@@ -137,12 +137,12 @@ def test_fields_bodies_usage_and_stats_under_load(server, reference):
     a streamed n=2 reports usage once; the stats endpoint answers while streams wait for a sequence."""
     url, proc = server
     _wait_ready(url, proc)
-    for field, value in (("echo", True), ("logprobs", 3), ("response_format", {"type": "json_object"}),
-                         ("tools", [{"type": "function", "function": {"name": "f"}}]), ("logit_bias", {"1": 5})):
+    for field, value in (("suffix", "end"), ("best_of", 3), ("audio", {"voice": "x"}), ("modalities", ["audio"]),
+                         ("prediction", {"type": "content", "content": "x"})):
         r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, field: value}, timeout=60)
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
-    r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "logprobs": None, "echo": False},
-                   timeout=60)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "suffix": None, "best_of": 1,
+                                                  "modalities": ["text"]}, timeout=60)
     assert r.status_code == 200  # the "off" values pass
     r = httpx.post(url + "/v1/completions", content=b'{"prompt": "\xff", "max_tokens": 2}',
                    headers={"content-type": "application/json"}, timeout=60)

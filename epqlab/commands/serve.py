@@ -3,6 +3,7 @@
 with continuous batching of up to ``--max-batch`` sequences; see :mod:`epqlab.server`."""
 from __future__ import annotations
 
+import os
 import sys
 
 from ..engine.arena_sizing import default_max_batch, kv_cache_bytes
@@ -11,7 +12,7 @@ from ..layout import inspect
 from ..memory.auto_budget import auto_budget
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
-from ..server import _require, serve
+from ..server import MAX_BODY_BYTES, _require, serve
 
 
 def register(sub) -> None:
@@ -20,7 +21,14 @@ def register(sub) -> None:
     p.add_argument("--ram-budget", default=None,
                    help="RAM budget for the whole process, e.g. 4GiB, or 'auto' (default: every expert fits, "
                         "or auto when the model is larger than that)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 accepts every network "
+                        "that reaches the machine: set --api-key then)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: the "
+                        "EPQLAB_API_KEY environment variable, which keeps the key out of the process list)")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                   help=f"largest request body accepted, bytes (default {MAX_BODY_BYTES})")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
     p.add_argument("--n-ctx", type=int, default=2048, help="context of each sequence, tokens (default 2048)")
@@ -42,6 +50,9 @@ def run(args) -> int:
         raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.batch_window_ms < 0:
         raise ValueError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
+    if args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    api_key = args.api_key or os.environ.get("EPQLAB_API_KEY") or None
     max_batch = args.max_batch
     if max_batch is None:
         rb = args.ram_budget
@@ -53,8 +64,8 @@ def run(args) -> int:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         kv = kv_cache_bytes(s.layout, s.n_ctx, max_batch)
         print(f"epqlab: serving {s.model_name} ({s!r}) on http://{args.host}:{args.port}/v1; up to {max_batch} "
-              f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else ""),
-              file=sys.stderr, flush=True)
+              f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else "")
+              + ("; API key required" if api_key else ""), file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
-              batch_window_s=args.batch_window_ms / 1000)
+              batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes)
     return 0

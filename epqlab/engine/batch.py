@@ -56,7 +56,8 @@ class Request:
 
     Attributes:
         events: ``queue.SimpleQueue`` of ``("piece", index, str)`` as text is produced, then one
-            ``("done", index, None)``.
+            ``("done", index, None)``; ``piece_ends[k]``: how many tokens had been generated when the k-th
+            piece was queued (it is set before the event, so a consumer of the event may read it).
         result: the :class:`~epqlab.engine.generation.Generation` once it ended (``finish_reason``
             ``"stop"`` | ``"length"`` | ``"cancelled"`` | ``"error"``), else None; ``error``: the exception that
             ended it, if any.
@@ -92,6 +93,7 @@ class Request:
         self.reused = 0  # prompt tokens whose KV cells a cached sequence already held
         self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
+        self.piece_ends: list[int] = []  # len(out) when each "piece" event was queued (appended before it)
 
     def cancel(self) -> None:
         """Stop this request at the next step (its sequence is freed; the others go on)."""
@@ -313,7 +315,12 @@ class Batcher:
         self._active[r.seq] = r
         if r.n_predict <= 0:  # nothing to generate (as Session.generate with n_predict=0)
             return self._finish(r, "length")
-        self._accept(r, self._sample(r, logits))
+        try:
+            tok = self._sample(r, logits)
+        except ValueError as e:  # its grammar admits nothing: this request ends, the others go on
+            r.error = e
+            return self._finish(r, "error")
+        self._accept(r, tok)
 
     def _decode_step(self) -> None:
         s, d = self.session, self.session.decoder
@@ -324,7 +331,14 @@ class Batcher:
         c0 = _step_counters(s)
         t0 = time.perf_counter()
         logits = d.decode_step(toks, pos, seqs, self._epoch)
-        picked = [self._sample(r, row) for r, row in zip(rs, logits)]
+        picked, failed = [], []
+        for r, row in zip(rs, logits):
+            try:
+                picked.append(self._sample(r, row))
+            except ValueError as e:  # this request's own fault (its grammar): it ends, the others go on
+                r.error = e
+                failed.append(r)
+                picked.append(None)
         wall = time.perf_counter() - t0  # the forward pass and every sequence's sampling
         for r in rs:
             r.pos += 1
@@ -333,7 +347,10 @@ class Batcher:
             r.step_tokens += len(rs)
             r.step_s += wall
         for r, tok in zip(rs, picked):
-            self._accept(r, tok)
+            if r in failed:
+                self._finish(r, "error")
+            else:
+                self._accept(r, tok)
         c1 = _step_counters(s)
         union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
         self.steps_total += 1
@@ -366,10 +383,12 @@ class Batcher:
         cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
         if cut >= 0:
             if cut > r._emitted:
+                r.piece_ends.append(len(r.out))
                 r.events.put(("piece", r.index, txt[r._emitted:cut]))
             r._emitted = cut
             return self._finish(r, "stop")
         if len(txt) > r._emitted:
+            r.piece_ends.append(len(r.out))
             r.events.put(("piece", r.index, txt[r._emitted:]))
             r._emitted = len(txt)
         if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:

@@ -11,320 +11,283 @@ prompt) or a list of token-id lists; ``n`` choices per prompt (choice ``i * n + 
 Several choices decode as a batch (:mod:`epqlab.engine.batch`, up to the Session's ``n_seq_max`` at a
 time, one after another with ``n_seq_max=1``); with ``seed`` s, choice c samples with seed ``s + c``.
 
-Sampling is llama.cpp's chain with llama-cpp-python's defaults (:class:`epqlab.engine.sampling.Sampler`),
-and, as in llama-cpp-python, the KV cache of the previous call is kept when its tokens are a prefix
-of the new prompt (a chat's next turn): only the new tokens are decoded.
+Sampling is llama.cpp's chain with llama-cpp-python's defaults (:class:`epqlab.engine.sampling.Sampler`:
+``frequency_penalty``, ``presence_penalty``, ``logit_bias``, ``typical_p``, ``mirostat_*`` and a GBNF
+``grammar`` too), and, as in llama-cpp-python, the KV cache of the previous call is kept when its tokens are
+a prefix of the new prompt (a chat's next turn): only the new tokens are decoded.
+
+Beyond plain text: ``response_format`` / ``grammar`` constrain the output (:mod:`epqlab.engine.structured`);
+``tools`` / ``tool_choice`` on chat (:mod:`epqlab.engine.tools`); ``logprobs`` (completions: an int, the
+alternatives per token; chat: ``logprobs=True`` and ``top_logprobs``) in OpenAI's shapes, from the
+log-softmax of the engine's raw logits at each step (what llama-cpp-python reports), streamed with the
+chunk that carries the tokens' text; ``echo`` (completions) puts the prompt's text before the completion.
 """
 from __future__ import annotations
 
-import numbers
-import queue
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from ..results import clean_json
-from .batch import Batcher, Request
-from .sampling import Sampler
+from .batch import Batcher
+from .completion_run import _check_n, _stop_list, batch_events, choice_events, prompt_list, run_all, sampling_args
+from .sampling import MAX_LOGPROBS
+from .structured import request_grammar
+from .tools import StreamSplitter, chat_prompt, check_tools, forced_grammar, parse_reply
 
-# What these calls accept beyond llama-cpp-python's defaults is refused, not ignored.
 _CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-MAX_CHOICES = 128  # n x prompts per call
-CANCEL_POLL_S = 0.1  # how often a wait on a background batcher looks at its cancel event
 
 
-def _stop_list(stop) -> list[str]:
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop):
-        return list(stop)
-    raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+def _refuse(**fields) -> None:
+    """ValueError for llama-cpp-python / OpenAI fields set to something epqlab does not do (never ignored)."""
+    why = {"suffix": "fill-in-the-middle (suffix) is not offered: put the text in the prompt",
+           "best_of": "best_of > 1 (server-side choice by likelihood) is not offered: ask for n choices instead"}
+    for k, v in fields.items():
+        if v not in (None, "", 1, False):
+            raise ValueError(f"{k}={v!r}: {why[k]}")
 
 
-def _max_tokens(session, max_tokens, n_prompt: int) -> int:
-    room = session.n_ctx - n_prompt
-    if room < 1:
-        raise ValueError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
-                         f"{session.n_ctx}; shorten it or open the Session with a larger n_ctx")
-    if max_tokens is None or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0):
-        return room  # llama-cpp-python: None or <= 0 means "until the context is full"
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
-    return min(max_tokens, room)
+def _n_logprobs(v, name: str) -> int | None:
+    if v is None or v is False:
+        return None
+    if v is True:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS:
+        raise ValueError(f"{name} must be an integer in 0..{MAX_LOGPROBS}, got {v!r}")
+    return v
 
 
-def _usage(n_prompt: int, n_gen: int) -> dict:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+def _piece(session, tok: int) -> bytes:
+    return session.decoder.piece(tok)
 
 
-def prompt_list(session, prompt) -> list[list[int]]:
-    """The prompts of a completions request as token-id lists: a str, a list of str, a list of ints (one
-    prompt), or a list of int lists (OpenAI's ``prompt`` forms). Raises TypeError / ValueError naming the
-    form that is wrong."""
-    if isinstance(prompt, str):
-        return [session.prompt_tokens(prompt, True)]
-    if isinstance(prompt, (bytes, bytearray)) or prompt is None or not isinstance(prompt, Sequence):
-        raise TypeError("prompt must be a str, a list of str, a list of token ids or a list of token-id lists, "
-                        f"got {type(prompt).__name__}")
-    if not prompt:
-        raise ValueError("empty prompt: pass some text or at least one token id")
-    if all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in prompt):
-        return [session.prompt_tokens(list(prompt), True)]
-    if all(isinstance(x, str) for x in prompt):
-        return [session.prompt_tokens(x, True) for x in prompt]
-    if all(isinstance(x, Sequence) and not isinstance(x, (str, bytes)) for x in prompt):
-        return [session.prompt_tokens(list(x), True) for x in prompt]
-    if all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in prompt):
-        raise TypeError(f"token ids must be integers, got {type(next(x for x in prompt if not isinstance(x, numbers.Integral))).__name__}")
-    raise TypeError("prompt must be a str, a list of str, a list of token ids or a list of token-id lists; "
-                    "this list mixes them")
-
-
-def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be an integer >= 1 (choices per prompt), got {n!r}")
-    return int(n)
-
-
-def _requests(session, prompts: list[list[int]], n: int, max_tokens, stops, seed, sampling: dict,
-              events: queue.SimpleQueue) -> list[Request]:
-    if len(prompts) * n > MAX_CHOICES:
-        raise ValueError(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one call")
-    out = []
-    for i, toks in enumerate(prompts):
-        m = _max_tokens(session, max_tokens, len(toks))
-        for j in range(n):
-            c = i * n + j
-            sd = None if seed is None else (int(seed) + c) % 2**32
-            out.append(Request(toks, m, Sampler(session.n_vocab, seed=sd, **sampling), stops, index=c,
-                               events=events))
+def _completion_logprobs(session, recs: list, offset0: int, text_len: int | None) -> dict:
+    """OpenAI's completions ``logprobs`` object of ``recs`` (tokens whose text starts before ``text_len``)."""
+    out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    off = offset0
+    for tok, lp, top in recs:
+        s = _piece(session, tok).decode("utf-8", "replace")
+        if text_len is not None and off - offset0 >= text_len:
+            break
+        out["tokens"].append(s)
+        out["text_offset"].append(off)
+        out["token_logprobs"].append(lp)
+        if top:  # as llama-cpp-python: the k most likely, most likely first, and the chosen token
+            d = {_piece(session, t).decode("utf-8", "replace"): v for t, v in top}
+            d.setdefault(s, lp)
+            out["top_logprobs"].append(d)
+        else:
+            out["top_logprobs"].append(None)
+        off += len(s)
     return out
 
 
-def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
-                 cancel: threading.Event | None = None) -> Iterator[tuple]:
-    """``("piece", choice, text)`` and ``("done", choice, None)`` of ``reqs`` as they happen: on ``batcher``
-    when given (a background one: the server's), else on a Batcher driven here, step by step. Closing the
-    iterator, or setting ``cancel``, cancels what is still running."""
-    q = reqs[0].events
-    local = batcher is None
-    b = Batcher(session) if local else batcher
-    for r in reqs:
-        b.submit(r)
-    left = len(reqs)
-    try:
-        while left:
-            if cancel is not None and cancel.is_set():
-                for r in reqs:
-                    r.cancel()
-            try:
-                ev = q.get_nowait() if local else q.get(timeout=CANCEL_POLL_S)
-            except queue.Empty:
-                if not local:
-                    continue
-                try:
-                    if not b.drive():
-                        break
-                except BaseException as e:
-                    b._fail_all(e)  # every request ends (with this error); their events follow
-                continue
-            left -= ev[0] == "done"
-            yield ev
-    finally:
-        for r in reqs:
-            r.cancel()
-        if local:
-            try:
-                while b.drive():  # let the cancelled sequences leave
-                    pass
-            except BaseException as e:  # noqa: BLE001 - already ending; the requests carry the error
-                b._fail_all(e)
+def _chat_logprobs(session, recs: list, text_len: int | None) -> dict:
+    """OpenAI's chat ``logprobs`` object (``content``: token, logprob, bytes, top_logprobs)."""
+    def entry(t, v):
+        b = _piece(session, t)
+        return {"token": b.decode("utf-8", "replace"), "logprob": v, "bytes": list(b)}
 
-
-def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int) -> Iterator[tuple]:
-    """:func:`batch_events` as a stream's chunks need them: ``("piece", choice, text)`` and ``("end", choice,
-    finish_reason, extra)``, ``extra`` None except on the last choice to end, where it carries ``usage`` and
-    ``epqlab`` (once per call); raises the error that ended a choice."""
-    left = len(reqs)
-    for kind, c, value in batch_events(session, reqs, batcher, cancel):
-        if kind == "piece":
-            yield "piece", c, value
-            continue
-        left -= 1
-        if reqs[c].error is not None:
-            raise reqs[c].error
-        if left:
-            yield "end", c, reqs[c].result.finish_reason, None
-        else:
-            gens, usage, st = _batch_result(reqs, n_prompt)
-            yield "end", c, gens[c].finish_reason, {"usage": usage, "epqlab": st}
-
-
-def _batch_result(reqs: list[Request], n_prompt: int) -> tuple[list, dict, dict]:
-    """(generations, usage, epqlab stats) of finished requests (``n_prompt``: prompt tokens, each prompt
-    counted once however many choices it has); raises the first request's error."""
-    for r in reqs:
-        if r.error is not None:
-            raise r.error
-    gens = [r.result for r in reqs]
-    usage = _usage(n_prompt, sum(len(g.tokens) for g in gens))
-    # one choice: its figures at the top, as a single generation's run stats are; every choice's under "choices"
-    top = dict(gens[0].stats) if len(gens) == 1 else {"n_prompt": n_prompt}
-    top.update(n_gen=usage["completion_tokens"], choices=[g.stats for g in gens])
-    return gens, usage, clean_json(top)
+    content, off = [], 0
+    for tok, lp, top in recs:
+        if text_len is not None and off >= text_len:
+            break
+        e = entry(tok, lp)
+        e["top_logprobs"] = [entry(t, v) for t, v in top]
+        content.append(e)
+        off += len(e["token"])
+    return {"content": content, "refusal": None}
 
 
 def create_completion(session, prompt, *, max_tokens: int | None = 16, temperature: float = 0.8,
                       top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
                       stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                      model: str | None = None, n: int = 1, batcher: Batcher | None = None,
-                      cancel: threading.Event | None = None) -> dict | Iterator[dict]:
+                      model: str | None = None, n: int = 1, frequency_penalty: float = 0.0,
+                      presence_penalty: float = 0.0, typical_p: float = 1.0, logit_bias: dict | None = None,
+                      mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                      grammar=None, response_format=None, logprobs: int | None = None, echo: bool = False,
+                      suffix: str | None = None, best_of: int | None = None, batcher: Batcher | None = None,
+                      cancel: threading.Event | None = None, strict_context: bool = False) -> dict | Iterator[dict]:
     """:meth:`epqlab.Session.create_completion` (see there). ``batcher``: a background
     :class:`~epqlab.engine.batch.Batcher` to decode on (the server's continuous batching); ``cancel``: an
-    event that, once set, cancels the request's sequences (a client that went away)."""
+    event that, once set, cancels the request's sequences (a client that went away); ``strict_context``:
+    refuse a ``max_tokens`` that does not fit instead of clamping it (the server)."""
+    _refuse(suffix=suffix, best_of=best_of)
     prompts = prompt_list(session, prompt)
     n = _check_n(n)
+    nlp = _n_logprobs(logprobs, "logprobs")
+    if echo is not False and echo is not True:
+        raise ValueError(f"echo must be true or false, got {echo!r}")
+    if echo and nlp is not None:
+        raise ValueError("echo with logprobs needs the prompt tokens' log-probabilities, which epqlab does not "
+                         "compute (the batched prefill keeps only the last logits row): drop one of them")
+    sampling = sampling_args(session, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                             presence_penalty=presence_penalty, typical_p=typical_p, logit_bias=logit_bias,
+                             mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                             grammar=request_grammar(response_format, grammar), n_logprobs=nlp)
     cid, created, name = f"cmpl-{uuid.uuid4()}", int(time.time()), model or session.model_name
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
+    texts = [(prompt if isinstance(prompt, str) and len(prompts) == 1 else session.detokenize(t)) if echo else ""
+             for t in prompts]
+    head = lambda c: texts[c // n]
 
-    def chunk(text: str, reason, index: int = 0, extra=None) -> dict:
+    def chunk(text: str, reason, index: int = 0, extra=None, lp=None) -> dict:
         d = {"id": cid, "object": "text_completion", "created": created, "model": name,
-             "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": reason}]}
+             "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": reason}]}
         if extra:
             d.update(extra)
         return d
 
-    if len(prompts) == 1 and n == 1 and batcher is None:
-        return _single_completion(session, prompts[0], max_tokens, sampling, _stop_list(stop), seed, stream, chunk)
-    reqs = _requests(session, prompts, n, max_tokens, _stop_list(stop), seed, sampling, queue.SimpleQueue())
-    n_prompt = sum(len(t) for t in prompts)
+    events = choice_events(session, prompts, n, max_tokens, _stop_list(stop), seed, sampling, batcher, cancel,
+                           strict_context)
     if stream:
         def chunks():
-            for kind, c, *rest in _choice_events(session, reqs, batcher, cancel, n_prompt):
-                yield chunk(rest[0], None, c) if kind == "piece" else chunk("", rest[0], c, rest[1])
+            started, off = set(), {}
+            for kind, c, *rest in events:
+                if c not in started:
+                    started.add(c)
+                    off[c] = len(head(c))
+                    if head(c):
+                        yield chunk(head(c), None, c)
+                if kind == "piece":
+                    text, recs = rest
+                    lp = None if recs is None else _completion_logprobs(session, recs, off[c], None)
+                    off[c] += len(text)
+                    yield chunk(text, None, c, lp=lp)
+                else:
+                    yield chunk("", rest[0].finish_reason, c, rest[1])
         return chunks()
-    for _ in batch_events(session, reqs, batcher, cancel):
-        pass
-    gens, usage, st = _batch_result(reqs, n_prompt)
+    gens, extra = run_all(session, events, batcher is None)
     return {"id": cid, "object": "text_completion", "created": created, "model": name,
-            "choices": [{"text": g.text, "index": c, "logprobs": None, "finish_reason": g.finish_reason}
-                        for c, g in enumerate(gens)],
-            "usage": usage, "epqlab": st}
-
-
-def _single_completion(session, toks, max_tokens, sampling, stops, seed, stream, chunk):
-    """One prompt, one choice, in-process: a :class:`~epqlab.engine.generation.Stream` that keeps the KV cache
-    of the previous call when it prefixes this prompt."""
-    m = _max_tokens(session, max_tokens, len(toks))
-    st = session.stream(toks, m, sampling["temperature"], seed, stops, top_k=sampling["top_k"],
-                        top_p=sampling["top_p"], min_p=sampling["min_p"], repeat_penalty=sampling["repeat_penalty"],
-                        reuse_kv=True)
-    if stream:
-        def chunks():
-            try:  # no lock held across yields: a consumer may resume it from another thread
-                for piece in st:
-                    yield chunk(piece, None)
-            finally:
-                st.close()
-            g = st.result
-            yield chunk("", g.finish_reason, 0, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)})
-        return chunks()
-    with session.decoder.lock:
-        for _ in st:
-            pass
-    g = st.result
-    out = chunk(g.text, g.finish_reason)
-    out.update(usage=_usage(len(toks), len(g.tokens)), epqlab=clean_json(g.stats))
-    return out
+            "choices": [{"text": head(c) + g.text, "index": c,
+                         "logprobs": None if recs is None else _completion_logprobs(session, recs, 0, len(g.text)),
+                         "finish_reason": g.finish_reason} for c, (g, recs) in enumerate(gens)], **extra}
 
 
 def check_messages(messages) -> list[dict]:
-    """``messages`` as ``[{"role": str, "content": str}]``; ValueError naming the first bad one."""
+    """``messages`` as OpenAI chat messages: ``{"role", "content": str}``, an assistant's ``content`` may be
+    None with ``tool_calls``, a ``tool`` message's ``tool_call_id`` / ``name`` are kept. ValueError naming the
+    first bad one."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
         raise ValueError('messages must be a list of {"role": ..., "content": ...} dicts')
     if not messages:
         raise ValueError("messages is empty: pass at least one message")
+    out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f'messages[{i}] must be a dict with "role" and "content", got {m!r}')
         if m["role"] not in _CHAT_ROLES:
             raise ValueError(f"messages[{i}]: unknown role {m['role']!r}; use one of {', '.join(_CHAT_ROLES)}")
-        if not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}]: content must be a string (content parts, images and tool calls "
-                             f"are not supported), got {type(m.get('content')).__name__}")
-        try:
-            m["content"].encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"messages[{i}]: content is not valid Unicode at position {e.start} (a lone "
-                             "surrogate): remove it or pair it") from None
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m["role"] != "assistant" or not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):
+                raise ValueError(f'messages[{i}]: tool_calls belong to an assistant message, as a list of '
+                                 '{"id", "type": "function", "function": {"name", "arguments"}}')
+        content = m.get("content")
+        if content is None and calls:
+            content = None
+        elif not isinstance(content, str):
+            raise ValueError(f"messages[{i}]: content must be a string (content parts and images are not "
+                             f"supported), got {type(content).__name__}")
+        else:
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"messages[{i}]: content is not valid Unicode at position {e.start} (a lone "
+                                 "surrogate): remove it or pair it") from None
+        d = {"role": m["role"], "content": content}
+        if calls:
+            d["tool_calls"] = calls
+        for k in ("tool_call_id", "name"):
+            if isinstance(m.get(k), str):
+                d[k] = m[k]
+        out.append(d)
+    return out
 
 
 def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int | None = None,
                            temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                            repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
                            seed: int | None = None, stream: bool = False, model: str | None = None, n: int = 1,
-                           batcher: Batcher | None = None, cancel: threading.Event | None = None) -> dict | Iterator[dict]:
-    """:meth:`epqlab.Session.create_chat_completion` (see there); ``batcher``, ``cancel`` as
-    :func:`create_completion`."""
+                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0, typical_p: float = 1.0,
+                           logit_bias: dict | None = None, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                           mirostat_eta: float = 0.1, grammar=None, response_format=None, logprobs: bool | None = None,
+                           top_logprobs: int | None = None, tools: list | None = None, tool_choice=None,
+                           functions: list | None = None, function_call=None, batcher: Batcher | None = None,
+                           cancel: threading.Event | None = None, strict_context: bool = False) -> dict | Iterator[dict]:
+    """:meth:`epqlab.Session.create_chat_completion` (see there); ``batcher``, ``cancel``, ``strict_context``
+    as :func:`create_completion`."""
     msgs = check_messages(messages)
-    prompt = session.chat_prompt(msgs)
-    toks = session.tokenize(prompt, add_special=False)
+    fns, choice = check_tools(tools, tool_choice, functions, function_call)
+    calling = bool(fns) and choice != "none"
+    forced = calling and choice != "auto"
+    g = request_grammar(response_format, grammar)
+    if forced:
+        if g is not None:
+            raise ValueError("a forced tool call has its own grammar: drop response_format / grammar")
+        g = forced_grammar(fns, choice)
+    if logprobs not in (None, False, True):
+        raise ValueError(f"logprobs must be true or false on chat completions, got {logprobs!r}")
+    if top_logprobs not in (None, 0) and not logprobs:
+        raise ValueError("top_logprobs needs logprobs=true")
+    nlp = _n_logprobs(top_logprobs or 0, "top_logprobs") if logprobs else None
+    toks = session.tokenize(chat_prompt(session, msgs, fns, choice), add_special=False)
     n = _check_n(n)
+    sampling = sampling_args(session, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                             presence_penalty=presence_penalty, typical_p=typical_p, logit_bias=logit_bias,
+                             mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                             grammar=g, n_logprobs=nlp)
     cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or session.model_name
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
 
-    def chunk(delta: dict, reason, index: int = 0, extra=None) -> dict:
+    def chunk(delta: dict, reason, index: int = 0, extra=None, lp=None) -> dict:
         d = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-             "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+             "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
         if extra:
             d.update(extra)
         return d
 
-    def message(c: int, g) -> dict:
-        return {"index": c, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
-                "finish_reason": g.finish_reason}
+    def message(c: int, gen, recs) -> dict:
+        content, calls = parse_reply(gen.text, fns) if calling else (gen.text, [])
+        msg = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = calls
+        return {"index": c, "message": msg,
+                "logprobs": None if recs is None else _chat_logprobs(session, recs, len(gen.text)),
+                "finish_reason": "tool_calls" if calls else gen.finish_reason}
 
-    if n == 1 and batcher is None:
-        m = _max_tokens(session, max_tokens, len(toks))
-        st = session.stream(toks, m, temperature, seed, _stop_list(stop), top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, reuse_kv=True)
-        if stream:
-            def chunks():
-                yield chunk({"role": "assistant"}, None)
-                try:
-                    for piece in st:
-                        yield chunk({"content": piece}, None)
-                finally:
-                    st.close()
-                g = st.result
-                yield chunk({}, g.finish_reason, 0, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)})
-            return chunks()
-        with session.decoder.lock:
-            for _ in st:
-                pass
-        g = st.result
-        return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [message(0, g)], "usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)}
-    reqs = _requests(session, [toks], n, max_tokens, _stop_list(stop), seed, sampling, queue.SimpleQueue())
-    n_prompt = len(toks)
+    events = choice_events(session, [toks], n, max_tokens, _stop_list(stop), seed, sampling, batcher, cancel,
+                           strict_context)
     if stream:
         def chunks():
-            started = set()
-            for kind, c, *rest in _choice_events(session, reqs, batcher, cancel, n_prompt):
-                if c not in started:
-                    started.add(c)
+            split: dict[int, StreamSplitter] = {}
+            for kind, c, *rest in events:
+                if c not in split:
+                    split[c] = StreamSplitter()
                     yield chunk({"role": "assistant"}, None, c)
-                yield chunk({"content": rest[0]}, None, c) if kind == "piece" else chunk({}, rest[0], c, rest[1])
+                if kind == "piece":
+                    text, recs = rest
+                    out = split[c].feed(text) if calling else text
+                    lp = None if recs is None else _chat_logprobs(session, recs, None)
+                    if out or lp:
+                        yield chunk({"content": out}, None, c, lp=lp)
+                    continue
+                gen, extra = rest[0], rest[1]
+                content, calls = parse_reply(split[c].text, fns) if calling else (None, [])
+                if not calls and calling and split[c].rest():
+                    yield chunk({"content": split[c].rest()}, None, c)  # held back, and no call after all
+                for i, call in enumerate(calls):  # as OpenAI streams them: id and name, then the arguments
+                    f = call["function"]
+                    yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                 "function": {"name": f["name"], "arguments": ""}}]}, None, c)
+                    yield chunk({"tool_calls": [{"index": i, "function": {"arguments": f["arguments"]}}]}, None, c)
+                yield chunk({}, "tool_calls" if calls else gen.finish_reason, c, extra)
         return chunks()
-    for _ in batch_events(session, reqs, batcher, cancel):
-        pass
-    gens, usage, st = _batch_result(reqs, n_prompt)
+    gens, extra = run_all(session, events, batcher is None)
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [message(c, g) for c, g in enumerate(gens)], "usage": usage, "epqlab": st}
+            "choices": [message(c, gen, recs) for c, (gen, recs) in enumerate(gens)], **extra}
 
 
 __all__ = ["create_completion", "create_chat_completion", "check_messages", "prompt_list", "batch_events"]

@@ -1,0 +1,257 @@
+"""How :mod:`epqlab.engine.completion` runs its choices: prompts as token lists, the
+:class:`~epqlab.engine.sampling.Sampler` of each choice (its seed, grammar, penalties, logit bias,
+log-probabilities), and one event stream for both ways of decoding them: one prompt and one choice
+in-process decode as a :class:`~epqlab.engine.generation.Stream` that keeps the KV cache of the previous call
+when it prefixes the prompt (as llama-cpp-python does); anything else (``n`` > 1, several prompts, the
+server's background :class:`~epqlab.engine.batch.Batcher`) as sequences of one batch.
+
+Events: ``("piece", choice, text, logprob_records)`` as text is produced (the records of the tokens since
+the previous piece, when log-probabilities were asked for, else None) and ``("end", choice, Generation,
+extra, logprob_records)``, ``extra`` None except on the last choice to end, where it carries ``usage`` and
+``epqlab`` (once per call); the records (:attr:`~epqlab.engine.sampling.Sampler.logprobs`) there are those of
+every generated token.
+"""
+from __future__ import annotations
+
+import numbers
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from ..results import clean_json
+from .batch import Batcher, Request
+from .generation import Generation, Stream
+from .sampling import Sampler
+from .structured import vocab_of
+
+MAX_CHOICES = 128  # n x prompts per call
+CANCEL_POLL_S = 0.1  # how often a wait on a background batcher looks at its cancel event
+
+
+def _stop_list(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop):
+        return list(stop)
+    raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+
+
+def _max_tokens(session, max_tokens, n_prompt: int, strict: bool = False) -> int:
+    """Tokens a choice may generate: llama-cpp-python's rule (None or <= 0: until the context is full; more
+    than fits: clamped), or with ``strict`` (the server, as OpenAI's API) a ValueError when the prompt plus
+    ``max_tokens`` exceed the context."""
+    room = session.n_ctx - n_prompt
+    if room < 1:
+        raise ValueError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
+                         f"{session.n_ctx}; shorten it or open the Session with a larger n_ctx")
+    if max_tokens is None or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0):
+        return room  # llama-cpp-python: None or <= 0 means "until the context is full"
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
+    if strict and max_tokens > room:
+        raise ValueError(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceed the context of "
+                         f"{session.n_ctx} tokens; ask for at most {room} (or open the Session with a larger n_ctx)")
+    return min(max_tokens, room)
+
+
+def _usage(n_prompt: int, n_gen: int) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+
+
+def prompt_list(session, prompt) -> list[list[int]]:
+    """The prompts of a completions request as token-id lists: a str, a list of str, a list of ints (one
+    prompt), or a list of int lists (OpenAI's ``prompt`` forms). Raises TypeError / ValueError naming the
+    form that is wrong."""
+    if isinstance(prompt, str):
+        return [session.prompt_tokens(prompt, True)]
+    if isinstance(prompt, (bytes, bytearray)) or prompt is None or not isinstance(prompt, Sequence):
+        raise TypeError("prompt must be a str, a list of str, a list of token ids or a list of token-id lists, "
+                        f"got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("empty prompt: pass some text or at least one token id")
+    if all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in prompt):
+        return [session.prompt_tokens(list(prompt), True)]
+    if all(isinstance(x, str) for x in prompt):
+        return [session.prompt_tokens(x, True) for x in prompt]
+    if all(isinstance(x, Sequence) and not isinstance(x, (str, bytes)) for x in prompt):
+        return [session.prompt_tokens(list(x), True) for x in prompt]
+    if all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in prompt):
+        raise TypeError(f"token ids must be integers, got {type(next(x for x in prompt if not isinstance(x, numbers.Integral))).__name__}")
+    raise TypeError("prompt must be a str, a list of str, a list of token ids or a list of token-id lists; "
+                    "this list mixes them")
+
+
+def _check_n(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be an integer >= 1 (choices per prompt), got {n!r}")
+    return int(n)
+
+
+def _requests(session, prompts: list[list[int]], n: int, max_tokens, stops, seed, sampling: dict,
+              events: queue.SimpleQueue, strict: bool = False) -> list[Request]:
+    if len(prompts) * n > MAX_CHOICES:
+        raise ValueError(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one call")
+    out = []
+    for i, toks in enumerate(prompts):
+        m = _max_tokens(session, max_tokens, len(toks), strict)
+        for j in range(n):
+            c = i * n + j
+            sd = None if seed is None else (int(seed) + c) % 2**32
+            out.append(Request(toks, m, make_sampler(session, sd, sampling), stops, index=c, events=events))
+    return out
+
+
+def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
+                 cancel: threading.Event | None = None) -> Iterator[tuple]:
+    """``("piece", choice, text)`` and ``("done", choice, None)`` of ``reqs`` as they happen: on ``batcher``
+    when given (a background one: the server's), else on a Batcher driven here, step by step. Closing the
+    iterator, or setting ``cancel``, cancels what is still running."""
+    q = reqs[0].events
+    local = batcher is None
+    b = Batcher(session) if local else batcher
+    for r in reqs:
+        b.submit(r)
+    left = len(reqs)
+    try:
+        while left:
+            if cancel is not None and cancel.is_set():
+                for r in reqs:
+                    r.cancel()
+            try:
+                ev = q.get_nowait() if local else q.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                if not local:
+                    continue
+                try:
+                    if not b.drive():
+                        break
+                except BaseException as e:
+                    b._fail_all(e)  # every request ends (with this error); their events follow
+                continue
+            left -= ev[0] == "done"
+            yield ev
+    finally:
+        for r in reqs:
+            r.cancel()
+        if local:
+            try:
+                while b.drive():  # let the cancelled sequences leave
+                    pass
+            except BaseException as e:  # noqa: BLE001 - already ending; the requests carry the error
+                b._fail_all(e)
+
+
+def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int) -> Iterator[tuple]:
+    """:func:`batch_events` as the module docstring's events; raises the error that ended a choice."""
+    left = len(reqs)
+    seen = [0] * len(reqs)  # pieces seen per choice
+    took = [0] * len(reqs)  # log-probability records handed out per choice
+    for kind, c, value in batch_events(session, reqs, batcher, cancel):
+        r = reqs[c]
+        if kind == "piece":
+            recs = None
+            if r.sampler.n_logprobs is not None:
+                end = r.piece_ends[seen[c]]
+                recs, took[c] = r.sampler.logprobs[took[c]:end], end
+            seen[c] += 1
+            yield "piece", c, value, recs
+            continue
+        left -= 1
+        if r.error is not None:
+            raise r.error
+        recs = _records(r.sampler, r.result)
+        if left:
+            yield "end", c, r.result, None, recs
+        else:
+            gens, usage, st = _batch_result(reqs, n_prompt)
+            yield "end", c, gens[c], {"usage": usage, "epqlab": st}, recs
+
+
+def _batch_result(reqs: list[Request], n_prompt: int) -> tuple[list, dict, dict]:
+    """(generations, usage, epqlab stats) of finished requests (``n_prompt``: prompt tokens, each prompt
+    counted once however many choices it has); raises the first request's error."""
+    for r in reqs:
+        if r.error is not None:
+            raise r.error
+    gens = [r.result for r in reqs]
+    usage = _usage(n_prompt, sum(len(g.tokens) for g in gens))
+    # one choice: its figures at the top, as a single generation's run stats are; every choice's under "choices"
+    top = dict(gens[0].stats) if len(gens) == 1 else {"n_prompt": n_prompt}
+    top.update(n_gen=usage["completion_tokens"], choices=[g.stats for g in gens])
+    return gens, usage, clean_json(top)
+
+
+def sampling_args(session, *, temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty=0.0,
+                  presence_penalty=0.0, typical_p=1.0, logit_bias=None, mirostat_mode=0, mirostat_tau=5.0,
+                  mirostat_eta=0.1, grammar: str | None = None, n_logprobs: int | None = None) -> dict:
+    """The :class:`~epqlab.engine.sampling.Sampler` arguments of a request (the vocabulary loaded when a
+    grammar needs it); a first Sampler is built and freed here so that a bad value raises before any work."""
+    d = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, typical_p=typical_p,
+             logit_bias=logit_bias, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+             mirostat_eta=mirostat_eta, grammar=grammar or None, n_logprobs=n_logprobs)
+    if grammar:
+        d["vocab"] = vocab_of(session)
+    Sampler(session.n_vocab, seed=0, **d).free()
+    return d
+
+
+def make_sampler(session, seed, sampling: dict) -> Sampler:
+    return Sampler(session.n_vocab, seed=seed, **sampling)
+
+
+def choice_events(session, prompts: list[list[int]], n: int, max_tokens, stops: list[str], seed, sampling: dict,
+                  batcher: Batcher | None, cancel: threading.Event | None, strict: bool = False) -> Iterator[tuple]:
+    """The events (module docstring) of ``n`` choices per prompt; raises ValueError / TypeError before any
+    work for a bad request."""
+    if len(prompts) == 1 and n == 1 and batcher is None:
+        toks = prompts[0]
+        m = _max_tokens(session, max_tokens, len(toks), strict)
+        return _single_events(session, toks, m, make_sampler(session, seed, sampling), stops)
+    reqs = _requests(session, prompts, n, max_tokens, stops, seed, sampling, queue.SimpleQueue(), strict)
+    return _choice_events(session, reqs, batcher, cancel, sum(len(t) for t in prompts))
+
+
+def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str]) -> Iterator[tuple]:
+    session.decoder.check_open()
+    st = Stream(session, toks, m, sampler, stops, reuse_kv=True)
+    took = 0
+    try:  # no lock held across yields: a consumer may resume it from another thread
+        for piece in st:
+            recs = None
+            if sampler.n_logprobs is not None:
+                end = min(len(sampler.logprobs), len(st.tokens))
+                recs, took = sampler.logprobs[took:end], end
+            yield "piece", 0, piece, recs
+    finally:
+        st.close()
+    g: Generation = st.result
+    yield "end", 0, g, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)}, _records(sampler, g)
+
+
+def run_all(session, events: Iterator[tuple], local: bool) -> tuple[list, dict]:
+    """Consume ``events`` to the end (holding the Session's lock when ``local``: an in-process run):
+    ``([(Generation, logprob records | None)] by choice, extra)``."""
+    out, extra = {}, {}
+    if local:
+        session.decoder.lock.acquire()
+    try:
+        for ev in events:
+            if ev[0] == "end":
+                out[ev[1]] = (ev[2], ev[4])
+                extra = ev[3] or extra
+    finally:
+        if local:
+            session.decoder.lock.release()
+    return [out[c] for c in sorted(out)], extra
+
+
+def _records(sampler: Sampler, gen: Generation | None) -> list | None:
+    """The log-probability records of ``gen``'s tokens (the end-of-generation draw dropped), or None."""
+    if sampler.n_logprobs is None or gen is None:
+        return None
+    return sampler.logprobs[:len(gen.tokens)]
