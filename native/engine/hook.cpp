@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ggml.h"
+#include "hook_lossy.h"
 #include "io_pool.h"
 
 static const char TOPK_PREFIX[] = "ffn_moe_topk-";
@@ -67,6 +68,10 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     stage_ids_.assign(n_layers_, {});
     pend_ids_.assign(n_layers_, {});
     pend_w_.assign(n_layers_, {});
+    probs_.assign(n_layers_, nullptr);
+    drop_keep_.assign(n_layers_, {});
+    layer_k_sum_.assign(n_layers_, 0);
+    layer_k_n_.assign(n_layers_, 0);
 }
 
 expert_hook::~expert_hook() {
@@ -200,7 +205,8 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             hidden_[li]   = t->src[1];  // computed with the router, alive until the expert matmuls
         }
     }
-    return skip_tau_ >= 0 && pg_ && is_weights_name(name);
+    if (lossy_on()) note_probs(t);
+    return (skip_tau_ >= 0 || !ak_ks_.empty()) && pg_ && is_weights_name(name);
 }
 
 int expert_hook::layer_of_block(int il) const {
@@ -214,6 +220,12 @@ void expert_hook::on_weights(ggml_tensor * t) {
     const char * dash = strrchr(name, '-');
     if (!dash) return;
     const int li = layer_of_block(atoi(dash + 1));
+    if (li >= 0 && !drop_keep_[li].empty()) {  // adaptive-k dropped slots in this layer
+        const char * rest = name + sizeof(WEIGHTS_PREFIX) - 1;
+        if (rest[0] == '-') zero_dropped(li, t, false);
+        else if (strncmp(rest, "_softmax-", 9) == 0) zero_dropped(li, t, true);
+        return;
+    }
     if (li < 0 || mode_[li] != PENDING) return;
     if (t->type != GGML_TYPE_F32) throw std::runtime_error(std::string(name) + " is not float32");
     const int k = (int) pend_ids_[li].size();
@@ -240,6 +252,9 @@ void expert_hook::resolve_pending(int li) {
         throw std::logic_error("skip-cold: one token's experts do not fit the layer's slots");
     pg_->zero_overlay(li, skip.data(), (int) skip.size());
     stats_.cold_skipped += (int64_t) skip.size();
+    stats_.lossy_slots += (int64_t) ids.size();
+    stats_.route_changed += (int64_t) skip.size();
+    stats_.lossy_bytes_saved += (int64_t) skip.size() * pg_->unit_bytes(li);
     mode_[li] = REGION;
     stats_.layer_loads++;  // no prefetch here: skip-cold and prefetch are exclusive
 }
@@ -376,6 +391,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
         stats_.ubatches++;
         passes_++;
         stats_.tokens += n_tokens;
+        pass_tokens_ = n_tokens;
         if (pg_) pg_->begin_pass();
         if (record_) {
             route_k_ = k;
@@ -390,6 +406,10 @@ void expert_hook::on_topk(ggml_tensor * t) {
     for (int j = 0; j < n_tokens; j++)
         for (int i = 0; i < k; i++)
             ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
+    drop_keep_[li].clear();
+    // Lossy route rewrites (hook.h): a decode step's ids, rewritten in place before anything reads them.
+    const bool lossy = pg_ && !abort_ && lossy_on() && n_tokens == 1 && pass_tokens_ == 1;
+    if (lossy) apply_lossy(li, t, ids);
     {   // the ubatch's union in this layer: what the tokens of a batch share (counted before any paging)
         std::vector<int32_t> u(ids);
         std::sort(u.begin(), u.end());
@@ -437,8 +457,15 @@ void expert_hook::on_topk(ggml_tensor * t) {
     try {
         std::vector<int32_t> staged;
         bool queued = false;
+        if (lossy && !drop_keep_[li].empty()) {  // the distinct experts, in slot order
+            std::vector<int32_t> d;
+            for (int32_t e : ids)
+                if (std::find(d.begin(), d.end(), e) == d.end()) d.push_back(e);
+            ids = d;
+        }
+        const int kk = n_tokens == 1 ? (int) ids.size() : k;
         if (pipeline_ && n_tokens == 1) {
-            queued = pg_->request_layer_async(li, ids.data(), k, mm_order_[li]);
+            queued = pg_->request_layer_async(li, ids.data(), kk, mm_order_[li]);
         } else if (pipeline_) {
             // A batch (or prefill) ubatch: its sorted union, as request_layer hands load_layer, so the pager's
             // requests, hits and evictions are those of the unpipelined load; false when it needs staging.
@@ -447,7 +474,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
             uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
             queued = pg_->request_layer_async(li, uni.data(), (int) uni.size(), mm_order_[li]);
         }
-        if (!queued && !pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
+        if (!queued && !pg_->request_layer(li, ids.data(), kk, n_tokens, &staged)) {
             // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
             mode_[li] = STAGE;
             stage_ids_[li] = std::move(staged);
