@@ -102,7 +102,9 @@ void expert_hook::note_probs(ggml_tensor * t) {
     static const char P[] = "ffn_moe_probs-";
     const char * name = ggml_get_name(t);
     if (strncmp(name, P, sizeof(P) - 1) != 0) return;
-    const int li = layer_of_block(atoi(name + sizeof(P) - 1));
+    const char * num = name + sizeof(P) - 1;
+    if (!*num || num[strspn(num, "0123456789")] != 0) return;  // not its views ("ffn_moe_probs-<il> (reshaped)")
+    const int li = layer_of_block(atoi(num));
     if (li >= 0) probs_[li] = t;  // computed before the topk; alive until get_rows reads it
 }
 
@@ -111,7 +113,9 @@ void expert_hook::note_probs(ggml_tensor * t) {
 void expert_hook::router_probs(int li, std::vector<float> & q) {
     const ggml_tensor * p = probs_[li];
     if (!p || !p->data || p->type != GGML_TYPE_F32 || p->ne[1] != 1 || p->nb[0] != sizeof(float))
-        throw std::runtime_error("router probabilities of MoE layer " + std::to_string(li) + " (ffn_moe_probs) are not a float32 [n_expert, 1] tensor");
+        throw std::runtime_error("router probabilities of MoE layer " + std::to_string(li) + " (ffn_moe_probs) are not a float32 [n_expert, 1] tensor" +
+                                 (p ? " (ne " + std::to_string(p->ne[0]) + "x" + std::to_string(p->ne[1]) + ", type " + std::to_string((int) p->type) +
+                                      ", op " + std::to_string((int) p->op) + (p->data ? "" : ", no data") + ")" : " (not seen in this graph)"));
     const int n = (int) p->ne[0];
     q.assign((const float *) p->data, (const float *) p->data + n);
     if (p->op == GGML_OP_SOFT_MAX) return;
