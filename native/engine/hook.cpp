@@ -23,7 +23,15 @@
 
 static const char TOPK_PREFIX[] = "ffn_moe_topk-";
 static const char LOGITS_PREFIX[] = "ffn_moe_logits-";
-static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
+static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";
+static const char OUT_PREFIX[] = "ffn_moe_out-";  // the routed experts' mixture of layer il (before any shared expert)
+
+// name is exactly prefix + digits (not one of its views, "... (reshaped)").
+static bool is_layer_node(const char * name, const char * prefix, size_t n) {
+    if (strncmp(name, prefix, n) != 0) return false;
+    const char * num = name + n;
+    return *num && num[strspn(num, "0123456789")] == 0;
+}  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
 
 // ffn_moe_weights-<il> and the later weights nodes (not ffn_moe_weights_sum*: a sum, not weights).
 static bool is_weights_name(const char * name) {
@@ -114,6 +122,7 @@ bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
         if (h->timing_ && h->in_decode_) h->charge_compute(t, io_now_us() - h->t_need_);
         if (t->op == GGML_OP_MUL_MAT_ID) return true;  // a matmul's observe needs nothing more
         if (is_weights_name(ggml_get_name(t))) h->on_weights(t);
+        else if (is_layer_node(ggml_get_name(t), OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) h->capture_output(t);
         else h->on_topk(t);
     } catch (...) {
         if (!h->error_) h->error_ = std::current_exception();
@@ -206,6 +215,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         }
     }
     if (lossy_on()) note_probs(t);
+    if (capture_ && is_layer_node(name, OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) return true;  // captured at its observe
     return (skip_tau_ >= 0 || !ak_ks_.empty()) && pg_ && is_weights_name(name);
 }
 
@@ -349,10 +359,27 @@ void expert_hook::flush_ubatch() {
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
             start_ubatch_inputs();
             inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
+            if (ub_outputs_.empty()) ub_outputs_.assign(ub_inputs_.size(), std::numeric_limits<float>::quiet_NaN());
+            outputs_.insert(outputs_.end(), ub_outputs_.begin(), ub_outputs_.end());
         }
     }
     ub_inputs_.clear();
+    ub_outputs_.clear();
     ub_tokens_ = 0;
+}
+
+void expert_hook::capture_output(ggml_tensor * t) {
+    const int li = layer_of_block(atoi(ggml_get_name(t) + sizeof(OUT_PREFIX) - 1));
+    if (li < 0 || !record_ || in_dim_ <= 0 || ub_tokens_ <= 0) return;
+    const int n_tokens = (int) t->ne[1];
+    if (!t->data || t->type != GGML_TYPE_F32 || t->ne[0] != in_dim_ || n_tokens > ub_tokens_ || t->nb[0] != sizeof(float))
+        throw std::runtime_error("MoE output of layer " + std::to_string(li) + " is not a float32 [n_embd, n_tokens] tensor");
+    if (ub_outputs_.empty()) ub_outputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+    const int skip = ub_tokens_ - n_tokens;
+    for (int j = 0; j < n_tokens; j++) {
+        const float * src = (const float *) ((const char *) t->data + j * t->nb[1]);
+        std::copy(src, src + in_dim_, &ub_outputs_[((size_t) (j + skip) * n_layers_ + li) * in_dim_]);
+    }
 }
 
 void expert_hook::start_ubatch_inputs() {  // this ubatch's rows, NaN until a layer fills them

@@ -274,7 +274,11 @@ public:
     }
     const std::vector<float> & router_inputs() const { return inputs_; }
     int64_t router_input_dim() const { return in_dim_; }
-    void clear_router_inputs() { inputs_.clear(); }
+    void clear_router_inputs() { inputs_.clear(); outputs_.clear(); }
+    // With capture on, also each MoE layer's output (ffn_moe_out-<il>: the routed experts' weighted sum,
+    // before any shared expert), same layout as router_inputs(): the NumPy reference of a layer compares
+    // to it (tests/test_lossy_route.py). Needing that node splits the graph there: logits unchanged.
+    const std::vector<float> & moe_outputs() const { return outputs_; }
 
 private:
     enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2, PENDING = 3 };
@@ -342,6 +346,8 @@ private:
     bool                                     capture_ = false;
     std::vector<float>                       inputs_;       // router-input log [tokens][L][in_dim_]
     std::vector<float>                       ub_inputs_;    // current ubatch
+    std::vector<float>                       outputs_, ub_outputs_;  // MoE-output log (moe_outputs), current ubatch
+    void capture_output(ggml_tensor * t);
     int64_t                                  in_dim_ = 0;
     void capture_input(int li, int n_tokens);
     void start_ubatch_inputs();

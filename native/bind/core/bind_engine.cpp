@@ -272,6 +272,14 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
             e.hook()->set_capture_inputs(on);
         })
+        .def("moe_outputs", [](engine & e) {
+            // The MoE-output log, float32 flat, laid out as the router-input log (not cleared: take_router_inputs clears both).
+            if (!e.hook()) return py::array_t<float>();
+            const auto & r = e.hook()->moe_outputs();
+            py::array_t<float> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            return out;
+        })
         .def("take_router_inputs", [](engine & e) -> py::tuple {
             // The router-input log as float32 [n_tokens * n_moe_layers * n_embd] (flat) and n_embd; clears it.
             if (!e.hook()) return py::make_tuple(py::array_t<float>(), (int64_t) 0);
