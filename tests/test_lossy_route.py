@@ -140,6 +140,7 @@ def _record(path, tmp_path, **kw):
         toks = s.tokenize("A CPU cache is a small, fast memory that sits between the processor and main memory.")
         s.greedy_trace(toks, 12)
         outs = np.asarray(s.decoder.engine.moe_outputs(), np.float32)
+        kept = np.asarray(s.decoder.engine.take_adaptive_k_log(), np.int32)
         flat, dim = s.decoder.take_router_inputs()
         log = s.route_log()
         stats, mean_k = s.stats, s.adaptive_k_per_layer()
@@ -148,7 +149,8 @@ def _record(path, tmp_path, **kw):
     O = outs.reshape(T, L, int(dim))
     ub = np.asarray(log.ubatch)
     single = np.array([np.sum(ub == u) == 1 for u in ub])  # decode steps: one-token forward passes
-    return stats, mean_k, H[single].astype(np.float64), O[single].astype(np.float64), log.experts[single]
+    kept = kept.reshape(T, L)[single] if kept.size else None
+    return stats, mean_k, H[single].astype(np.float64), O[single].astype(np.float64), log.experts[single], kept
 
 
 def _probs(H, Ws, bs, l):
@@ -164,7 +166,7 @@ def _rel(a, b):
 def test_substituted_step_equals_numpy_moe_layer(tiny_gguf, tmp_path):
     """qwen3moe normalizes the top-k weights: the substituted step's MoE output is the mixture of the experts
     actually used, weighted by their router probabilities renormalized over them."""
-    stats, _, H, O, R = _record(tiny_gguf, tmp_path, route_bias="cache", route_delta=0.9)
+    stats, _, H, O, R, _ = _record(tiny_gguf, tmp_path, route_bias="cache", route_delta=0.9)
     Ws, bs = router_weights(tiny_gguf)
     ex = _experts(tiny_gguf)
     T, L, k = R.shape
@@ -185,8 +187,8 @@ def test_substituted_step_equals_numpy_moe_layer(tiny_gguf, tmp_path):
                 if changed:
                     wo = p[t, orig] / p[t, orig].sum()
                     errs_orig.append(_rel(O[t, l], _moe(H[t, l], orig, wo, ex[l])))
-    assert max(errs_used) < 0.02, max(errs_used)  # ggml's quantized dot products vs float64
-    assert errs_orig and min(errs_orig) > 5 * max(errs_used)  # the router's own experts would give another output
+    assert max(errs_used) < 0.04, max(errs_used)  # ggml quantizes activations for Q4_K dot products (measured <= 2.4%)
+    assert errs_orig and min(errs_orig) > 10 * max(errs_used)  # the router's own experts would give another output
     # substitutions the hook counted = slots whose expert differs from NumPy's top-k (clear top-k tokens)
     assert 0 < n_sub <= stats["route_substituted"]
     assert stats["route_changed"] == stats["route_substituted"] and stats["lossy_slots"] == T * L * k
@@ -194,12 +196,14 @@ def test_substituted_step_equals_numpy_moe_layer(tiny_gguf, tmp_path):
 
 def test_adaptive_k_follows_the_entropy_rule(tiny_gguf, tmp_path):
     """k per (token, layer) equals the rule applied to the entropy of softmax(router logits) computed here from
-    the recorded router inputs; dropped slots repeat the best kept expert, and the output is the kept experts'
-    renormalized mixture."""
+    the recorded router inputs and the GGUF's router weights; the output is the kept (most probable) experts'
+    renormalized mixture; the route log keeps the router's own k ids."""
     Ws, bs = router_weights(tiny_gguf)
-    # thresholds inside this model's entropies, so that both k = 1 and k = 2 occur
-    thr, ks = (1.7,), (1, 2)
-    stats, mean_k, H, O, R = _record(tiny_gguf, tmp_path, adaptive_k=(thr, ks))
+    # a threshold at the median of this model's router entropies (an exact run), so that both k = 1 and k = 2 occur
+    _, _, H0, _, _, _ = _record(tiny_gguf, tmp_path)
+    ent0 = np.concatenate([-(p * np.log(p)).sum(1) for p in (_probs(H0, Ws, bs, l) for l in range(H0.shape[1]))])
+    thr, ks = (float(np.median(ent0)),), (1, 2)
+    stats, mean_k, H, O, R, K = _record(tiny_gguf, tmp_path, adaptive_k=(thr, ks))
     ex = _experts(tiny_gguf)
     T, L, k = R.shape
     seen, ks_rule = set(), np.zeros((T, L))
@@ -209,14 +213,15 @@ def test_adaptive_k_follows_the_entropy_rule(tiny_gguf, tmp_path):
         for t in range(T):
             want = ks[int(np.searchsorted(thr, ent[t], side="right"))]
             ks_rule[t, l] = min(want, k)
-            got = len(set(R[t, l].tolist()))
+            got = int(K[t, l])
             if min(abs(ent[t] - x) for x in thr) > 1e-4:
                 assert got == ks_rule[t, l], (t, l, ent[t])
             seen.add(got)
-            keep = np.argsort(-p[t], kind="stable")[:got]
-            assert set(R[t, l].tolist()) == set(keep.tolist())
+            order = np.argsort(-p[t], kind="stable")
+            keep = order[:got]  # the kept slots are the most probable ones
+            assert sorted(R[t, l].tolist()) == sorted(order[:k].tolist())  # the log keeps the router's k ids
             w = p[t, keep] / p[t, keep].sum()
-            assert _rel(O[t, l], _moe(H[t, l], keep, w, ex[l])) < 0.02
+            assert _rel(O[t, l], _moe(H[t, l], keep, w, ex[l])) < 0.04  # as above: quantized activations
     assert seen == {1, 2}, seen
     assert np.allclose(mean_k, ks_rule.mean(0))
     assert stats["adaptive_dropped"] == int((k - ks_rule).sum())

@@ -356,6 +356,7 @@ void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) passes_);
+        if (!ub_kept_.empty()) kept_log_.insert(kept_log_.end(), ub_kept_.begin(), ub_kept_.end());
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
             start_ubatch_inputs();
             inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
@@ -365,6 +366,7 @@ void expert_hook::flush_ubatch() {
     }
     ub_inputs_.clear();
     ub_outputs_.clear();
+    ub_kept_.clear();
     ub_tokens_ = 0;
 }
 
@@ -424,6 +426,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
             route_k_ = k;
             ub_tokens_ = n_tokens;
             ub_route_.assign((size_t) n_tokens * n_layers_ * k, -1);
+            if (!ak_ks_.empty()) ub_kept_.assign((size_t) n_tokens * n_layers_, k);
         }
     }
 
@@ -450,6 +453,9 @@ void expert_hook::on_topk(ggml_tensor * t) {
         const int skip = ub_tokens_ - n_tokens;
         for (int j = 0; j < n_tokens; j++)
             std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) (j + skip) * n_layers_ + li) * k]);
+        if (lossy && !drop_keep_[li].empty())  // a dropped slot records the router's own choice (k distinct ids)
+            for (int i = 0; i < k; i++)
+                if (!drop_keep_[li][i]) ub_route_[((size_t) skip * n_layers_ + li) * k + i] = lossy_orig_[i];
         if (capture_) capture_input(li, n_tokens);
     }
     if (!pg_) {

@@ -44,11 +44,12 @@
 // repeats the best kept expert (resident: nothing extra is read; the matmul computes it again)
 // and its weight is zeroed at ffn_moe_weights-<il>'s observe, before the graph sums and normalizes
 // (with a softmax over the selected logits, ffn_moe_weights_softmax-<il>, the kept ones are
-// renormalized there), so the output is the kept experts' renormalized mixture. Exclusive with
+// renormalized there), so the output is the kept experts' renormalized mixture. The route log records
+// the experts computed, and for a dropped slot the router's own choice (k distinct ids, as skip-cold
+// records its skipped experts); adaptive_k_log() gives the k kept per (token, layer). Exclusive with
 // skip-cold (both act on non-resident experts / skip-cold would take the zeroed weights as cold);
 // cache-aware routing is exclusive with prefetch (its choice depends on residency). Both work with
-// pipelined reads: the rewrite comes before the layer's request. The route log records the
-// experts computed (the rewritten ids; a dropped slot shows the repeated expert).
+// pipelined reads: the rewrite comes before the layer's request.
 //
 // Time split (set_timing, on by default): each part has its own timestamps. The callback also
 // needs each layer's last expert matmul (ffn_down_exps), so ggml computes a layer in two pieces
@@ -186,7 +187,7 @@ public:
     void set_pager(pager * pg) { pg_ = pg; }
     // Lossy skip-cold threshold (see above); negative = off (the default).
     void set_skip_cold(double tau) {
-        if (tau >= 0 && route_delta_ > 0)
+        if (tau >= 0 && route_delta_ >= 0)
             throw std::invalid_argument("skip-cold and cache-aware routing are exclusive: both decide what happens to a non-resident expert");
         if (tau >= 0 && !ak_ks_.empty())
             throw std::invalid_argument("skip-cold and adaptive-k are exclusive: skip-cold would read adaptive-k's zeroed weights as cold");
@@ -197,8 +198,8 @@ public:
         skip_tau_ = tau;
     }
     double skip_cold() const { return skip_tau_; }
-    // Lossy cache-aware routing (see "Lossy route rewrites"; hook_lossy.cpp); delta 0 = off. Throws
-    // std::invalid_argument with skip-cold or prefetch on, or a delta < 0.
+    // Lossy cache-aware routing (see "Lossy route rewrites"; hook_lossy.cpp); delta < 0 = off (the
+    // default), 0 = on but substitutes nothing. Throws std::invalid_argument with skip-cold or prefetch on.
     void set_route_bias(double delta);
     double route_bias() const { return route_delta_; }
     // Lossy adaptive-k (see above); ks empty = off; ks.size() == thresholds.size() + 1, thresholds
@@ -261,6 +262,10 @@ public:
     // Forward pass (ubatch) number of each recorded token, counted from the hook's creation.
     const std::vector<int32_t> & route_ubatch() const { return route_ub_; }
     int route_k() const { return route_k_; }
+    // With adaptive-k and route recording: the k kept per recorded token and MoE layer, [n_tokens][n_moe_layers]
+    // int32 aligned with route() (the graph's k where adaptive-k did not act: prefill, unrouted rows).
+    const std::vector<int32_t> & adaptive_k_log() const { return kept_log_; }
+    void clear_adaptive_k_log() { kept_log_.clear(); }
     void clear_route() { route_.clear(); route_ub_.clear(); }
 
     // Router-input log (set_capture_inputs; off by default), the training data of a learned
@@ -321,7 +326,7 @@ private:
     std::vector<std::vector<int32_t>>        pend_ids_;          // per PENDING layer: router-order ids
     std::vector<std::vector<float>>          pend_w_;            // per PENDING layer: their weights
     // lossy route rewrites (hook_lossy.cpp)
-    double                                   route_delta_ = 0;   // cache-aware routing margin; 0: off
+    double                                   route_delta_ = -1;  // cache-aware routing margin; < 0: off (0: on, changes nothing)
     std::vector<double>                      ak_thr_;            // adaptive-k entropy thresholds (nats)
     std::vector<int>                         ak_ks_;             // adaptive-k's k per band; empty: off
     int                                      pass_tokens_ = 0;   // tokens of this pass (its first MoE layer's)
@@ -329,8 +334,10 @@ private:
     std::vector<std::vector<uint8_t>>        drop_keep_;         // per layer: adaptive-k's kept slots (empty: none dropped)
     std::vector<int64_t>                     layer_k_sum_, layer_k_n_;
     std::vector<float>                       prob_buf_;
+    std::vector<int32_t>                     lossy_orig_;        // the router's ids of the last rewrite
+    std::vector<int32_t>                     kept_log_, ub_kept_;  // adaptive_k_log(), current ubatch
     std::vector<uint8_t>                     res_buf_;
-    bool lossy_on() const { return route_delta_ > 0 || !ak_ks_.empty(); }
+    bool lossy_on() const { return route_delta_ >= 0 || !ak_ks_.empty(); }
     void note_probs(ggml_tensor * t);
     void router_probs(int li, std::vector<float> & q);
     void apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & ids);

@@ -47,10 +47,8 @@ lossy_result lossy_route(const float * q, int n_expert, int32_t * ids, int k, co
     r.n_keep = kk;
     std::vector<int32_t> orig(ids, ids + k);
     std::vector<uint8_t> used((size_t) n_expert, 0);
-    for (int j = 0; j < kk; j++) {
-        r.keep[order[j]] = 1;
-        used[ids[order[j]]] = 1;
-    }
+    for (int j = 0; j < kk; j++) r.keep[order[j]] = 1;
+    for (int i = 0; i < k; i++) used[ids[i]] = 1;  // the router's own choices, dropped ones too, are never substitutes
     if (delta > 0) {
         for (int j = 0; j < kk; j++) {
             const int s = order[j];
@@ -75,12 +73,12 @@ lossy_result lossy_route(const float * q, int n_expert, int32_t * ids, int k, co
 // ---- the hook's part ------------------------------------------------------------------------
 
 void expert_hook::set_route_bias(double delta) {
-    if (delta > 0 && skip_tau_ >= 0)
+    if (delta >= 0 && skip_tau_ >= 0)
         throw std::invalid_argument("cache-aware routing and skip-cold are exclusive: both decide what happens to a non-resident expert");
-    if (delta > 0 && pf_mode_ != PF_OFF)
+    if (delta >= 0 && pf_mode_ != PF_OFF)
         throw std::invalid_argument("cache-aware routing and prefetch are exclusive: its choice depends on residency");
-    if (!(delta >= 0) || !std::isfinite(delta)) throw std::invalid_argument("route delta must be a finite probability margin >= 0");
-    route_delta_ = delta;
+    if (std::isnan(delta) || !std::isfinite(delta)) throw std::invalid_argument("route delta must be a finite probability margin (< 0: off)");
+    route_delta_ = delta < 0 ? -1.0 : delta;
 }
 
 void expert_hook::set_adaptive_k(const std::vector<double> & thresholds, const std::vector<int> & ks) {
@@ -137,8 +135,9 @@ void expert_hook::apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & id
     const int n_expert = (int) prob_buf_.size();
     res_buf_.assign((size_t) n_expert, 0);
     for (int e = 0; e < n_expert; e++) res_buf_[e] = pg_->is_resident(li, e) ? 1 : 0;
-    const std::vector<int32_t> orig(ids);
-    lossy_result r = lossy_route(prob_buf_.data(), n_expert, ids.data(), k, res_buf_.data(), route_delta_, ak_thr_, ak_ks_);
+    lossy_orig_ = ids;
+    const std::vector<int32_t> & orig = lossy_orig_;
+    lossy_result r = lossy_route(prob_buf_.data(), n_expert, ids.data(), k, res_buf_.data(), std::max(0.0, route_delta_), ak_thr_, ak_ks_);
     char * base = (char *) t->data;
     for (int i = 0; i < k; i++) *(int32_t *) (base + i * t->nb[0]) = ids[i];
     stats_.lossy_slots += k;
@@ -150,6 +149,7 @@ void expert_hook::apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & id
     if (!ak_ks_.empty()) {
         layer_k_sum_[li] += r.n_keep;
         layer_k_n_[li] += 1;
+        if (record_ && !ub_kept_.empty()) ub_kept_[li] = r.n_keep;  // one token: row 0
     }
     if (r.n_keep < k) drop_keep_[li] = std::move(r.keep);
     else drop_keep_[li].clear();

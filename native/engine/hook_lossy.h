@@ -3,7 +3,7 @@
 // is tested on hand-built routes (epqlab._core.lossy_route) apart from the graph.
 //
 // Invariant: the rewritten route names each kept slot's expert once (never an expert twice among
-// the kept slots), keeps at least one slot, and with route bias off (delta <= 0) and adaptive-k off
+// the kept slots, and a substitute is never one of the router's own k choices), keeps at least one slot, and with route bias off (delta <= 0) and adaptive-k off
 // it is the input route unchanged.
 //
 // Adaptive-k (DOI 10.5281/zenodo.18282008; TensorRT-LLM PR #10672): H = -sum_e q_e ln q_e over all
@@ -12,7 +12,7 @@
 // highest q are kept (ties: the earlier slot).
 // Cache-aware routing (colibri CACHE_ROUTE, colibri issue #258; arXiv 2412.00099): each kept slot
 // in order of q, best first, whose expert is not resident is given the resident expert of highest
-// q (ties: lower id) that no kept slot uses yet, when q_orig - q_cand < delta (strict: delta = 0
+// q (ties: lower id) that is none of the router's k choices and no kept slot uses yet, when q_orig - q_cand < delta (strict: delta = 0
 // substitutes nothing).
 // Dropped slots repeat the best kept slot's (final) expert: nothing extra is read; the hook zeroes
 // their combination weights (hook.h, "Lossy route rewrites").

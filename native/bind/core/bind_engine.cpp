@@ -267,6 +267,15 @@ void register_engine(py::module_ & m) {
             return out;
         })
         .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; })
+        .def("take_adaptive_k_log", [](engine & e) {
+            // Adaptive-k's kept experts per recorded token and MoE layer, int32 flat [n_tokens * n_moe_layers]; clears it.
+            if (!e.hook()) return py::array_t<int32_t>();
+            const auto & r = e.hook()->adaptive_k_log();
+            py::array_t<int32_t> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            e.hook()->clear_adaptive_k_log();
+            return out;
+        })
         .def("set_capture_inputs", [](engine & e, bool on) {
             // Router-input log on/off (native/engine/hook.h); needs route recording.
             if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
