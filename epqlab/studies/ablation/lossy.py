@@ -52,7 +52,7 @@ def knob_settings(own_k: int, ks=(1, 2), taus=(0.1, 0.3), deltas=(0.02, 0.05, 0.
 
 
 def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.1, 0.3), deltas=(0.02, 0.05, 0.1),
-                adaptive=DEFAULT_ADAPTIVE, texts=None, text_chars: int | None = 600, ppl_n_ctx: int = 128,
+                adaptive=DEFAULT_ADAPTIVE, texts=None, text_chars: int | None = 400, ppl_n_ctx: int = 128,
                 progress: bool = False, **session_kw):
     """One row per (arena, knob, setting): perplexity per held-out text and its ratio to exact, routing
     agreement, SSD MB/token, decode tok/s and hit rate, from teacher-forced decode steps.
