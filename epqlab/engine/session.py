@@ -213,7 +213,9 @@ class Session:
             that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
             unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.engine.prefetch.check_prefetch`),
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
-            (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``.
+            (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``; lossy
+            knobs that conflict or are malformed (:func:`epqlab.engine.options.check_lossy`: ``route_bias`` with
+            ``skip_cold`` or ``prefetch``, ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``).
         RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
