@@ -16,13 +16,13 @@ def register(kinds) -> None:
     p.add_argument("model", help="path to a MoE .gguf")
     p.add_argument("--arenas", default="0.25,0.5", help="arenas: fractions of all expert slots or sizes (default 0.25,0.5)")
     p.add_argument("--ks", default="1,2", help="top-k values below the model's own (default 1,2; '' none)")
-    p.add_argument("--taus", default="0.1,0.3", help="skip-cold thresholds (default 0.1,0.3; '' none)")
+    p.add_argument("--taus", default="0.3", help="skip-cold thresholds (default 0.3; '' none)")
     p.add_argument("--deltas", default="0.02,0.05,0.1", help="cache-aware routing margins (default 0.02,0.05,0.1; '' none)")
     p.add_argument("--adaptive", default="default;1.6,1.9:1,2,3",
                    help="adaptive-k rules separated by ';': 'default' (k 1/2/4 below 0.6/1.2 nats) or THRESHOLDS:KS "
                         "(default 'default;1.6,1.9:1,2,3'; '' none)")
     p.add_argument("--texts", default="prose,code,legal", help="held-out texts ('' = no perplexity: synthesized models)")
-    p.add_argument("--text-chars", type=int, default=400, help="characters of each text (default 400)")
+    p.add_argument("--text-chars", type=int, default=250, help="characters of each text (default 250)")
     p.add_argument("--ppl-n-ctx", type=int, default=128, help="perplexity window, tokens (default 128)")
     p.add_argument("--threads", type=int, default=1, help="compute threads (default 1)")
     p.add_argument("--json", default=None, help="write the table, settings and reading as JSON here (and .csv, .png beside it)")

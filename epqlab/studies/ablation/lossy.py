@@ -26,7 +26,7 @@ DEFAULT_ADAPTIVE = (True, ((1.6, 1.9), (1, 2, 3)))
 8-expert routers are flat: H is above the published 1.2 nats on nearly every token, so the published rule keeps k)."""
 
 
-def knob_settings(own_k: int, ks=(1, 2), taus=(0.1, 0.3), deltas=(0.02, 0.05, 0.1), adaptive=DEFAULT_ADAPTIVE) -> list:
+def knob_settings(own_k: int, ks=(1, 2), taus=(0.3,), deltas=(0.02, 0.05, 0.1), adaptive=DEFAULT_ADAPTIVE) -> list:
     """``[(knob, setting label, Session kwargs)]``: ``exact`` first, then each knob's settings (top-k values
     at or above ``own_k`` are left out: they are not a saving).
 
@@ -51,8 +51,8 @@ def knob_settings(own_k: int, ks=(1, 2), taus=(0.1, 0.3), deltas=(0.02, 0.05, 0.
     return out
 
 
-def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.1, 0.3), deltas=(0.02, 0.05, 0.1),
-                adaptive=DEFAULT_ADAPTIVE, texts=None, text_chars: int | None = 400, ppl_n_ctx: int = 128,
+def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), deltas=(0.02, 0.05, 0.1),
+                adaptive=DEFAULT_ADAPTIVE, texts=None, text_chars: int | None = 250, ppl_n_ctx: int = 128,
                 progress: bool = False, **session_kw):
     """One row per (arena, knob, setting): perplexity per held-out text and its ratio to exact, routing
     agreement, SSD MB/token, decode tok/s and hit rate, from teacher-forced decode steps.
