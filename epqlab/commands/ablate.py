@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..constants import ONLINE_POLICIES
 from ..data import prompts
 from ..studies.ablation import eviction, eviction_reading, save
+from .ablate_lossy import register as register_lossy
 from .ablate_topk import register as register_topk
 from ._args import floats_or_sizes
 from ..results import save_csv
@@ -30,6 +31,7 @@ def register(sub) -> None:
     e.set_defaults(func=run_eviction)
 
     register_topk(kinds)
+    register_lossy(kinds)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

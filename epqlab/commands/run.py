@@ -39,6 +39,36 @@ def add_session_args(p) -> None:
     p.add_argument("--no-pipeline-reads", action="store_true",
                    help="decode: read all of a layer's missing experts before its first matmul (default: each "
                         "expert matmul waits only for its own matrix's reads; timing only)")
+    add_lossy_args(p)
+
+
+def add_lossy_args(p) -> None:
+    """The lossy routing knobs (off by default; epqlab.Session's skip_cold, route_bias, route_delta, adaptive_k)."""
+    p.add_argument("--skip-cold", type=float, default=None, metavar="TAU",
+                   help="LOSSY: in decode, do not read a non-resident expert whose router weight is below TAU")
+    p.add_argument("--route-bias", default=None, choices=["cache"],
+                   help="LOSSY cache-aware routing: in decode, replace a non-resident expert by the best resident one "
+                        "within --route-delta of its router probability")
+    p.add_argument("--route-delta", type=float, default=None, metavar="DELTA",
+                   help="router-probability margin of --route-bias cache (0 changes nothing)")
+    p.add_argument("--adaptive-k", default=None, metavar="RULE", nargs="?", const="default",
+                   help="LOSSY entropy-adaptive top-k in decode: bare flag = k 1/2/4 below entropy 0.6/1.2 nats; "
+                        "or THRESHOLDS:KS, e.g. 1.5,1.9:1,2,3")
+
+
+def lossy_kwargs(args) -> dict:
+    """Session keyword arguments of :func:`add_lossy_args`' flags (ValueError on a malformed --adaptive-k)."""
+    ak = getattr(args, "adaptive_k", None)
+    if ak == "default":
+        ak = True
+    elif ak is not None:
+        try:
+            thr, ks = ak.split(":")
+            ak = (tuple(float(x) for x in thr.split(",") if x.strip()), tuple(int(x) for x in ks.split(",") if x.strip()))
+        except ValueError:
+            raise ValueError(f"--adaptive-k takes THRESHOLDS:KS, e.g. 1.5,1.9:1,2,3 (one more k than thresholds); got {ak!r}") from None
+    return dict(skip_cold=getattr(args, "skip_cold", None), route_bias=getattr(args, "route_bias", None),
+                route_delta=getattr(args, "route_delta", None), adaptive_k=ak)
 
 
 def register(sub) -> None:
@@ -70,6 +100,7 @@ def stats_table(st: dict, session) -> str:
             ("prefetch", f"{st['prefetch']}: precision {st['prefetch_precision']:.1%}, recall {st['prefetch_recall']:.1%}, "
                          f"{fmt_bytes(st['prefetch_bytes'])} read ahead, {fmt_bytes(st['prefetch_wasted_bytes'])} in vain"
              if st.get("prefetch") else "off"),
+            ("lossy knobs", lossy_line(st)),
             ("staged (layer, ubatch)", f"{st['staged_layers']} pairs whose experts exceeded the slots "
                                        f"({fmt_bytes(st['staged_bytes'])} read, {st['staged_copies']} copied from the arena)"),
         ]
@@ -87,6 +118,21 @@ def stats_table(st: dict, session) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
+def lossy_line(st: dict) -> str:
+    """One line on the lossy knobs of run stats ``st``: which are on, routing agreement, bytes not read."""
+    on = []
+    if st.get("skip_cold") is not None:
+        on.append(f"skip_cold={st['skip_cold']:g}")
+    if st.get("route_bias"):
+        on.append(f"route_bias={st['route_bias']} (delta {st['route_delta']:g}, {st['route_substituted']} substituted)")
+    if st.get("adaptive_k"):
+        on.append(f"adaptive_k={st['adaptive_k']} ({st['adaptive_dropped']} slots dropped)")
+    if not on:
+        return "off (exact)"
+    return (", ".join(on) + f"; routing agreement {st['routing_agreement']:.1%}, "
+            f"{fmt_bytes(st['lossy_bytes_saved'])} not read")
+
+
 def run_session(model, args, arena_bytes=None, result: dict | None = None) -> int:
     """Stream one generation with the CLI's session arguments and print its stats; ``result``, when
     given, receives ``text``, ``tokens`` and ``stats``."""
@@ -100,7 +146,8 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  prefetch_predictor=getattr(args, "predictor", None),
                  prefetch_depth=getattr(args, "prefetch_depth", 1),
                  read_segment_bytes=getattr(args, "read_segment", None),
-                 pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None) as s:
+                 pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None,
+                 **lossy_kwargs(args)) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt

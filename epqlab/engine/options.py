@@ -31,7 +31,8 @@ class Options:
     Attributes:
         policy, n_expert_used (top-k in the graph and the pager), expert_override (top-k passed to
         llama.cpp as a GGUF override, 0 = the model's), paged, dense_weights (name) and dense_mode
-        (native code), skip_cold (tau or None), prefetch (name or None) and prefetch_args (mode code,
+        (native code), skip_cold (tau or None), route_bias ("cache" or None) and route_delta (margin,
+        0 with route_bias None), adaptive_k (``(thresholds, ks)`` or None; :func:`check_lossy`), prefetch (name or None) and prefetch_args (mode code,
         budget bytes per layer, depth, gate: for the native hook), predictor (an ExpertPredictor, the
         oracle's route table, or None), pipeline_reads, read_segment_bytes and read_rate_limit (bytes,
         bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens; n_ctx per sequence), n_seq_max (sequences
@@ -45,6 +46,9 @@ class Options:
     dense_weights: str
     dense_mode: int
     skip_cold: float | None
+    route_bias: str | None
+    route_delta: float
+    adaptive_k: tuple | None
     prefetch: str | None
     prefetch_args: tuple
     predictor: object
@@ -68,11 +72,79 @@ def _check_int(name: str, v, hi: int | None = None) -> None:
         raise ValueError(f"{name} must be <= {hi}, got {v}")
 
 
+ROUTE_BIASES = ("cache",)
+"""``route_bias`` values: ``"cache"`` = cache-aware routing (native/engine/hook_lossy.h)."""
+ADAPTIVE_K_DEFAULT = ((0.6, 1.2), (1, 2, 4))
+"""Adaptive-k's published rule: k = 1 if H < 0.6, 2 if H < 1.2, else 4 (H in nats; DOI 10.5281/zenodo.18282008,
+TensorRT-LLM PR #10672)."""
+
+
+def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold=None, prefetch=None,
+                pager=True) -> tuple:
+    """Check the lossy routing knobs; returns ``(route_bias, route_delta, adaptive_k)`` resolved:
+    ``route_bias`` None or ``"cache"``, ``route_delta`` a float (0 when off), ``adaptive_k`` None or
+    ``(thresholds tuple, ks tuple)``.
+
+    ``adaptive_k``: None/False (off), True (:data:`ADAPTIVE_K_DEFAULT`), or ``(thresholds, ks)`` with
+    increasing entropy thresholds (nats) and one more k than thresholds. The graph's k
+    (``expert_used``, default the model's n_expert_used) caps each k: with ``expert_used`` the two
+    compose (``expert_used=4, adaptive_k=True`` lets the published rule reach 4 on a top-3 model).
+
+    Raises:
+        ValueError: an unknown ``route_bias``; ``route_delta`` without ``route_bias="cache"``, negative or
+            not finite; bad thresholds/ks; a lossy knob without the pager; ``route_bias`` with ``skip_cold``
+            (both decide what happens to a non-resident expert) or with ``prefetch`` (its choice depends on
+            residency, which prefetch changes); ``adaptive_k`` with ``skip_cold`` (skip-cold would take the
+            zeroed weights of dropped slots as cold experts).
+    """
+    if route_bias is not None and route_bias not in ROUTE_BIASES:
+        raise ValueError(f"unknown route_bias {route_bias!r}; choose one of {', '.join(map(repr, ROUTE_BIASES))} or None")
+    if route_delta is not None and route_bias is None:
+        raise ValueError("route_delta is the margin of route_bias='cache': give route_bias='cache' too")
+    delta = 0.0
+    if route_bias is not None:
+        if route_delta is None:
+            raise ValueError("route_bias='cache' needs route_delta, the router-probability margin within which a resident "
+                             "expert may replace a non-resident one (e.g. route_delta=0.05; 0 changes nothing)")
+        if isinstance(route_delta, bool) or not isinstance(route_delta, numbers.Real) or not np.isfinite(route_delta) \
+                or route_delta < 0:
+            raise ValueError(f"route_delta must be a finite probability margin >= 0, got {route_delta!r}")
+        delta = float(route_delta)
+    ak = None
+    if adaptive_k is True:
+        ak = ADAPTIVE_K_DEFAULT
+    elif adaptive_k is not None and adaptive_k is not False:
+        try:
+            thr, ks = adaptive_k
+            thr, ks = tuple(float(t) for t in thr), tuple(ks)
+        except (TypeError, ValueError):
+            raise ValueError(f"adaptive_k must be True or (thresholds, ks), e.g. ((0.6, 1.2), (1, 2, 4)); got {adaptive_k!r}") from None
+        if len(ks) != len(thr) + 1:
+            raise ValueError(f"adaptive_k needs one more k than thresholds, got thresholds {thr} and ks {ks}")
+        if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1 for x in ks):
+            raise ValueError(f"adaptive_k's ks must be integers >= 1, got {ks}")
+        if not all(np.isfinite(thr)) or any(b <= a for a, b in zip(thr, thr[1:])):
+            raise ValueError(f"adaptive_k's entropy thresholds must be finite and increasing (nats), got {thr}")
+        ak = (thr, tuple(int(x) for x in ks))
+    if (route_bias is not None or ak is not None) and not pager:
+        raise ValueError("route_bias and adaptive_k rewrite the route in the pager's hook; drop pager=False")
+    if route_bias is not None and skip_cold is not None:
+        raise ValueError("route_bias and skip_cold are exclusive: both decide what happens to a selected expert that "
+                         "is not resident (substitute it or compute it on zeros); measure one at a time")
+    if route_bias is not None and prefetch is not None:
+        raise ValueError("route_bias and prefetch are exclusive: cache-aware routing's choice depends on which experts "
+                         "are resident, and prefetch changes that with its predictions")
+    if ak is not None and skip_cold is not None:
+        raise ValueError("adaptive_k and skip_cold are exclusive: adaptive-k zeroes the weights of dropped slots, which "
+                         "skip-cold would take as cold experts; measure one at a time")
+    return route_bias, delta, ak
+
+
 def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_threads=None, n_threads=None, n_ctx=2048,
                   n_batch=512, n_ubatch=512, n_seq_max=1, pager=True, route_log=None, dense_weights=None, hot_experts=None,
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
-                  read_rate_limit=None) -> Options:
+                  read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None) -> Options:
     """Check the Session's options against the model ``lay`` (argument meanings: :class:`epqlab.Session`).
 
     Raises:
@@ -105,6 +177,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
         tau = float(skip_cold)
         if not np.isfinite(tau) or tau < 0:
             raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
+    rb, delta, ak = check_lossy(route_bias, route_delta, adaptive_k, skip_cold=tau, prefetch=prefetch, pager=bool(pager))
     pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth, prefetch_min_precision)
     n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
     predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers), lay.n_expert,
@@ -131,6 +204,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
         raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
     return Options(policy=policy, n_expert_used=k, expert_override=k if expert_used is not None else 0,
                    paged=bool(pager), dense_weights=dense, dense_mode=int(DENSE_MODES[dense]), skip_cold=tau,
+                   route_bias=rb, route_delta=delta, adaptive_k=ak,
                    prefetch=prefetch if pf[0] else None, prefetch_args=pf, predictor=predictor,
                    pipeline_reads=bool(pipeline_reads), read_segment_bytes=segment, read_rate_limit=rate,
                    n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch), n_seq_max=int(n_seq_max),
@@ -138,4 +212,4 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                    io_threads=None if io_threads is None else int(io_threads))
 
 
-__all__ = ["Options", "check_options", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]
+__all__ = ["Options", "check_options", "check_lossy", "ROUTE_BIASES", "ADAPTIVE_K_DEFAULT", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]

@@ -19,11 +19,26 @@ PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefe
                      "prefetch_cancelled", "prefetch_wait_us", "prefetch_map_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct",
                      "pred_gated")
 
+# The hook's counters of the lossy knobs (skip-cold, cache-aware routing, adaptive-k; native/engine/hook.h).
+LOSSY_COUNTERS = ("lossy_slots", "route_changed", "route_substituted", "adaptive_dropped", "lossy_bytes_saved")
+
 # Pager + hook counters differenced per run (pager.h / hook.h name each one).
 COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
             "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us", "evict_unmap_us", "evict_unmap_io_us",
             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
-            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early", "graph_asks", "graph_pieces") + PREFETCH_COUNTERS
+            "staged_reads", "staged_copies", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early",
+            "graph_asks", "graph_pieces") + PREFETCH_COUNTERS + LOSSY_COUNTERS
+
+
+def lossy_fields(session, d: dict) -> dict:
+    """The lossy knobs' settings and derived rates from counters ``d``: ``route_bias``, ``route_delta``,
+    ``adaptive_k`` (``[thresholds, ks]`` or None), and ``routing_agreement``: the share of (token, layer,
+    slot) choices a lossy knob examined that were computed with the router's own expert (1.0 when none
+    was examined; skip-cold's skipped experts, substitutions and adaptive-k's dropped slots count as changed)."""
+    ak = getattr(session, "adaptive_k", None)
+    return {"route_bias": getattr(session, "route_bias", None), "route_delta": getattr(session, "route_delta", 0.0),
+            "adaptive_k": [list(ak[0]), list(ak[1])] if ak else None,
+            "routing_agreement": 1.0 - d["route_changed"] / d["lossy_slots"] if d.get("lossy_slots") else 1.0}
 
 
 def counters(session) -> dict:
@@ -150,7 +165,7 @@ def run_stats(session, n_prompt: int, n_gen: int, passes: int, t_prefill: float,
         **peak_fields(session), "memory": memory_parts(session),
         "memory_limit_mode": "sampled",
         "prefetch": session.prefetch, "read_segment_bytes": session.read_segment_bytes, **prefetch_fields(d),
-        **decode_split(session, passes),
+        **decode_split(session, passes), **lossy_fields(session, d),
     }
 
 
@@ -206,7 +221,8 @@ def cumulative_stats(session) -> dict:
              policy=session.policy, n_expert_used=session.n_expert_used, load_s=session.load_s,
              budget_bytes=session.budget_bytes, used_before_arena=session.used_before_arena,
              load_bytes_read=session.load_report["load_bytes_read"], dense_weights=session.dense_weights,
-             memory=memory_parts(session), **peak_fields(session))
+             memory=memory_parts(session), **peak_fields(session), skip_cold=session.skip_cold,
+             **lossy_fields(session, c))
     return c
 
 

@@ -166,6 +166,25 @@ class Session:
             counts skipped experts. Prefill ubatches (more than one token) are never affected, so
             measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
             history, so results are reproducible (hence not with ``prefetch``). tau = 0 skips nothing.
+        route_bias: ``None`` (default, off) or ``"cache"``: *lossy* cache-aware routing (colibri CACHE_ROUTE,
+            colibri issue #258; arXiv 2412.00099). In single-token decode steps, each selected expert
+            that is not resident is replaced by the resident expert of that layer with the highest
+            router probability that is not already used, when its probability is less than
+            ``route_delta`` below the original's; the combination weights are then the router's own
+            probabilities of the experts actually used, normalized as the architecture does
+            (llama.cpp's graph computes them from the rewritten ids; native/engine/hook_lossy.h).
+            Counters: ``route_substituted``, ``route_changed`` / ``lossy_slots`` (routing agreement
+            = 1 - their ratio), ``lossy_bytes_saved``. Not with ``skip_cold`` or ``prefetch``.
+        route_delta: the margin of ``route_bias="cache"`` (router probability, >= 0); 0 substitutes
+            nothing (logits bit-identical to off).
+        adaptive_k: ``None`` (default, off), ``True`` or ``(thresholds, ks)``: *lossy* entropy-adaptive
+            top-k (DOI 10.5281/zenodo.18282008, TensorRT-LLM PR #10672): in single-token decode steps,
+            per layer, k = ks[i] for the first threshold with H < thresholds[i] (H: entropy in nats of
+            the router's softmax probabilities), else ks[-1]; default 1 if H < 0.6, 2 if H < 1.2, else 4;
+            capped by the graph's k (``expert_used``). llama.cpp's graph keeps its fixed k: dropped
+            slots repeat the best kept expert with weight 0 (nothing extra read; the kept weights
+            renormalized as the architecture does). :meth:`adaptive_k_per_layer` gives the mean k.
+            Not with ``skip_cold``.
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
         prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
@@ -200,7 +219,9 @@ class Session:
             that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
             unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.engine.prefetch.check_prefetch`),
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
-            (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``.
+            (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``; lossy
+            knobs that conflict or are malformed (:func:`epqlab.engine.options.check_lossy`: ``route_bias`` with
+            ``skip_cold`` or ``prefetch``, ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``).
         RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
@@ -222,6 +243,8 @@ class Session:
                  # prefetch (timing only) and the lossy skip-cold knob
                  prefetch: str | None = None, prefetch_predictor=None, prefetch_budget=None, prefetch_depth: int = 1,
                  prefetch_min_precision: float | None = None, skip_cold: float | None = None,
+                 # the lossy routing knobs (off by default)
+                 route_bias: str | None = None, route_delta: float | None = None, adaptive_k=None,
                  # what is written down
                  route_log=None, stats_file=None, time_split: bool = True):
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -234,8 +257,10 @@ class Session:
                           prefetch_budget=prefetch_budget, prefetch_depth=prefetch_depth,
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
                           read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
-                          read_rate_limit=read_rate_limit)
+                          read_rate_limit=read_rate_limit, route_bias=route_bias, route_delta=route_delta,
+                          adaptive_k=adaptive_k)
         self.options = o
+        self.route_bias, self.route_delta, self.adaptive_k = o.route_bias, o.route_delta, o.adaptive_k
         self.policy, self.n_expert_used, self.paged, self.dense_weights = o.policy, o.n_expert_used, o.paged, o.dense_weights
         self.skip_cold, self.prefetch, self.pipeline_reads = o.skip_cold, o.prefetch, o.pipeline_reads
         self.read_segment_bytes, self.read_rate_limit = o.read_segment_bytes, o.read_rate_limit
@@ -290,6 +315,10 @@ class Session:
         self.decoder.engine.attach_pager(self._pager.native)
         if o.skip_cold is not None:
             self.decoder.engine.set_skip_cold(o.skip_cold)
+        if o.route_bias is not None:
+            self.decoder.engine.set_route_bias(o.route_delta)
+        if o.adaptive_k is not None:
+            self.decoder.engine.set_adaptive_k(list(o.adaptive_k[0]), list(o.adaptive_k[1]))
         self.decoder.engine.set_prefetch(*o.prefetch_args)
         if o.prefetch == "oracle":
             self.decoder.engine.set_oracle(*o.predictor)  # a few KiB: steps x layers x k int32
@@ -641,6 +670,14 @@ class Session:
         ``hit_rate`` here is over every pass since that reset (a run's own rates: :meth:`generate`).
         Built by :func:`epqlab.engine.run_stats.cumulative_stats`."""
         return run_stats.cumulative_stats(self)
+
+    def adaptive_k_per_layer(self) -> np.ndarray:
+        """Adaptive-k's mean k per MoE layer over the decode steps since the last :meth:`reset_stats`,
+        float64 ``[n_moe_layers]`` (NaN for a layer without such steps; all NaN with ``adaptive_k`` off)."""
+        self.decoder.check_open()
+        s, n = (np.asarray(a, np.float64) for a in self.decoder.engine.adaptive_k_layers())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, s / np.maximum(n, 1), np.nan)
 
     def memory_parts(self) -> dict:
         """How the RAM budget is spent, bytes: ``budget``; ``used_before_arena`` (everything

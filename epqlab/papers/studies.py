@@ -11,7 +11,7 @@ import pandas as pd
 from ..routes import report as routes_report
 from ..studies import batching_report, probe_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
-from ..studies.ablation import topk_report
+from ..studies.ablation import lossy_report, topk_report
 from ..units import fmt_bytes
 from .markdown import table
 
@@ -126,9 +126,21 @@ def batching(doc: dict) -> str:
     return "\n\n".join(parts)
 
 
+def lossy_knobs(doc: dict) -> str:
+    """07: every lossy knob's perplexity ratio per text, agreement, SSD MB/token, speed and hit rate per arena, and
+    :func:`epqlab.studies.ablation.lossy_report.reading`."""
+    df = _frame(doc["rows"], doc.get("parameters"))
+    cols = {c: h + " %" if c in ("routing_agreement", "hit_rate") else h for c, h in lossy_report.columns(df).items()}
+    parts = ["**Lossy knobs against exact** (teacher-forced, one token per decode step; speeds are wall clock on the "
+             "machine that ran it).", table(df[list(cols)], cols, floatfmt=".3f"),
+             lossy_report.reading(df)]
+    return "\n\n".join(parts)
+
+
 # study folder -> renderer; the folder name is also the notebook's name and the paper's file name
 STUDIES = {"01_io_probe": io_probe, "02_route_overlap": route_overlap, "03_least_stale": least_stale,
-           "04_topk": topk, "05_memory_levels": memory_levels, "06_batching": batching}
+           "04_topk": topk, "05_memory_levels": memory_levels, "06_batching": batching,
+           "07_lossy_knobs": lossy_knobs}
 
 
 def study_of(doc: dict) -> str | None:
@@ -150,7 +162,9 @@ def study_of(doc: dict) -> str | None:
         return "02_route_overlap"
     if {"batch", "union_per_layer"} <= cols:
         return "06_batching"
+    if {"knob", "setting", "routing_agreement"} <= cols:
+        return "07_lossy_knobs"
     return None
 
 
-__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels", "batching"]
+__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels", "batching", "lossy_knobs"]

@@ -18,11 +18,20 @@
 #include <unistd.h>
 
 #include "ggml.h"
+#include "hook_lossy.h"
 #include "io_pool.h"
 
 static const char TOPK_PREFIX[] = "ffn_moe_topk-";
 static const char LOGITS_PREFIX[] = "ffn_moe_logits-";
-static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
+static const char WEIGHTS_PREFIX[] = "ffn_moe_weights";
+static const char OUT_PREFIX[] = "ffn_moe_out-";  // the routed experts' mixture of layer il (before any shared expert)
+
+// name is exactly prefix + digits (not one of its views, "... (reshaped)").
+static bool is_layer_node(const char * name, const char * prefix, size_t n) {
+    if (strncmp(name, prefix, n) != 0) return false;
+    const char * num = name + n;
+    return *num && num[strspn(num, "0123456789")] == 0;
+}  // -<il>, _softmax-<il>, _norm-<il>, _scaled-<il>
 
 // ffn_moe_weights-<il> and the later weights nodes (not ffn_moe_weights_sum*: a sum, not weights).
 static bool is_weights_name(const char * name) {
@@ -67,6 +76,10 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     stage_ids_.assign(n_layers_, {});
     pend_ids_.assign(n_layers_, {});
     pend_w_.assign(n_layers_, {});
+    probs_.assign(n_layers_, nullptr);
+    drop_keep_.assign(n_layers_, {});
+    layer_k_sum_.assign(n_layers_, 0);
+    layer_k_n_.assign(n_layers_, 0);
 }
 
 expert_hook::~expert_hook() {
@@ -113,6 +126,7 @@ bool expert_hook::cb_eval(ggml_tensor * t, bool ask, void * user_data) {
         if (h->timing_ && h->in_decode_) h->charge_compute(t, io_now_us() - h->t_need_);
         if (t->op == GGML_OP_MUL_MAT_ID) return true;  // a matmul's observe needs nothing more
         if (is_weights_name(ggml_get_name(t))) h->on_weights(t);
+        else if (is_layer_node(ggml_get_name(t), OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) h->capture_output(t);
         else h->on_topk(t);
     } catch (...) {
         if (!h->error_) h->error_ = std::current_exception();
@@ -204,7 +218,9 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             hidden_[li]   = t->src[1];  // computed with the router, alive until the expert matmuls
         }
     }
-    return skip_tau_ >= 0 && pg_ && is_weights_name(name);
+    if (lossy_on()) note_probs(t);
+    if (capture_ && is_layer_node(name, OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) return true;  // captured at its observe
+    return (skip_tau_ >= 0 || !ak_ks_.empty()) && pg_ && is_weights_name(name);
 }
 
 int expert_hook::layer_of_block(int il) const {
@@ -218,6 +234,12 @@ void expert_hook::on_weights(ggml_tensor * t) {
     const char * dash = strrchr(name, '-');
     if (!dash) return;
     const int li = layer_of_block(atoi(dash + 1));
+    if (li >= 0 && !drop_keep_[li].empty()) {  // adaptive-k dropped slots in this layer
+        const char * rest = name + sizeof(WEIGHTS_PREFIX) - 1;
+        if (rest[0] == '-') zero_dropped(li, t, false);
+        else if (strncmp(rest, "_softmax-", 9) == 0) zero_dropped(li, t, true);
+        return;
+    }
     if (li < 0 || mode_[li] != PENDING) return;
     if (t->type != GGML_TYPE_F32) throw std::runtime_error(std::string(name) + " is not float32");
     const int k = (int) pend_ids_[li].size();
@@ -244,6 +266,9 @@ void expert_hook::resolve_pending(int li) {
         throw std::logic_error("skip-cold: one token's experts do not fit the layer's slots");
     pg_->zero_overlay(li, skip.data(), (int) skip.size());
     stats_.cold_skipped += (int64_t) skip.size();
+    stats_.lossy_slots += (int64_t) ids.size();
+    stats_.route_changed += (int64_t) skip.size();
+    stats_.lossy_bytes_saved += (int64_t) skip.size() * pg_->unit_bytes(li);
     mode_[li] = REGION;
     stats_.layer_loads++;  // no prefetch here: skip-cold and prefetch are exclusive
 }
@@ -335,13 +360,32 @@ void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) passes_);
+        if (!ub_kept_.empty()) kept_log_.insert(kept_log_.end(), ub_kept_.begin(), ub_kept_.end());
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
             start_ubatch_inputs();
             inputs_.insert(inputs_.end(), ub_inputs_.begin(), ub_inputs_.end());
+            if (ub_outputs_.empty()) ub_outputs_.assign(ub_inputs_.size(), std::numeric_limits<float>::quiet_NaN());
+            outputs_.insert(outputs_.end(), ub_outputs_.begin(), ub_outputs_.end());
         }
     }
     ub_inputs_.clear();
+    ub_outputs_.clear();
+    ub_kept_.clear();
     ub_tokens_ = 0;
+}
+
+void expert_hook::capture_output(ggml_tensor * t) {
+    const int li = layer_of_block(atoi(ggml_get_name(t) + sizeof(OUT_PREFIX) - 1));
+    if (li < 0 || !record_ || in_dim_ <= 0 || ub_tokens_ <= 0) return;
+    const int n_tokens = (int) t->ne[1];
+    if (!t->data || t->type != GGML_TYPE_F32 || t->ne[0] != in_dim_ || n_tokens > ub_tokens_ || t->nb[0] != sizeof(float))
+        throw std::runtime_error("MoE output of layer " + std::to_string(li) + " is not a float32 [n_embd, n_tokens] tensor");
+    if (ub_outputs_.empty()) ub_outputs_.assign((size_t) ub_tokens_ * n_layers_ * in_dim_, std::numeric_limits<float>::quiet_NaN());
+    const int skip = ub_tokens_ - n_tokens;
+    for (int j = 0; j < n_tokens; j++) {
+        const float * src = (const float *) ((const char *) t->data + j * t->nb[1]);
+        std::copy(src, src + in_dim_, &ub_outputs_[((size_t) (j + skip) * n_layers_ + li) * in_dim_]);
+    }
 }
 
 void expert_hook::start_ubatch_inputs() {  // this ubatch's rows, NaN until a layer fills them
@@ -380,11 +424,13 @@ void expert_hook::on_topk(ggml_tensor * t) {
         stats_.ubatches++;
         passes_++;
         stats_.tokens += n_tokens;
+        pass_tokens_ = n_tokens;
         if (pg_) pg_->begin_pass();
         if (record_) {
             route_k_ = k;
             ub_tokens_ = n_tokens;
             ub_route_.assign((size_t) n_tokens * n_layers_ * k, -1);
+            if (!ak_ks_.empty()) ub_kept_.assign((size_t) n_tokens * n_layers_, k);
         }
     }
 
@@ -394,6 +440,10 @@ void expert_hook::on_topk(ggml_tensor * t) {
     for (int j = 0; j < n_tokens; j++)
         for (int i = 0; i < k; i++)
             ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
+    drop_keep_[li].clear();
+    // Lossy route rewrites (hook.h): a decode step's ids, rewritten in place before anything reads them.
+    const bool lossy = pg_ && !abort_ && lossy_on() && n_tokens == 1 && pass_tokens_ == 1;
+    if (lossy) apply_lossy(li, t, ids);
     {   // the ubatch's union in this layer: what the tokens of a batch share (counted before any paging)
         std::vector<int32_t> u(ids);
         std::sort(u.begin(), u.end());
@@ -407,6 +457,9 @@ void expert_hook::on_topk(ggml_tensor * t) {
         const int skip = ub_tokens_ - n_tokens;
         for (int j = 0; j < n_tokens; j++)
             std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) (j + skip) * n_layers_ + li) * k]);
+        if (lossy && !drop_keep_[li].empty())  // a dropped slot records the router's own choice (k distinct ids)
+            for (int i = 0; i < k; i++)
+                if (!drop_keep_[li][i]) ub_route_[((size_t) skip * n_layers_ + li) * k + i] = lossy_orig_[i];
         if (capture_) capture_input(li, n_tokens);
     }
     if (!pg_) {
@@ -441,8 +494,15 @@ void expert_hook::on_topk(ggml_tensor * t) {
     try {
         std::vector<int32_t> staged;
         bool queued = false;
+        if (lossy && !drop_keep_[li].empty()) {  // the distinct experts, in slot order
+            std::vector<int32_t> d;
+            for (int32_t e : ids)
+                if (std::find(d.begin(), d.end(), e) == d.end()) d.push_back(e);
+            ids = d;
+        }
+        const int kk = n_tokens == 1 ? (int) ids.size() : k;
         if (pipeline_ && n_tokens == 1) {
-            queued = pg_->request_layer_async(li, ids.data(), k, mm_order_[li]);
+            queued = pg_->request_layer_async(li, ids.data(), kk, mm_order_[li]);
         } else if (pipeline_) {
             // A batch (or prefill) ubatch: its sorted union, as request_layer hands load_layer, so the pager's
             // requests, hits and evictions are those of the unpipelined load; false when it needs staging.
@@ -451,7 +511,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
             uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
             queued = pg_->request_layer_async(li, uni.data(), (int) uni.size(), mm_order_[li]);
         }
-        if (!queued && !pg_->request_layer(li, ids.data(), k, n_tokens, &staged)) {
+        if (!queued && !pg_->request_layer(li, ids.data(), kk, n_tokens, &staged)) {
             // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
             mode_[li] = STAGE;
             stage_ids_[li] = std::move(staged);

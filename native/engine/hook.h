@@ -33,6 +33,24 @@
 // prefetch, residency would depend on the predictor and the knob would change which experts
 // are skipped.
 //
+// Lossy route rewrites (off by default; set_route_bias(delta), set_adaptive_k(thresholds, ks);
+// hook_lossy.h states the rule and its sources): in a single-token ubatch (a decode step: the
+// pass's first MoE layer routed one token), at the observe of ffn_moe_topk-<il> the hook reads the
+// router's probabilities (ffn_moe_probs-<il>, noted at its ask; still alive: get_rows reads it
+// later), rewrites the ids in place and only then loads the layer. llama.cpp's get_rows
+// (ffn_moe_weights-<il>) and MUL_MAT_ID read the rewritten ids, so a substituted expert's weight is
+// the router's own probability of it, normalized by the graph as the architecture does
+// (ffn_moe_weights_norm where norm_w). Adaptive-k keeps llama.cpp's fixed-k graph: a dropped slot
+// repeats the best kept expert (resident: nothing extra is read; the matmul computes it again)
+// and its weight is zeroed at ffn_moe_weights-<il>'s observe, before the graph sums and normalizes
+// (with a softmax over the selected logits, ffn_moe_weights_softmax-<il>, the kept ones are
+// renormalized there), so the output is the kept experts' renormalized mixture. The route log records
+// the experts computed, and for a dropped slot the router's own choice (k distinct ids, as skip-cold
+// records its skipped experts); adaptive_k_log() gives the k kept per (token, layer). Exclusive with
+// skip-cold (both act on non-resident experts / skip-cold would take the zeroed weights as cold);
+// cache-aware routing is exclusive with prefetch (its choice depends on residency). Both work with
+// pipelined reads: the rewrite comes before the layer's request.
+//
 // Time split (set_timing, on by default): each part has its own timestamps. The callback also
 // needs each layer's last expert matmul (ffn_down_exps), so ggml computes a layer in two pieces
 // whose wall times are taken between the need-ask's return and its observe (nothing but ggml
@@ -118,6 +136,12 @@ struct hook_stats {
     // ggml_graph_compute (a thread-pool kick-off and barrier) of its own.
     int64_t graph_asks = 0;      // nodes ggml asked about
     int64_t graph_pieces = 0;    // asks answered "needed": the pieces the graph was split into, less one
+    // Lossy knobs (skip-cold, cache-aware routing, adaptive-k), decode steps only:
+    int64_t lossy_slots = 0;       // (token, layer, slot) choices a lossy knob examined
+    int64_t route_changed = 0;     // of those, not computed with the router's own expert (substituted, dropped, skipped)
+    int64_t route_substituted = 0; // slots given a resident expert instead (cache-aware routing)
+    int64_t adaptive_dropped = 0;  // slots dropped by adaptive-k (weight zeroed)
+    int64_t lossy_bytes_saved = 0; // slot bytes (pager unit_bytes) of router-chosen non-resident experts not read
 };
 
 // One decode call's time in one MoE layer, microseconds (see "Time split" above).
@@ -167,6 +191,10 @@ public:
     void set_pager(pager * pg) { pg_ = pg; }
     // Lossy skip-cold threshold (see above); negative = off (the default).
     void set_skip_cold(double tau) {
+        if (tau >= 0 && route_delta_ >= 0)
+            throw std::invalid_argument("skip-cold and cache-aware routing are exclusive: both decide what happens to a non-resident expert");
+        if (tau >= 0 && !ak_ks_.empty())
+            throw std::invalid_argument("skip-cold and adaptive-k are exclusive: skip-cold would read adaptive-k's zeroed weights as cold");
         if (tau >= 0 && pf_mode_ != PF_OFF)
             throw std::invalid_argument("skip-cold and prefetch are exclusive: skip-cold's choice depends on residency");
         if (tau >= 0 && pipeline_)
@@ -174,6 +202,16 @@ public:
         skip_tau_ = tau;
     }
     double skip_cold() const { return skip_tau_; }
+    // Lossy cache-aware routing (see "Lossy route rewrites"; hook_lossy.cpp); delta < 0 = off (the
+    // default), 0 = on but substitutes nothing. Throws std::invalid_argument with skip-cold or prefetch on.
+    void set_route_bias(double delta);
+    double route_bias() const { return route_delta_; }
+    // Lossy adaptive-k (see above); ks empty = off; ks.size() == thresholds.size() + 1, thresholds
+    // increasing (nats). Throws std::invalid_argument with skip-cold on or on bad thresholds.
+    void set_adaptive_k(const std::vector<double> & thresholds, const std::vector<int> & ks);
+    // Per MoE layer: adaptive-k's kept experts summed, and decode steps counted, since the last reset.
+    const std::vector<int64_t> & layer_k_sum() const { return layer_k_sum_; }
+    const std::vector<int64_t> & layer_k_steps() const { return layer_k_n_; }
     // Next-layer prefetch (see above); budget_bytes caps each layer's prediction (0 = no cap
     // beyond the predictor's own size). Throws std::invalid_argument with skip-cold on.
     // depth: layers ahead, 1..kMaxDepth (8); min_precision: the gate (see "Prefetch" above), 0 = read every prediction.
@@ -216,6 +254,8 @@ public:
     void reset_stats() {
         stats_ = hook_stats{};
         std::fill(layer_union_.begin(), layer_union_.end(), 0);
+        std::fill(layer_k_sum_.begin(), layer_k_sum_.end(), 0);
+        std::fill(layer_k_n_.begin(), layer_k_n_.end(), 0);
     }
     // Per MoE layer: distinct experts routed, summed over ubatches since the last reset (the union a
     // batched decode step reads once for all its tokens; docs/DESIGN.md §3d).
@@ -226,6 +266,10 @@ public:
     // Forward pass (ubatch) number of each recorded token, counted from the hook's creation.
     const std::vector<int32_t> & route_ubatch() const { return route_ub_; }
     int route_k() const { return route_k_; }
+    // With adaptive-k and route recording: the k kept per recorded token and MoE layer, [n_tokens][n_moe_layers]
+    // int32 aligned with route() (the graph's k where adaptive-k did not act: prefill, unrouted rows).
+    const std::vector<int32_t> & adaptive_k_log() const { return kept_log_; }
+    void clear_adaptive_k_log() { kept_log_.clear(); }
     void clear_route() { route_.clear(); route_ub_.clear(); }
 
     // Router-input log (set_capture_inputs; off by default), the training data of a learned
@@ -239,7 +283,11 @@ public:
     }
     const std::vector<float> & router_inputs() const { return inputs_; }
     int64_t router_input_dim() const { return in_dim_; }
-    void clear_router_inputs() { inputs_.clear(); }
+    void clear_router_inputs() { inputs_.clear(); outputs_.clear(); }
+    // With capture on, also each MoE layer's output (ffn_moe_out-<il>: the routed experts' weighted sum,
+    // before any shared expert), same layout as router_inputs(): the NumPy reference of a layer compares
+    // to it (tests/test_lossy_route.py). Needing that node splits the graph there: logits unchanged.
+    const std::vector<float> & moe_outputs() const { return outputs_; }
 
 private:
     enum mode : uint8_t { REGION = 0, STAGE = 1, ZERO = 2, PENDING = 3 };
@@ -281,6 +329,23 @@ private:
     double                                   skip_tau_ = -1.0;   // skip-cold threshold; < 0: off
     std::vector<std::vector<int32_t>>        pend_ids_;          // per PENDING layer: router-order ids
     std::vector<std::vector<float>>          pend_w_;            // per PENDING layer: their weights
+    // lossy route rewrites (hook_lossy.cpp)
+    double                                   route_delta_ = -1;  // cache-aware routing margin; < 0: off (0: on, changes nothing)
+    std::vector<double>                      ak_thr_;            // adaptive-k entropy thresholds (nats)
+    std::vector<int>                         ak_ks_;             // adaptive-k's k per band; empty: off
+    int                                      pass_tokens_ = 0;   // tokens of this pass (its first MoE layer's)
+    std::vector<ggml_tensor *>               probs_;             // per layer: ffn_moe_probs-<il> of this pass
+    std::vector<std::vector<uint8_t>>        drop_keep_;         // per layer: adaptive-k's kept slots (empty: none dropped)
+    std::vector<int64_t>                     layer_k_sum_, layer_k_n_;
+    std::vector<float>                       prob_buf_;
+    std::vector<int32_t>                     lossy_orig_;        // the router's ids of the last rewrite
+    std::vector<int32_t>                     kept_log_, ub_kept_;  // adaptive_k_log(), current ubatch
+    std::vector<uint8_t>                     res_buf_;
+    bool lossy_on() const { return route_delta_ >= 0 || !ak_ks_.empty(); }
+    void note_probs(ggml_tensor * t);
+    void router_probs(int li, std::vector<float> & q);
+    void apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & ids);
+    void zero_dropped(int li, ggml_tensor * t, bool softmax);
     bool                                     record_;
     std::vector<int32_t>                     route_;
     std::vector<int32_t>                     route_ub_;
@@ -292,6 +357,8 @@ private:
     bool                                     capture_ = false;
     std::vector<float>                       inputs_;       // router-input log [tokens][L][in_dim_]
     std::vector<float>                       ub_inputs_;    // current ubatch
+    std::vector<float>                       outputs_, ub_outputs_;  // MoE-output log (moe_outputs), current ubatch
+    void capture_output(ggml_tensor * t);
     int64_t                                  in_dim_ = 0;
     void capture_input(int li, int n_tokens);
     void start_ubatch_inputs();

@@ -35,6 +35,8 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
     if (mode < PF_OFF || mode > PF_ORACLE) throw std::invalid_argument("unknown prefetch mode " + std::to_string(mode));
     if (mode != PF_OFF && skip_tau_ >= 0)
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
+    if (mode != PF_OFF && route_delta_ >= 0)
+        throw std::invalid_argument("prefetch and cache-aware routing are exclusive: its choice depends on residency");
     if (budget_bytes < 0) throw std::invalid_argument("prefetch budget must be >= 0 bytes");
     if (pg_) pg_->prefetch_finish();
     pf_mode_   = mode;

@@ -6,7 +6,8 @@ from .routing_cap import reading as routing_cap_reading, routing_cap, uniform_ro
 from .grid import WARMUP_PASSES, MemoryPoint, measure_prompts, memory_points, save, summarize
 from .skip_cold import skip_cold
 from .topk import topk
+from .lossy import lossy_knobs
 
-__all__ = ["eviction", "eviction_figures", "eviction_reading", "hot_experts", "calibration_route_log", "DEFAULT_POLICIES", "memory_points", "MemoryPoint",
+__all__ = ["lossy_knobs", "eviction", "eviction_figures", "eviction_reading", "hot_experts", "calibration_route_log", "DEFAULT_POLICIES", "memory_points", "MemoryPoint",
            "measure_prompts", "summarize", "save", "WARMUP_PASSES", "topk", "skip_cold", "routing_cap",
            "routing_cap_reading", "uniform_routes"]

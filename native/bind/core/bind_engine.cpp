@@ -11,6 +11,7 @@
 
 #include "bind_common.h"
 #include "engine.h"
+#include "hook_lossy.h"
 #include "registry.h"
 
 namespace py = pybind11;
@@ -33,6 +34,11 @@ static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
         EPQ_FIELD(hook_stats, "pred_gated", s.pred_gated),
         EPQ_FIELD(hook_stats, "graph_asks", s.graph_asks),
         EPQ_FIELD(hook_stats, "graph_pieces", s.graph_pieces),
+        EPQ_FIELD(hook_stats, "lossy_slots", s.lossy_slots),
+        EPQ_FIELD(hook_stats, "route_changed", s.route_changed),
+        EPQ_FIELD(hook_stats, "route_substituted", s.route_substituted),
+        EPQ_FIELD(hook_stats, "adaptive_dropped", s.adaptive_dropped),
+        EPQ_FIELD(hook_stats, "lossy_bytes_saved", s.lossy_bytes_saved),
     };
     return f;
 }
@@ -66,6 +72,26 @@ void register_engine(py::module_ & m) {
     m.def("set_verbose", &engine_set_verbose, "print llama.cpp's log to stderr");
     m.def("lazy_load_check", [] { return lazy_load_check(); },
           "empty string when libllama's mmap/posix_madvise relocations can be redirected, else the reason");
+
+    m.def("lossy_route", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                            py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+                            py::array_t<uint8_t, py::array::c_style | py::array::forcecast> resident, double delta,
+                            std::vector<double> thresholds, std::vector<int> ks) {
+        // The hook's decode-step route rewrite (native/engine/hook_lossy.h) on one token's route:
+        // q float32 [n_expert], ids int32 [k], resident uint8 [n_expert] -> (ids', keep uint8 [k], n_substituted).
+        if (q.ndim() != 1 || ids.ndim() != 1 || resident.ndim() != 1 || resident.shape(0) != q.shape(0))
+            throw std::invalid_argument("lossy_route: q and resident must be [n_expert], ids [k]");
+        py::array_t<int32_t> out(ids.shape(0));
+        std::copy(ids.data(), ids.data() + ids.shape(0), out.mutable_data());
+        lossy_result r = lossy_route(q.data(), (int) q.shape(0), out.mutable_data(), (int) ids.shape(0), resident.data(),
+                                     delta, thresholds, ks);
+        py::array_t<uint8_t> keep((py::ssize_t) r.keep.size());
+        std::copy(r.keep.begin(), r.keep.end(), keep.mutable_data());
+        return py::make_tuple(out, keep, r.substituted);
+    }, py::arg("q"), py::arg("ids"), py::arg("resident"), py::arg("delta"), py::arg("thresholds"), py::arg("ks"));
+    m.def("router_entropy", [](py::array_t<float, py::array::c_style | py::array::forcecast> q) {
+        return router_entropy(q.data(), (int) q.size());
+    }, py::arg("q"), "entropy in nats of router probabilities q [n_expert] (adaptive-k's H)");
 
     py::class_<engine>(m, "Engine")
         .def(py::init([](const std::string & path, pager * pg, const std::string & arch, int expert_used, int n_ctx,
@@ -155,6 +181,21 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_skip_cold(tau);
         }, py::arg("tau"))
+        .def("set_route_bias", [](engine & e, double delta) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_route_bias(delta);
+        }, py::arg("delta"))
+        .def("set_adaptive_k", [](engine & e, std::vector<double> thresholds, std::vector<int> ks) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_adaptive_k(thresholds, ks);
+        }, py::arg("thresholds"), py::arg("ks"))
+        .def("adaptive_k_layers", [](engine & e) {
+            // (kept experts summed int64 [n_moe_layers], decode steps int64 [n_moe_layers]) since the last reset
+            std::vector<int64_t> s, n;
+            if (e.hook()) { s = e.hook()->layer_k_sum(); n = e.hook()->layer_k_steps(); }
+            return py::make_tuple(py::array_t<int64_t>((py::ssize_t) s.size(), s.data()),
+                                  py::array_t<int64_t>((py::ssize_t) n.size(), n.data()));
+        })
         .def("set_prefetch", [](engine & e, int mode, int64_t budget_bytes, int depth, double min_precision) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_prefetch(mode, budget_bytes, depth, min_precision);
@@ -228,10 +269,27 @@ void register_engine(py::module_ & m) {
             return out;
         })
         .def("route_k", [](engine & e) { return e.hook() ? e.hook()->route_k() : 0; })
+        .def("take_adaptive_k_log", [](engine & e) {
+            // Adaptive-k's kept experts per recorded token and MoE layer, int32 flat [n_tokens * n_moe_layers]; clears it.
+            if (!e.hook()) return py::array_t<int32_t>();
+            const auto & r = e.hook()->adaptive_k_log();
+            py::array_t<int32_t> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            e.hook()->clear_adaptive_k_log();
+            return out;
+        })
         .def("set_capture_inputs", [](engine & e, bool on) {
             // Router-input log on/off (native/engine/hook.h); needs route recording.
             if (!e.hook()) throw std::invalid_argument("capturing router inputs needs route recording (route_log)");
             e.hook()->set_capture_inputs(on);
+        })
+        .def("moe_outputs", [](engine & e) {
+            // The MoE-output log, float32 flat, laid out as the router-input log (not cleared: take_router_inputs clears both).
+            if (!e.hook()) return py::array_t<float>();
+            const auto & r = e.hook()->moe_outputs();
+            py::array_t<float> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            return out;
         })
         .def("take_router_inputs", [](engine & e) -> py::tuple {
             // The router-input log as float32 [n_tokens * n_moe_layers * n_embd] (flat) and n_embd; clears it.

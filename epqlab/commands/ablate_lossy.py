@@ -1,0 +1,61 @@
+"""``epqlab ablate lossy MODEL --arenas 0.25,0.5 --deltas 0.02,0.05 --json out.json``: every lossy routing knob (top-k,
+skip-cold, cache-aware routing, adaptive-k) on one trade-off table (:func:`epqlab.studies.ablation.lossy.lossy_knobs`)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..studies.ablation import lossy_report
+from ..studies.ablation.lossy import lossy_knobs
+from ._args import floats_or_sizes
+
+
+def register(kinds) -> None:
+    p = kinds.add_parser("lossy", help="LOSSY knobs (top-k, skip-cold, cache-aware routing, adaptive-k) vs exact: "
+                                       "perplexity ratio, agreement, SSD MB/token, tok/s, hit rate")
+    p.add_argument("model", help="path to a MoE .gguf")
+    p.add_argument("--arenas", default="0.25,0.5", help="arenas: fractions of all expert slots or sizes (default 0.25,0.5)")
+    p.add_argument("--ks", default="1,2", help="top-k values below the model's own (default 1,2; '' none)")
+    p.add_argument("--taus", default="0.3", help="skip-cold thresholds (default 0.3; '' none)")
+    p.add_argument("--deltas", default="0.02,0.05,0.1", help="cache-aware routing margins (default 0.02,0.05,0.1; '' none)")
+    p.add_argument("--adaptive", default="default;1.6,1.9:1,2,3",
+                   help="adaptive-k rules separated by ';': 'default' (k 1/2/4 below 0.6/1.2 nats) or THRESHOLDS:KS "
+                        "(default 'default;1.6,1.9:1,2,3'; '' none)")
+    p.add_argument("--texts", default="prose,code,legal", help="held-out texts ('' = no perplexity: synthesized models)")
+    p.add_argument("--text-chars", type=int, default=250, help="characters of each text (default 250)")
+    p.add_argument("--ppl-n-ctx", type=int, default=128, help="perplexity window, tokens (default 128)")
+    p.add_argument("--threads", type=int, default=1, help="compute threads (default 1)")
+    p.add_argument("--json", default=None, help="write the table, settings and reading as JSON here (and .csv, .png beside it)")
+    p.set_defaults(func=run)
+
+
+def _rules(text: str) -> list:
+    out = []
+    for r in (x.strip() for x in text.split(";")):
+        if not r:
+            continue
+        if r == "default":
+            out.append(True)
+            continue
+        try:
+            thr, ks = r.split(":")
+            out.append((tuple(float(x) for x in thr.split(",") if x), tuple(int(x) for x in ks.split(",") if x)))
+        except ValueError:
+            raise ValueError(f"--adaptive rule {r!r} is not 'default' or THRESHOLDS:KS like 1.6,1.9:1,2,3") from None
+    return out
+
+
+def run(args) -> int:
+    nums = lambda s: [float(x) for x in s.split(",") if x.strip()]  # noqa: E731
+    df = lossy_knobs(args.model, arenas=floats_or_sizes(args.arenas), ks=[int(k) for k in nums(args.ks)],
+                     taus=nums(args.taus), deltas=nums(args.deltas), adaptive=_rules(args.adaptive),
+                     texts=[t for t in args.texts.split(",") if t], text_chars=args.text_chars,
+                     ppl_n_ctx=args.ppl_n_ctx, progress=True, n_threads=args.threads)
+    print(lossy_report.format_table(df))
+    print()
+    print(lossy_report.reading(df))
+    if args.json:
+        j = Path(args.json)
+        paths = lossy_report.save(df, j.parent, j.stem, extra={"notebook": None, "command": " ".join(sys.argv)})
+        print("wrote", ", ".join(paths.values()))
+    return 0

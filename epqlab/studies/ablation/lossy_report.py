@@ -1,0 +1,127 @@
+"""Table, plot, reading and files of :func:`epqlab.studies.ablation.lossy.lossy_knobs` (notebook 07, papers/07): every
+sentence of :func:`reading` is computed from the rows."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ...results import run_info, save_csv, save_figure, write_json
+
+KNOB_ORDER = ("exact", "top-k", "skip-cold", "cache-route", "adaptive-k")
+
+
+def _num(x):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return x
+    return None if math.isnan(v) else v
+
+
+def columns(df) -> dict:
+    """Column -> heading of the table (per-text ratios first, then the I/O and speed columns)."""
+    texts = df.attrs.get("texts") or [c[len("ppl_ratio_"):] for c in df.columns
+                                      if c.startswith("ppl_ratio_") and c != "ppl_ratio_mean"]
+    cols = {"point": "arena", "knob": "knob", "setting": "setting"}
+    cols.update({f"ppl_ratio_{t}": f"PPL ratio {t}" for t in texts if f"ppl_ratio_{t}" in df})
+    cols.update({"routing_agreement": "agreement", "mean_k": "mean k", "ssd_mb_per_token": "SSD MB/token",
+                 "decode_tok_s": "decode tok/s", "hit_rate": "hit rate"})
+    return {c: h for c, h in cols.items() if c in df}
+
+
+def format_table(df) -> str:
+    cols = columns(df)
+    out = df[list(cols)].rename(columns=cols)
+    return out.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+
+
+def plot(df):
+    """One panel per arena: SSD MB/token (x) against the geometric-mean PPL ratio to exact (y), a marker per
+    knob, each point labelled with its setting. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    points = list(dict.fromkeys(df["point"]))
+    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
+    marks = dict(zip(KNOB_ORDER, ("*", "o", "s", "^", "D")))
+    for ax, pt in zip(axes[0], points):
+        d = df[df["point"] == pt]
+        for knob in KNOB_ORDER:
+            g = d[d["knob"] == knob]
+            if g.empty:
+                continue
+            ax.plot(g["ssd_mb_per_token"], g["ppl_ratio_mean"], marks[knob], label=knob, markersize=9 if knob == "exact" else 7)
+            for _, r in g.iterrows():
+                if knob != "exact":
+                    ax.annotate(r["setting"], (r["ssd_mb_per_token"], r["ppl_ratio_mean"]), fontsize=7,
+                                xytext=(4, 3), textcoords="offset points")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_xlabel("SSD MB per decoded token")
+        ax.set_ylabel("perplexity / exact (geometric mean over texts)")
+        ax.set_title(f"{pt}: quality lost vs bytes read")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def reading(df) -> str:
+    """Per arena: the exact baseline, then per knob and setting the PPL ratio (mean and per text), SSD MB/token and
+    decode speed against exact, agreement and hit rate; and which knob saves the most bytes within 1% and 5%
+    perplexity. Speeds are wall clock on the machine that ran it (a shared box inflates their noise)."""
+    out = []
+    texts = df.attrs.get("texts") or []
+    for pt in dict.fromkeys(df["point"]):
+        d = df[df["point"] == pt]
+        base = d[d["knob"] == "exact"].iloc[0]
+        lines = [f"**{pt}**: exact reads {base['ssd_mb_per_token']:.3f} MB/token at {base['decode_tok_s']:.1f} tok/s, "
+                 f"hit rate {base['hit_rate']:.1%}."]
+        for _, r in d[d["knob"] != "exact"].iterrows():
+            per = ", ".join(f"{t} x{r[f'ppl_ratio_{t}']:.3f}" for t in texts if f"ppl_ratio_{t}" in r)
+            mb = r["ssd_mb_per_token"] / base["ssd_mb_per_token"] - 1 if base["ssd_mb_per_token"] else 0.0
+            sp = r["decode_tok_s"] / base["decode_tok_s"] if base["decode_tok_s"] else 0.0
+            lines.append(f"{r['knob']} {r['setting']}: PPL x{r['ppl_ratio_mean']:.3f} ({per}); SSD {mb:+.0%}; "
+                         f"speed x{sp:.2f}; agreement {r['routing_agreement']:.1%}; hit rate {r['hit_rate']:.1%}; "
+                         f"mean k {r['mean_k']:.2f}.")
+        for lim in (1.01, 1.05):
+            ok = d[(d["knob"] != "exact") & (d["ppl_ratio_mean"] <= lim)]
+            if ok.empty:
+                lines.append(f"No knob stays within PPL x{lim:.2f} here.")
+            else:
+                b = ok.loc[ok["ssd_mb_per_token"].idxmin()]
+                lines.append(f"Fewest bytes within PPL x{lim:.2f}: {b['knob']} {b['setting']} "
+                             f"({b['ssd_mb_per_token']:.3f} MB/token, x{b['ppl_ratio_mean']:.3f}).")
+        out.append(" ".join(lines))
+    ak = df[df["knob"] == "adaptive-k"]
+    pub = ak[ak["setting"].str.startswith("H<0.6:1,H<1.2:2")]
+    if not pub.empty and (pub["mean_k"] >= df.attrs.get("own_k", 0)).all():
+        out.append(f"The published adaptive-k thresholds never lower k on this model: its router entropies are above "
+                   f"1.2 nats (n_expert = {df.attrs.get('n_expert')}, ln n_expert = {math.log(df.attrs.get('n_expert') or 1):.2f}), "
+                   f"so the rule only bites with thresholds set for this model.")
+    return "\n\n".join(out)
+
+
+def to_json(df) -> dict:
+    return {"parameters": dict(df.attrs), "rows": [{k: _num(v) for k, v in r.items()} for r in df.to_dict("records")],
+            "reading": reading(df), "run": run_info(df.attrs.get("model"))}
+
+
+def save(df, results_dir, name: str = "lossy", figure: bool = True, extra: dict | None = None) -> dict:
+    """Write ``<results_dir>/<name>.json`` (:func:`to_json` updated with ``extra``), ``<name>.csv`` and
+    ``<name>.png`` (:func:`plot`). Returns ``{kind: path}`` (str)."""
+    d = Path(results_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
+    doc = to_json(df)
+    doc.update(extra or {})
+    write_json(doc, paths["json"])
+    save_csv(df, paths["csv"])
+    if figure:
+        import matplotlib.pyplot as plt
+
+        fig = plot(df)
+        paths["png"] = d / f"{name}.png"
+        save_figure(fig, paths["png"])
+        plt.close(fig)
+    return {k: str(v) for k, v in paths.items()}
+
+
+__all__ = ["columns", "format_table", "plot", "reading", "to_json", "save", "KNOB_ORDER"]

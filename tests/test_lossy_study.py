@@ -1,0 +1,74 @@
+"""The lossy-knob trade-off study (epqlab.studies.ablation.lossy), notebook 07, papers/07, `epqlab ablate lossy` and the
+`epqlab run` lossy flags, with tiny parameters; values checked against plain llama.cpp perplexity computed here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epqlab.data import heldout_texts
+from epqlab.studies.model_quality import perplexity_of
+from notebooks import run_notebook
+
+TEXT_CHARS, N_CTX = 150, 32
+
+
+@pytest.mark.slow
+def test_notebook_07_small(default_model_path, tmp_path):
+    r = run_notebook("07_lossy_knobs", {"arenas": [0.5], "ks": [2], "taus": [0.3], "deltas": [0.0, 0.2],
+                                        "adaptive": [[[1.9], [1, 3]]], "texts": ["prose"], "text_chars": TEXT_CHARS,
+                                        "ppl_n_ctx": N_CTX}, tmp_path)
+    rows = r["rows"]
+    assert [(x["knob"], x["setting"]) for x in rows] == [
+        ("exact", "off"), ("top-k", "k=2"), ("skip-cold", "tau=0.3"), ("cache-route", "delta=0"),
+        ("cache-route", "delta=0.2"), ("adaptive-k", "H<1.9:1,else 3")]
+    ex, k2, sk, d0, d2, ak = rows
+    # exact (paged, one token per decode) is plain llama.cpp's perplexity, decoded the same way
+    ref = perplexity_of(default_model_path, heldout_texts()["prose"][:TEXT_CHARS], n_ctx=N_CTX, n_batch=1, n_ubatch=1)
+    assert ex["ppl_prose"] == ref.ppl and ex["ppl_ratio_prose"] == 1.0 and ex["routing_agreement"] == 1.0
+    ref2 = perplexity_of(default_model_path, heldout_texts()["prose"][:TEXT_CHARS], n_ctx=N_CTX, n_batch=1, n_ubatch=1,
+                         expert_used=2)
+    assert k2["ppl_prose"] == ref2.ppl and k2["routing_agreement"] == pytest.approx(2 / 3) and k2["mean_k"] == 2
+    # delta 0 examines every slot and changes nothing: the same numbers as exact
+    assert d0["ppl_prose"] == ex["ppl_prose"] and d0["ssd_mb_per_token"] == ex["ssd_mb_per_token"]
+    assert d0["routing_agreement"] == 1.0
+    # a wide margin substitutes: fewer bytes, a higher hit rate, agreement below 1
+    assert d2["routing_agreement"] < 1 and d2["ssd_mb_per_token"] < ex["ssd_mb_per_token"] and d2["hit_rate"] > ex["hit_rate"]
+    assert sk["routing_agreement"] < 1 and sk["ssd_mb_per_token"] < ex["ssd_mb_per_token"]
+    assert 1 <= ak["mean_k"] < 3 and ak["ssd_mb_per_token"] < ex["ssd_mb_per_token"]
+    assert all(x["decode_tok_s"] > 0 for x in rows)
+    # the reading quotes numbers computed from the rows
+    assert f"cache-route delta=0.2: PPL x{d2['ppl_ratio_mean']:.3f}" in r["reading"]
+    assert f"agreement {d2['routing_agreement']:.1%}" in r["reading"]
+    out = tmp_path / "results" / "07_lossy_knobs"
+    assert (out / "test.png").stat().st_size > 10_000 and (out / "test.csv").is_file()
+    # papers/07 renders from the executed notebook's JSON
+    from epqlab.papers import write_papers
+
+    papers = write_papers(tmp_path / "results", tmp_path / "papers")
+    text = (tmp_path / "papers" / "07_lossy_knobs.md").read_text()
+    assert any(p.endswith("07_lossy_knobs.md") for p in papers)
+    assert "| cache-route" in text and f"x{d2['ppl_ratio_mean']:.3f}" in text
+
+
+def test_cli_run_and_ablate_lossy(default_model_path, tmp_path, capsys):
+    from epqlab.cli import main
+
+    assert main(["run", str(default_model_path), "-n", "4", "--threads", "1", "--route-bias", "cache",
+                 "--route-delta", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "lossy knobs" in out and "route_bias=cache (delta 0.2" in out and "routing agreement" in out
+    assert main(["run", str(default_model_path), "-n", "2", "--route-bias", "cache", "--route-delta", "0.1",
+                 "--skip-cold", "0.1"]) != 0
+    assert "route_bias and skip_cold are exclusive" in capsys.readouterr().err
+    assert main(["run", str(default_model_path), "-n", "2", "--adaptive-k", "1.5"]) != 0
+    assert "THRESHOLDS:KS" in capsys.readouterr().err
+    j = tmp_path / "l.json"
+    assert main(["ablate", "lossy", str(default_model_path), "--arenas", "0.5", "--ks", "", "--taus", "",
+                 "--deltas", "0.1", "--adaptive", "", "--texts", "code", "--text-chars", "100", "--ppl-n-ctx", "32",
+                 "--json", str(j)]) == 0
+    doc = json.loads(j.read_text())
+    assert [(x["knob"], x["setting"]) for x in doc["rows"]] == [("exact", "off"), ("cache-route", "delta=0.1")]
+    from epqlab.papers.studies import study_of
+
+    assert study_of(doc) == "07_lossy_knobs"
