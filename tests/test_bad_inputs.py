@@ -231,6 +231,8 @@ ROWS = [
     # -- sizes, policies, threads, context ------------------------------------------------------
     ("budget word", S("tiny", ram_budget="lots"), ValueError, "not a byte count"),
     ("budget negative", S("tiny", ram_budget=-1), ValueError, ">= 0"),
+    ("budget 0.5", S("tiny", ram_budget=0.5), ValueError, "0.5 is not a whole number of bytes"),
+    ("budget '0.5'", S("tiny", ram_budget="0.5"), ValueError, "'0.5' is not a whole number of bytes"),
     ("budget 1e30", S("tiny", ram_budget=1e30), ValueError, "too large"),
     ("budget tiny", S("tiny", ram_budget="1KiB"), ArenaTooSmall, "smallest budget that works"),
     ("arena 1 byte", S("tiny", arena_bytes=1), ArenaTooSmall, "smallest arena that works"),

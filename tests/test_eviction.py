@@ -236,3 +236,17 @@ def test_online_policies_capped_on_uniform_routes(default_model_path, fraction=0
         if pol != "belady":
             assert r <= bound + 0.02, (pol, r, bound)  # 13500 requests: sampling sd ~0.4 %
     assert rate["belady"] > bound + 0.15, (rate, bound)
+
+
+def test_arena_above_one_is_bytes_and_says_so(default_model_path):
+    """A sweep's arena above 1 is a byte count: ``arenas=[2.0]`` asks for 2 bytes, and the refusal says so and
+    names the fraction form (fractions lie in (0, 1])."""
+    from epqlab.studies.ablation.grid import memory_points
+
+    lay = epqlab.inspect(default_model_path)
+    with pytest.raises(ValueError, match=r"2\.0 means 2 bytes; fractions of all expert slots lie in \(0, 1\]"):
+        memory_points(lay, [2.0])
+    with pytest.raises(ValueError, match="cannot hold") as e:
+        memory_points(lay, ["2KiB"])
+    assert "means" not in str(e.value)  # a size with a unit is plainly bytes
+    assert memory_points(lay, [0.5])[0].arena_fraction == 0.5
