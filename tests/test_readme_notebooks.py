@@ -32,7 +32,7 @@ def _lines(text: str) -> list[str]:
 
 
 README_LINES = _lines((REPO / "README.md").read_text())
-DOC_LINES = sorted({l for p in [REPO / "papers" / "README.md", *NOTEBOOKS.glob("*.ipynb")]
+DOC_LINES = README_LINES + sorted({l for p in [REPO / "papers" / "README.md", *NOTEBOOKS.glob("*.ipynb")]
                     for l in _lines("".join("".join(c["source"]) + "\n" for c in json.loads(p.read_text())["cells"]
                                             if c["cell_type"] == "markdown") if p.suffix == ".ipynb"
                                     else p.read_text())})
@@ -102,6 +102,8 @@ def test_documented_line_parses(line, tmp_path, caplog):
     assert "unknown parameter" not in caplog.text.lower(), caplog.text
     for name, value in injected.items():
         assert name in defaults, f"{line}: {name} is not a parameter of the notebook"
+        assert not (isinstance(value, str) and value.lstrip()[:1] in ("[", "{")), \
+            f"{line}: {name} arrived as the string {value!r}: lists and dicts go through -y (papermill's -p passes strings)"
         assert _same_kind(defaults[name], value), \
             f"{line}: {name} = {value!r} ({type(value).__name__}), the default is {defaults[name]!r}"
 
