@@ -170,7 +170,7 @@ def test_notebook_03_defaults(default_model_path, tmp_path):
     from epqlab.studies.ablation import DEFAULT_POLICIES, EVICTION_PRESETS
     from notebooks import run_notebook
 
-    r = run_notebook("03_least_stale", {}, tmp_path)
+    r = run_notebook("03_least_stale", {}, tmp_path, cell_timeout=1500)  # its one long cell, on a busy box
     quick = EVICTION_PRESETS["quick"]
     p = r["parameters"]
     assert p["preset"] == "quick" and p["policies"] == list(DEFAULT_POLICIES)

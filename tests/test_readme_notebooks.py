@@ -142,6 +142,6 @@ def test_readme_line_runs(line, tmp_path, default_model_path):
     params = doc.get("parameters") or {}
     for k, v in given.items():
         if k == "model":
-            assert Path(params[k]).resolve() == Path(default_model_path).resolve()
+            assert (tmp_path / params[k]).resolve() == Path(default_model_path).resolve()  # relative to the run
         elif k in params:
             assert params[k] == v, (k, params[k], v)
