@@ -171,15 +171,17 @@ def reading(df) -> str:
     df["steady_belady_share"], _ = _steady_share_gap(df)
     for point, g in df.groupby("point", sort=False):
         g = g.set_index("policy")
-        best = g["steady_hit_rate"].idxmax()
+        share_any = g["steady_belady_share"].notna().any()
+        best = g["steady_hit_rate" if share_any else "hit_rate"].idxmax()
         b = g.loc[best]
         share = b["steady_belady_share"]
         line = (f"- **{point}** ({int(b['slots'])} slots): best online policy {best} — steady-state hit rate "
                 f"{b['steady_hit_rate']:.1%} vs Belady {b['belady_steady_hit_rate']:.1%} "
                 f"({share:.0%} of the bound; lifetime {b['hit_rate']:.1%} vs {b['belady_hit_rate']:.1%})."
                 if share == share else
-                f"- **{point}** ({int(b['slots'])} slots): no steady-state hits for any policy, nor for Belady "
-                f"(lifetime: {best} {b['hit_rate']:.1%} vs Belady {b['belady_hit_rate']:.1%}).")
+                f"- **{point}** ({int(b['slots'])} slots): best online policy {best} by lifetime hit rate "
+                f"{b['hit_rate']:.1%} vs Belady {b['belady_hit_rate']:.1%}; no steady-state hits, not even Belady's "
+                "(too few decode passes after the warm-up: raise n_predict).")
         if "lru" in g.index:
             lru = g.loc["lru"]
             line += f" LRU {lru['steady_hit_rate']:.1%}"
