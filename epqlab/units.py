@@ -20,8 +20,8 @@ def parse_bytes(value: int | float | str) -> int:
     bare K/M/G/T) are powers of 1000. Case-insensitive.
 
     Raises:
-        ValueError: unparseable string, a float that is not a whole number (``0.5`` is no byte
-            count), a negative, infinite or NaN value, or more than
+        ValueError: unparseable string, a float or a string without a suffix that is not a whole number
+            (``0.5`` and ``"0.5"`` are no byte counts), a negative, infinite or NaN value, or more than
             :data:`MAX_BYTES` (2**62: what a signed 64-bit offset can address with room to add).
     """
     if isinstance(value, bool):
@@ -37,6 +37,9 @@ def parse_bytes(value: int | float | str) -> int:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"not a byte count: {value!r} (use e.g. 4GiB, 512MiB, 8GB or a plain integer)")
+        if not m.group(2) and not float(m.group(1)).is_integer():  # "0.5" is no byte count either
+            raise ValueError(f"not a byte count: {value!r} is not a whole number of bytes (a fraction of the "
+                             "experts? pass arena sizes as fractions to the sweeps, budgets as bytes or '4GiB')")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n < 0:
         raise ValueError(f"byte count must be >= 0, got {value!r}")

@@ -32,10 +32,10 @@ def _kernelspec_dir(tmp_path: Path) -> Path:
     return root
 
 
-def run_notebook(name: str, params: dict, tmp_path) -> dict:
+def run_notebook(name: str, params: dict, tmp_path, cell_timeout: int = 600) -> dict:
     """Execute ``notebooks/<name>.ipynb`` with ``params`` (``results_dir`` defaults to ``tmp_path/results``,
     ``run_name`` to ``"test"``) and return the parsed ``<results_dir>/<name>/<run_name>.json``. The executed
-    notebook is kept as ``tmp_path/<name>.out.ipynb`` for debugging."""
+    notebook is kept as ``tmp_path/<name>.out.ipynb`` for debugging. ``cell_timeout``: seconds one cell may run."""
     import papermill as pm
 
     tmp_path = Path(tmp_path)
@@ -49,7 +49,7 @@ def run_notebook(name: str, params: dict, tmp_path) -> dict:
     try:
         pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(tmp_path / f"{name}.out.ipynb"),
                             parameters=params, kernel_name=KERNEL_NAME, cwd=str(REPO),
-                            progress_bar=False, log_output=False, execution_timeout=600)
+                            progress_bar=False, log_output=False, execution_timeout=cell_timeout)
     finally:
         if old is None:
             os.environ.pop("JUPYTER_PATH", None)

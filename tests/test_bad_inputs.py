@@ -231,6 +231,8 @@ ROWS = [
     # -- sizes, policies, threads, context ------------------------------------------------------
     ("budget word", S("tiny", ram_budget="lots"), ValueError, "not a byte count"),
     ("budget negative", S("tiny", ram_budget=-1), ValueError, ">= 0"),
+    ("budget 0.5", S("tiny", ram_budget=0.5), ValueError, "0.5 is not a whole number of bytes"),
+    ("budget '0.5'", S("tiny", ram_budget="0.5"), ValueError, "'0.5' is not a whole number of bytes"),
     ("budget 1e30", S("tiny", ram_budget=1e30), ValueError, "too large"),
     ("budget tiny", S("tiny", ram_budget="1KiB"), ArenaTooSmall, "smallest budget that works"),
     ("arena 1 byte", S("tiny", arena_bytes=1), ArenaTooSmall, "smallest arena that works"),
@@ -309,7 +311,7 @@ CLI_ROWS = [
     ("run io threads 0", ["run", "{tiny}", "-n", "1", "--io-threads", "0"], 1, "io_threads must be >= 1"),
     ("run n_ctx 0", ["run", "{tiny}", "-n", "1", "--n-ctx", "0"], 1, "n_ctx must be >= 1"),
     ("run budget tiny", ["run", "{tiny}", "-n", "1", "--ram-budget", "1KiB"], 1, "smallest budget that works"),
-    ("run n negative", ["run", "{tiny}", "-n", "-1"], 1, "n_predict must be >= 0"),
+    ("run n negative", ["run", "{tiny}", "-n", "-5"], 1, "n_predict must be >= 0"),
     ("run split wrong count", ["run", "{split_wrong_count}", "-n", "1"], 1, "split.count=4"),
     ("routes missing", ["routes", "{missing}"], 1, "does not exist"),
     ("policy choice", ["run", "{tiny}", "--policy", "fifo"], 2, "invalid choice"),
@@ -327,3 +329,5 @@ def test_cli_bad_input(f, argv, code, fragment):
     assert len(errs) == 1 and fragment in errs[0], r.stderr
     if code == 1:
         assert r.stderr.startswith("epqlab: error:"), r.stderr
+    if "-n" in argv and argv[argv.index("-n") + 1].startswith("-"):
+        assert r.stdout == "", r.stdout  # refused before the prompt is echoed: no message glued to it

@@ -155,30 +155,58 @@ def test_live_equals_replay(default_model_path, tmp_path, policy):
     assert live["requests"] > 0 and live["evictions"] > 0
 
 
-def test_notebook_03(default_model_path, tmp_path):
+@pytest.mark.slow
+def test_notebook_03_defaults(default_model_path, tmp_path):
+    """notebooks/03_least_stale.ipynb with its defaults under papermill (the user's entry point: preset "quick",
+    a few minutes on 2 cores): the preset's settings ran, every replay matched its live run, the share and gap to
+    Belady are what the hit rates give, and the saved notebook shows what a reader needs (the progress bar's final
+    state, two narrow tables, a reading with one item per arena)."""
+    import json
+    import os
+    import re
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from epqlab.studies.ablation import DEFAULT_POLICIES, EVICTION_PRESETS
     from notebooks import run_notebook
 
-    r = run_notebook("03_least_stale", {"model": str(default_model_path), "arenas": [0.3, 0.6],
-                                         "policies": ["lru", "ls_pos", "static", "fnu"],
-                                         "prompt_ids": ["chat-cache", "code-fib"], "n_predict": 6, "repeats": 1,
-                                         "warmup": 2}, tmp_path)
+    r = run_notebook("03_least_stale", {}, tmp_path, cell_timeout=1500)  # its one long cell, on a busy box
+    quick = EVICTION_PRESETS["quick"]
+    p = r["parameters"]
+    assert p["preset"] == "quick" and p["policies"] == list(DEFAULT_POLICIES)
+    assert {k: p[k] for k in quick} == quick
     rows = r["rows"]
-    assert len(rows) == 8 and {x["policy"] for x in rows} == {"lru", "ls_pos", "static", "fnu"}
+    assert len(rows) == len(quick["arenas"]) * len(DEFAULT_POLICIES)
+    assert {x["arena_fraction"] for x in rows} == set(quick["arenas"])
     for x in rows:
-        assert x["replay_equal"] is True
+        assert x["replay_equal"] is True and x["repeats"] == 1
         assert 0 <= x["hit_rate"] <= x["belady_hit_rate"] <= 1
-        assert x["belady_gap"] == pytest.approx(x["hit_rate"] / x["belady_hit_rate"])
+        assert x["belady_share"] == pytest.approx(x["hit_rate"] / x["belady_hit_rate"])
+        assert x["belady_gap"] == pytest.approx(x["belady_hit_rate"] - x["hit_rate"])
+        assert x["steady_belady_gap"] == pytest.approx(x["belady_steady_hit_rate"] - x["steady_hit_rate"])
     assert r["python"] == sys.executable
-    assert len(r["figures"]) == 4 and all(__import__("os").path.getsize(p) > 1000 for p in r["figures"])
+    assert len(r["figures"]) == 4 and all(os.path.getsize(f) > 1000 for f in r["figures"])
+    assert any(f.endswith("decode_speed_and_reads.png") for f in r["figures"])
     cap = r["routing_cap"]
-    assert len(cap) == 2
+    assert len(cap) == len(quick["arenas"])
     for c in cap:  # the uniform reference obeys its bound; the model's numbers are the live table's
         assert c["uniform_best_online"] <= c["uniform_bound"] + 0.05 < c["uniform_belady"] + 0.05
         live = [x["hit_rate"] for x in rows if x["point"] == c["point"]]
         assert c["model_best_online"] == pytest.approx(max(live))
+
+    nb = json.loads((tmp_path / "03_least_stale.out.ipynb").read_text())
+    outs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outs)
+    text = lambda v: "".join(v) if isinstance(v, list) else v  # noqa: E731 (nbformat keeps text as lines)
+    bar = "".join(text(o["text"]) for o in outs if o.get("name") == "stderr" and "eviction ablation" in text(o["text"]))
+    n = len(rows)
+    assert bar.replace("\r", "\n").strip().splitlines()[-1].count(f"{n}/{n}") == 1, bar[-300:]
+    tables = [text(o["data"]["text/html"]) for o in outs if "text/html" in o.get("data", {})]
+    heads = [len(re.findall(r"<th[ >]", t.split("</thead>")[0])) - 1 for t in tables[:2]]  # less the index
+    assert max(heads) <= 10, heads  # no table wide enough to hide columns behind a scrollbar
+    md = [text(o["data"]["text/markdown"]) for o in outs if "text/markdown" in o.get("data", {})]
+    items = [l for l in md[-1].splitlines() if l.startswith("- **")]
+    assert [l.split("**")[1] for l in items] == [f"arena {a:.0%}" for a in quick["arenas"]]
 
 
 def test_cli_ablate_eviction(default_model_path, tmp_path):
@@ -236,3 +264,17 @@ def test_online_policies_capped_on_uniform_routes(default_model_path, fraction=0
         if pol != "belady":
             assert r <= bound + 0.02, (pol, r, bound)  # 13500 requests: sampling sd ~0.4 %
     assert rate["belady"] > bound + 0.15, (rate, bound)
+
+
+def test_arena_above_one_is_bytes_and_says_so(default_model_path):
+    """A sweep's arena above 1 is a byte count: ``arenas=[2.0]`` asks for 2 bytes, and the refusal says so and
+    names the fraction form (fractions lie in (0, 1])."""
+    from epqlab.studies.ablation.grid import memory_points
+
+    lay = epqlab.inspect(default_model_path)
+    with pytest.raises(ValueError, match=r"2\.0 means 2 bytes; fractions of all expert slots lie in \(0, 1\]"):
+        memory_points(lay, [2.0])
+    with pytest.raises(ValueError, match="cannot hold") as e:
+        memory_points(lay, ["2KiB"])
+    assert "means" not in str(e.value)  # a size with a unit is plainly bytes
+    assert memory_points(lay, [0.5])[0].arena_fraction == 0.5

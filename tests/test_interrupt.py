@@ -128,3 +128,24 @@ def test_asynchronous_interrupts(mini_gguf):
     assert r.returncode == 0, r.stderr[-3000:]
     hit = int(r.stdout.split("interrupted")[1])
     assert hit >= 12, r.stdout  # most runs were really interrupted (the rest finished first)
+
+
+def test_interrupted_run_is_marked_in_the_stats_file(mini_gguf, tmp_path):
+    """The --stats-file line of a run cut short (Ctrl-C at a token, a caller that stops reading) says
+    ``interrupted: true`` and counts only the tokens it made; a run that ends by itself says false."""
+    import json
+
+    path = tmp_path / "runs.jsonl"
+    with _open(mini_gguf, stats_file=path) as s:
+        s.generate(Q, 4)
+        it = s.stream(P, 12)
+        for _ in range(3):
+            next(it)
+        with pytest.raises(KeyboardInterrupt):
+            it.throw(KeyboardInterrupt)
+        it2 = s.stream(Q, 12)
+        next(it2)
+        it2.close()  # stopped reading after one piece
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    assert [l["interrupted"] for l in lines] == [False, True, True]
+    assert lines[0]["n_gen"] == 4 and 3 <= lines[1]["n_gen"] < 12 and 1 <= lines[2]["n_gen"] < 12

@@ -12,6 +12,7 @@ from epqlab.routes import RouteLog, simulate
 log = RouteLog.synthetic(n_tokens=32, n_layers=2, n_expert=8, k=2, locality=0.5, n_prefill=4, seed=0)
 simulate(log, [4], policies=["lru"])
 S = epqlab.Session  # resolved lazily, still no engine
+M = epqlab.models.default_model  # a subpackage as an attribute, without importing it first
 print(sorted(m for m in ("llama_cpp", "epqlab._core", "epqlab.engine.native") if m in sys.modules))
 """
 

@@ -137,8 +137,11 @@ def test_cli_result_becomes_a_hand_run_section(results):
     for point in {r["point"] for r in doc["rows"]}:
         rows = [r for r in doc["rows"] if r["point"] == point]
         best = max(rows, key=lambda r: r["steady_hit_rate"])
-        assert (f"{point} ({int(best['slots'])} slots): best online policy {best['policy']} — steady-state hit rate "
-                f"{best['steady_hit_rate']:.1%}") in md
+        assert (f"- **{point}** ({int(best['slots'])} slots): best online policy {best['policy']} — steady-state "
+                f"hit rate {best['steady_hit_rate']:.1%} vs Belady {best['belady_steady_hit_rate']:.1%} "
+                f"({best['steady_hit_rate'] / best['belady_steady_hit_rate']:.0%} of the bound") in md
+    # the reading is a list: one item per memory point, each on its own line
+    assert sum(l.startswith("- **arena ") for l in md.splitlines()) == len({r["point"] for r in doc["rows"]})
 
 
 def test_report_cli_errors(tmp_path, capsys):

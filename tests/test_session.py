@@ -282,9 +282,30 @@ def test_cli_run_and_demo(default_path, tmp_path):
                        timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert "arena" in r.stdout and "evictions" in r.stdout
+    # the header's share of the experts and the table's agree: slots against one per routed expert
+    import re
+
+    lay = epqlab.inspect(default_path)
+    head = int(re.search(r"\((\d+)% of the bytes that give every expert a slot\)", r.stdout).group(1))
+    row = next(l for l in r.stdout.splitlines() if l.startswith("arena "))
+    n, total, pct = map(int, re.search(r"\((\d+) of (\d+) expert slots \((\d+)%\)\)", row).groups())
+    assert total == len(lay.layers) * lay.n_expert
+    assert n == sum(int(c) for c in re.findall(r"(\d+) x [\d.]+ [KMG]iB", row))
+    assert pct == round(100 * n / total) and abs(pct - head) <= 1
     r = subprocess.run([sys.executable, "-m", "epqlab", "run", str(tmp_path / "nope.gguf")], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_arena_share_counts_slots(tiny_gguf):
+    """``epqlab run``'s arena line counts slots against one per routed expert: a full arena on the tiny model
+    is 100% (bytes against the experts' own bytes said 107%: slots are sized by class)."""
+    from epqlab.commands.run import arena_share
+
+    lay = epqlab.inspect(tiny_gguf)
+    total = len(lay.layers) * lay.n_expert
+    with epqlab.Session(tiny_gguf, arena_bytes=epqlab.Pager.all_experts_bytes(lay), n_threads=1) as s:
+        assert arena_share(s) == f"{total} of {total} expert slots (100%)"
 
 
 def test_bad_tokens_and_context_overflow(default_path):

@@ -36,7 +36,7 @@ def test_bad_inputs_name_the_fix():
 
 
 def test_notebook_04_small_grid(default_model_path, tmp_path):
-    r = run_notebook("04_topk", {**SMALL, "ks": [1, 3], "arenas": [0.25], "repeats": 1, "taus": [0.0, 1.0],
+    r = run_notebook("04_topk", {**SMALL, "ks": [1, 3], "arenas": [0.25], "repeats": 1, "taus": [0.0, 1.0], "tau_text_chars": 400,
                                  "session_kw": {"n_ctx": 256}}, tmp_path)
     rows = r["rows"]
     assert [(x["k"], x["point"]) for x in rows] == [(1, rows[0]["point"]), (3, rows[0]["point"])]

@@ -51,7 +51,7 @@ def run_eviction(args) -> int:
     df = eviction(args.model, floats_or_sizes(args.arenas), [x.strip() for x in args.policies.split(",") if x.strip()],
                   prompts=chosen, n_predict=args.n_predict, repeats=args.repeats,
                   budgets=floats_or_sizes(args.budgets) or None, warmup=args.warmup, session_kwargs=kw)
-    cols = ["point", "policy", "slots", "hit_rate", "steady_hit_rate", "belady_steady_hit_rate", "steady_belady_gap",
+    cols = ["point", "policy", "slots", "hit_rate", "steady_hit_rate", "belady_steady_hit_rate", "steady_belady_share",
             "ssd_mb_per_token", "decode_tok_s", "io_wait_share", "replay_equal"]
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format):
         print(df[cols].to_string(index=False))

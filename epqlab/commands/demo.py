@@ -39,7 +39,7 @@ def run(args) -> int:
         arena = max(Pager.min_arena_bytes(lay, args.expert_used), int(args.arena_fraction * total))
         print(f"[demo] {path.name}: {len(lay.layers)} MoE layers x {lay.n_expert} experts, top-{args.expert_used or lay.n_expert_used}; "
               f"routed experts {fmt_bytes(lay.routed_expert_bytes)}; arena {fmt_bytes(arena)} "
-              f"({arena / total:.0%} of the experts' slots), policy {args.policy}\n")
+              f"({arena / total:.0%} of the bytes that give every expert a slot), policy {args.policy}\n")
     paged: dict = {}
     rc = run_session(path, args, arena_bytes=arena, result=paged)
     if rc or not args.pager or not args.baseline:

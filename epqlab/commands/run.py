@@ -78,6 +78,14 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def arena_share(session) -> str:
+    """``"119 of 240 expert slots (50%)"``: the arena's slots against one per routed expert of the model (slots
+    are sized by class, so bytes against the experts' bytes would overstate the share)."""
+    total = len(session.layout.layers) * session.layout.n_expert
+    n = session.pager.n_slots
+    return f"{n} of {total} expert slots ({n / max(1, total):.0%})"
+
+
 def stats_table(st: dict, session) -> str:
     rows = [
         ("model", st["model"]),
@@ -89,7 +97,7 @@ def stats_table(st: dict, session) -> str:
             ("budget", fmt_bytes(st["budget_bytes"]) if st["budget_bytes"] is not None else
              ("none (arena holds every expert)" if st["arena_bytes"] >= session.pager.all_experts_bytes(session.layout)
               else "none (arena sized directly)")),
-            ("arena", f"{fmt_bytes(st['arena_bytes'])} = {classes}  ({st['arena_bytes'] / session.layout.routed_expert_bytes:.0%} of routed experts)"),
+            ("arena", f"{fmt_bytes(st['arena_bytes'])} = {classes}  ({arena_share(session)})"),
             ("policy / top-k", f"{st['policy']} / {st['n_expert_used']}"),
             ("I/O", f"{'O_DIRECT' if st['direct_io'] else 'buffered'}, {st['io_threads']} threads"),
             ("hit rate", f"{st['hit_rate']:.1%}  ({st['hits']} hits, {st['misses']} misses of {st['requests']} requests)"),

@@ -97,6 +97,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     reason = "length"
     t1 = time.perf_counter()
     pos = len(toks)
+    interrupted = True  # until the loop ends by itself: Ctrl-C, an error, or a caller that stopped reading
     try:
         while len(out) < n_predict:
             if forced is not None:  # teacher forcing: same graph, hook and stats; the text's token
@@ -131,6 +132,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
                 break
             logits = d.step(tok, pos, epoch)
             pos += 1
+        interrupted = False
     finally:
         t_decode = time.perf_counter() - t1
         if d.closed:  # closed from another thread between two steps: no counters left to read
@@ -145,6 +147,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         st = run_stats(s, len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, counters(s),
                        n_prompt_reused=reused)
         st["teacher_forced"] = forced is not None
+        st["interrupted"] = interrupted  # the stats line of a cut-short run says so (--stats-file JSONL)
         s.runs.append(st)
         if s.stats_file:
             append_jsonl(s.stats_file, st)

@@ -139,7 +139,7 @@ def probe_io(
     *,
     scratch_bytes: int | str | None = None,
     scratch_dir: str | os.PathLike | None = None,
-    progress: bool = True,
+    progress: bool | str = True,
 ):
     """Measure random-read latency and bandwidth of the device holding ``path``.
 
@@ -160,7 +160,8 @@ def probe_io(
         seed: offsets are uniform over 4096-aligned positions, reproducible for a given seed.
         scratch_bytes: scratch file size (int or e.g. ``"2GiB"``); default 2 GiB. Only for scratch mode.
         scratch_dir: where to create the scratch file when ``path`` is None.
-        progress: show a ``tqdm.auto`` progress bar over cells.
+        progress: show a ``tqdm.auto`` progress bar over cells; ``"text"``: a plain-text bar on stderr (for a
+            notebook run by papermill: a widget bar's saved output keeps its first state, "0/N").
 
     Returns:
         ``pandas.DataFrame``, one row per (request size, concurrency), sizes ascending, with columns
@@ -178,9 +179,11 @@ def probe_io(
         OSError: a read failed; ``filename``, ``errno`` and an extra ``offset`` attribute say where.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+    from tqdm import tqdm as text_bar
+    from tqdm.auto import tqdm as auto_bar
 
     from .native import pager_core as core
+    tqdm = text_bar if progress == "text" else auto_bar
     conc = [int(c) for c in concurrency]
     if not conc or min(conc) <= 0:
         raise ValueError(f"concurrency must be positive thread counts, got {list(concurrency)!r}")

@@ -61,7 +61,7 @@ def least_stale(doc: dict) -> str:
         sim = pd.DataFrame(doc["simulate"]).pivot(index="capacity", columns="policy", values="hit_rate").reset_index()
         parts += ["**Idealised simulator** (one shared pool, no live constraints): hit rate %.",
                   table(sim, {"capacity": "slots", **{c: f"{c} %" for c in sim.columns if c != "capacity"}})]
-    parts.append("\n\n".join(eviction_reading(df).splitlines()))
+    parts.append(eviction_reading(df))
     if doc.get("routing_cap"):
         cap = pd.DataFrame(doc["routing_cap"])
         parts += ["**What routing allows** (`epqlab.studies.ablation.routing_cap`: i.i.d. uniform routes of the same shape "

@@ -24,6 +24,16 @@ from ...paging.pager import Pager
 from ..sweeps import map_points
 
 DEFAULT_POLICIES = ONLINE_POLICIES
+# The study's sizes (notebooks/03_least_stale.ipynb's ``preset``). "quick": two arenas, one prompt of each kind
+# (chat, code, prose), 16 tokens, one run per setting: a few minutes on the default model on 2 cores, enough for
+# hit rates and MB/token (counts do not depend on timing), while speeds from one run are noisy. "full": three
+# arenas, every shipped prompt, 32 tokens, speeds as medians of 3 runs (one (arena, policy) run of the 12 prompts
+# took 87 s on the default model on a busy 2-core box: the full study is over an hour there).
+PRESETS = {
+    "quick": {"arenas": [0.25, 0.5], "prompt_ids": ["chat-cache", "code-fib", "prose-story"], "n_predict": 16,
+              "repeats": 1, "warmup": 4},
+    "full": {"arenas": [0.25, 0.5, 0.75], "prompt_ids": None, "n_predict": 32, "repeats": 3, "warmup": WARMUP_PASSES},
+}
 _COUNTS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
            "evictions_stale_right", "evictions_current_right")
 
@@ -64,6 +74,24 @@ def calibration_route_log(model, text: str | None = None, n_tokens: int = 512):
         return s.route_log()
 
 
+def preset_settings(preset: str, **given) -> dict:
+    """The study's settings for ``preset`` (:data:`PRESETS`: ``"quick"`` or ``"full"``), each replaced by the
+    value in ``given`` that is not None: ``preset_settings("quick", n_predict=24)`` keeps the quick prompts, one
+    repeat and warm-up, with 24 tokens. Keys: ``arenas`` (fractions of all expert slots), ``prompt_ids`` (None:
+    every shipped prompt), ``n_predict``, ``repeats``, ``warmup``.
+
+    Raises:
+        ValueError: an unknown preset or setting name (the message lists the known ones).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets are {', '.join(map(repr, PRESETS))} "
+                         f"(quick: {PRESETS['quick']}; full: {PRESETS['full']})")
+    bad = sorted(set(given) - set(PRESETS[preset]))
+    if bad:
+        raise ValueError(f"unknown settings {bad}; a preset sets {', '.join(PRESETS[preset])}")
+    return {k: (given[k] if given.get(k) is not None else v) for k, v in PRESETS[preset].items()}
+
+
 def _replay(layout, arena: int, policy: str, log: dict, hot: np.ndarray | None, k: int, direct_io: bool):
     p = Pager(layout, arena, policy=policy, n_expert_used=k, direct_io=direct_io)
     if hot is not None:
@@ -74,7 +102,7 @@ def _replay(layout, arena: int, policy: str, log: dict, hot: np.ndarray | None, 
 
 def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Sequence[str] = DEFAULT_POLICIES, *,
              prompts: Sequence | None = None, n_predict: int = 32, repeats: int = 3, budgets: Sequence | None = None,
-             warmup: int = WARMUP_PASSES, calibration_text: str | None = None, progress: bool = True,
+             warmup: int = WARMUP_PASSES, calibration_text: str | None = None, progress: bool | str = True,
              session_kwargs: dict | None = None, executor=None):
     """Live eviction-policy sweep with replay checks and the Belady bound.
 
@@ -95,6 +123,8 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
         n_predict: tokens generated per prompt (>= 2).
         repeats: runs per setting; speeds are medians (with min and max).
         warmup: decode passes per prompt left out of the steady-state hit rate.
+        progress: a ``tqdm.auto`` bar over the runs; ``"text"``: a plain-text bar on stderr (for a notebook run
+            by papermill: a widget bar's saved output keeps its first state, "0/N"); False: none.
         session_kwargs: more :class:`epqlab.Session` arguments (e.g. ``n_threads``).
         executor: a :class:`concurrent.futures.Executor` to run the (point, policy) pairs on (one per
             process at a time, :func:`epqlab.studies.sweeps.map_points`); default None runs them serially
@@ -107,16 +137,19 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
         :func:`epqlab.studies.ablation.grid.measure_prompts` (speeds as medians of the repeats, plus
         ``_min``/``_max``), ``replay_equal``, ``replay_io_wait_s`` (the replay's wait for the same
         reads, s) beside the live ``io_wait_s``, ``belady_hit_rate`` / ``belady_decode_hit_rate`` /
-        ``belady_steady_hit_rate``, and ``belady_gap`` = ``hit_rate / belady_hit_rate`` (also
-        ``steady_belady_gap``). ``df.attrs`` holds the settings and ``route_log``: the first run's
+        ``belady_steady_hit_rate``, ``belady_share`` = ``hit_rate / belady_hit_rate`` (the share of
+        the bound reached) and ``belady_gap`` = ``belady_hit_rate - hit_rate`` (hit-rate points below it),
+        and the same over the steady state (``steady_belady_share``, ``steady_belady_gap``). ``df.attrs`` holds the settings and ``route_log``: the first run's
         route log (:class:`epqlab.routes.RouteLog`; routing does not depend on the policy or the arena: logits are identical).
 
     Raises:
         ValueError: unknown policy, bad arena, repeats < 1.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+    from tqdm import tqdm as text_bar
+    from tqdm.auto import tqdm as auto_bar
 
+    tqdm = text_bar if progress == "text" else auto_bar
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise ValueError(f"unknown or offline policies {bad}; online policies are {', '.join(POLICIES)} "
@@ -135,8 +168,10 @@ def eviction(model, arenas: Sequence | None = (0.25, 0.5, 0.75), policies: Seque
                  repeats=repeats, warmup=warmup, kw=kw) for pt in points for pol in policies]
     if executor is None:  # serial, here, with a progress bar over the runs
         bar = tqdm(total=len(jobs) * repeats, desc="eviction ablation", disable=not progress)
-        out = [_point_policy(**j, bar=bar) for j in jobs]
-        bar.close()
+        try:
+            out = [_point_policy(**j, bar=bar) for j in jobs]
+        finally:
+            bar.close()  # its final state (n/n) is what an executed notebook keeps
     else:
         out = map_points(_point_policy, jobs, executor)
     rows = [r for r, _ in out]
@@ -176,6 +211,7 @@ def _point_policy(model, pt, pol, ranked, k, prompts, n_predict, repeats, warmup
     b = pass_rates(hist, runs[0]["pass_kind"])
     row.update(belady_hit_rate=b["hit_rate"], belady_decode_hit_rate=b["decode_hit_rate"],
                belady_steady_hit_rate=b["steady_hit_rate"], belady_evictions=bel["evictions"])
-    row["belady_gap"] = row["hit_rate"] / b["hit_rate"] if b["hit_rate"] else float("nan")
-    row["steady_belady_gap"] = (row["steady_hit_rate"] / b["steady_hit_rate"] if b["steady_hit_rate"] else float("nan"))
+    for pre, live, bound in (("", row["hit_rate"], b["hit_rate"]), ("steady_", row["steady_hit_rate"], b["steady_hit_rate"])):
+        row[f"{pre}belady_share"] = live / bound if bound else float("nan")
+        row[f"{pre}belady_gap"] = bound - live
     return row, log

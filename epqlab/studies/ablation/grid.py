@@ -81,8 +81,11 @@ def memory_points(layout: ModelLayout, arenas: Sequence | None = None, budgets: 
         else:
             b, frac = int(float(a)), None
         if b < need:
+            hint = (f" (a number above 1 is a byte count: {a!r} means {b} bytes; fractions of all expert slots lie "
+                    "in (0, 1], sizes read like '256MiB')" if frac is None and not isinstance(a, str) else "")
             raise ValueError(f"arena {a} ({fmt_bytes(b)}) cannot hold one layer's top-{k or layout.n_expert_used} experts "
-                             f"of {layout.path.name}; the smallest arena is {need} bytes = {need / full:.3f} of all expert slots")
+                             f"of {layout.path.name}; the smallest arena is {need} bytes = {need / full:.3f} of all "
+                             f"expert slots{hint}")
         out.append(MemoryPoint(f"arena {frac:.0%}" if frac is not None else f"arena {fmt_bytes(b)}", frac, b, None))
     for r in budgets:
         b = parse_bytes(r)
