@@ -117,6 +117,8 @@ TINY = {
                 "repeats": 1, "tau_text_chars": 200, "session_kw": {"n_ctx": 256}},
     "05_memory_levels": {"n_predict": 2, "repeats": 1, "mmap_baseline": False},
     "06_batching": {"n_predict": 3, "prompt_tokens": 8, "spec_ns": [2], "spec_tokens": 64},
+    "07_lossy_knobs": {"arenas": [0.5], "ks": [2], "taus": [0.3], "adaptive": [True], "texts": ["prose"],
+                       "text_chars": 120, "ppl_n_ctx": 32},
 }
 
 
