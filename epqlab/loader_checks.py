@@ -1,0 +1,224 @@
+"""What a GGUF file may say that aborts the process inside llama.cpp, refused before llama.cpp sees it.
+
+llama.cpp (the copy vendored by llama-cpp-python 0.3.36) checks much of a file with C++ exceptions,
+which epqlab turns into :class:`~epqlab.errors.LlamaCppError`; but some values reach a
+``GGML_ASSERT`` / ``GGML_ABORT`` (SIGABRT, the whole process dies) or a computation that
+segfaults. :func:`epqlab.inspect` calls the checks here, so a file that would kill the process
+raises :class:`~epqlab.errors.NotGGUFError` naming the key or tensor first. Each check names the
+llama.cpp code it stands in front of; tests/test_loader_checks.py has one file per case, and
+bench/fuzz_loader.py fuzzes the header to find the cases not listed yet.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import NotGGUFError
+
+LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
+LLAMA_MAX_EXPERTS = 1024
+
+# llama_rope_scaling_type_from_string (src/llama-model.cpp): any other name is UNSPECIFIED, which
+# load_hparams asserts against
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+# architectures whose graph asserts n_embd_head_k == n_embd_head_v == n_rot (src/models/<arch>.cpp:
+# GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()); GGML_ASSERT(n_embd_head == n_rot))
+ROPE_FULL_HEAD_ARCHS = frozenset({"llama", "qwen2moe", "qwen3moe", "qwen2", "qwen3", "mixtral", "deepseek", "dots1",
+                                  "olmoe", "granitemoe", "phimoe"})
+
+# ggml types that no llama.cpp graph computes with as a weight (integers, F64): a weight of such a type
+# meets a CPU kernel with no vec_dot / no binary op for it (SIGSEGV in ggml-cpu)
+NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})
+WEIGHT_NAME_RE = re.compile(r"^(token_embd|output|output_norm|blk\.\d+\.(attn_|ffn_|exp_probs_b|post_|layer_output|nextn\.))")
+
+# llama_vocab::impl::load (src/llama-vocab.cpp): default special token ids per tokenizer.ggml.model, and
+# whether tokenize(add_special=true) adds BOS / EOS (SPM adds BOS; BPE adds BOS for the llama3-style
+# pre-tokenizers; WPM always adds BOS and SEP)
+_VOCAB_DEFAULTS = {  # model: (type, bos, eos, sep)
+    "llama": ("SPM", 1, 2, None), "bert": ("WPM", 101, None, 102), "gpt2": ("BPE", 11, 11, None),
+    "hybriddna": ("BPE", 11, 11, None), "whitespace": ("BPE", 11, 11, None), "t5": ("UGM", None, 1, None),
+    "rwkv": ("RWKV", None, None, None), "plamo2": ("PLAMO2", 1, 2, None), "gemma4": ("BPE", None, None, None),
+}
+_BOS_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                      "jina-v5-nano"})
+_NO_BOS_PRE = frozenset({"glm4", "chatglm-bpe"})
+
+
+def _bad(path: Path, what: str, value, need: str) -> NotGGUFError:
+    return NotGGUFError(f"{path}: {what} is {value}, but llama.cpp needs {need} (it would abort the process loading "
+                        "or running it): the file is corrupt or mis-converted; re-convert it.")
+
+
+def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: int, n_expert: int) -> None:
+    """Refuse what llama.cpp's ``llama_model::load_hparams`` asserts on: block_count in
+    1..LLAMA_MAX_LAYERS, nextn_predict_layers <= block_count, expert_count <= LLAMA_MAX_EXPERTS,
+    top-k in 1..expert_count for a MoE (every entry of a per-layer array) and 0 without experts,
+    expert groups that divide the experts with 0 < groups used < groups.
+    ``hp(key, default=0, low=False)`` reads ``<arch>.<key>`` as an int (the max of a per-layer array,
+    or its min with ``low=True``). Raises NotGGUFError naming the key."""
+    def bad(key, value, need):
+        raise _bad(path, f"{arch}.{key}", value, need)
+
+    n_layer = hp("block_count")
+    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        bad("block_count", n_layer if n_layer else "missing or 0", f"1..{LLAMA_MAX_LAYERS}")
+    if hp("nextn_predict_layers") > n_layer:
+        bad("nextn_predict_layers", hp("nextn_predict_layers"), f"<= block_count ({n_layer})")
+    n_exp = n_expert or n_expert_kv
+    if n_exp > LLAMA_MAX_EXPERTS:
+        bad("expert_count", n_exp, f"at most {LLAMA_MAX_EXPERTS}")
+    if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
+        bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
+    # a per-layer array is checked element by element: its largest value passing above says nothing of a 0
+    # or a negative one (llama.cpp segfaults on 0 and asserts n_expert_used_max <= n_expert on -1)
+    for key, lo, hi in (("expert_used_count", 1, n_exp), ("expert_count", 0, LLAMA_MAX_EXPERTS)):
+        least = hp(key, 1, low=True)
+        if n_exp > 0 and least < lo:
+            bad(key, f"{least} in its per-layer array", f"every layer's value in {lo}..{hi}")
+    if n_exp == 0 and n_expert_used:
+        bad("expert_used_count", n_expert_used, "0 for a model without experts")
+    groups, used = hp("expert_group_count"), hp("expert_group_used_count")
+    if groups and (groups >= max(1, n_exp) or (groups > 1 and (n_exp % groups or not 0 < used < groups))):
+        bad("expert_group_count", f"{groups} (groups used {used}, experts {n_exp})",
+            "fewer groups than experts, dividing them, and 0 < groups used < groups")
+
+
+def check_rope(path: Path, arch: str, value, hp) -> None:
+    """Refuse rope and head sizes llama.cpp asserts on: ``rope.scaling.type`` other than
+    :data:`ROPE_SCALING_TYPES` (load_hparams), and for :data:`ROPE_FULL_HEAD_ARCHS` a
+    ``rope.dimension_count`` or ``attention.value_length`` other than the key head size (the
+    graph's ``GGML_ASSERT(n_embd_head == n_rot)``); for other architectures without MLA an odd
+    rotary dimension count or one above the key head size (ggml-cpu's rope asserts
+    ``n_dims <= ne0`` and ``n_dims % 2 == 0``). ``value(key)`` reads ``<arch>.<key>`` raw; ``hp`` as
+    in :func:`check_hparams` (head counts: llama.cpp sizes heads from layer 0's). Raises NotGGUFError."""
+    scaling = value("rope.scaling.type")
+    if scaling is not None and str(scaling) not in ROPE_SCALING_TYPES:
+        raise _bad(path, f"{arch}.rope.scaling.type", repr(str(scaling)[:40]), f"one of {', '.join(ROPE_SCALING_TYPES)}")
+    heads = value("attention.head_count")
+    n_head = int(heads[0]) if isinstance(heads, (list, tuple)) and heads else hp("attention.head_count")
+    if n_head <= 0:
+        return
+    n_embd = hp("embedding_length")
+    head_k = hp("attention.key_length", n_embd // n_head)
+    head_v = hp("attention.value_length", n_embd // n_head)
+    n_rot = hp("rope.dimension_count", head_k)
+    if arch in ROPE_FULL_HEAD_ARCHS:
+        if n_rot != head_k:
+            raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"the key head size {head_k} in {arch}")
+        if head_v != head_k:
+            raise _bad(path, f"{arch}.attention.value_length", head_v, f"the key head size {head_k} in {arch}")
+    elif value("attention.kv_lora_rank") is None and (n_rot % 2 or n_rot > head_k):
+        raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"an even count <= the key head size {head_k}")
+
+
+def check_tensor_types(path: Path, tensors) -> None:
+    """Refuse a weight (``token_embd``, ``output``, ``blk.N.attn_*`` / ``ffn_*`` ..., see
+    :data:`WEIGHT_NAME_RE`) of an integer or F64 type (:data:`NON_WEIGHT_TYPES`): llama.cpp loads it
+    (only the shape is checked) and ggml-cpu's matmul / binary op then crashes (SIGSEGV) on the
+    first decode. ``tensors``: (name, ggml type name) pairs. Raises NotGGUFError."""
+    for name, type_name in tensors:
+        if type_name in NON_WEIGHT_TYPES and WEIGHT_NAME_RE.match(name):
+            raise NotGGUFError(
+                f"{path}: tensor {name} has ggml type {type_name}, which no llama.cpp kernel computes with as a "
+                "weight (the process would crash on the first decode): the file is corrupt or mis-converted; "
+                "re-convert it.")
+
+
+def string_array(reader, field) -> list[bytes]:
+    """The elements of a GGUF string array ``field`` of gguf-py ``reader``, as bytes, read straight from
+    the mapped file (the layout reader skips long string arrays). Raises ValueError past the end."""
+    import struct
+
+    o = int(field.parts[4].ctypes.data - reader.data.ctypes.data) + 8  # after the u64 array length
+    n = int(field.parts[4][0])
+    end = int(getattr(reader, "data_offset", 0) or len(reader.data))
+    head = bytes(reader.data[o:max(end, o)])  # one copy of the rest of the header, parsed in Python
+    out, at = [], 0
+    for _ in range(n):
+        if at + 8 > len(head):
+            raise ValueError("string array past the end of the header")
+        (ln,) = struct.unpack_from("<Q", head, at)
+        if at + 8 + ln > len(head):
+            raise ValueError("string past the end of the header")
+        out.append(head[at + 8:at + 8 + ln])
+        at += 8 + ln
+    return out
+
+
+def check_vocab(path: Path, reader, value) -> None:
+    """Refuse the tokenizer metadata llama.cpp's vocabulary (src/llama-vocab.cpp) asserts on:
+
+    - two tokens with the same text in ``tokenizer.ggml.tokens`` (an empty one counts as
+      ``[EMPTY_<id>]``, as llama.cpp renames it): ``GGML_ASSERT(id_to_token.size() == token_to_id.size())``
+      at load;
+    - ``tokenizer.ggml.model`` ``none`` / ``no_vocab``: tokenizing any text reaches ``GGML_ABORT``;
+    - a prompt's BOS / EOS / SEP that tokenize(add_special) must add but that resolves to no token:
+      the model's default id is out of the vocabulary (or has none) and ``tokenizer.ggml.*_token_id``
+      is missing or out of range, while ``add_bos_token`` / ``add_eos_token`` (or the tokenizer's
+      default) asks for it: ``GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)`` and its EOS / SEP
+      twins on the first tokenize.
+
+    ``value(key)`` reads a metadata value (None when absent). Raises NotGGUFError naming the key."""
+    model = value("tokenizer.ggml.model")
+    if model is None:
+        return  # llama.cpp refuses a missing tokenizer with an exception
+    model = str(model)
+    if model in ("none", "no_vocab"):
+        raise NotGGUFError(f"{path}: tokenizer.ggml.model is {model!r}: the file has no vocabulary, and llama.cpp "
+                           "aborts the process on the first text it tokenizes; epqlab needs a model with a tokenizer.")
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None or len(field.types) < 2 or int(field.types[0]) != 9 or int(field.types[1]) != 8:
+        return  # missing or not an array of strings: llama.cpp throws (a LlamaCppError)
+    try:
+        toks = string_array(reader, field)
+    except (ValueError, IndexError):
+        return  # the header parse already found the file's end; llama.cpp refuses it too
+    seen: dict[bytes, int] = {}
+    for i, t in enumerate(toks):
+        t = t or f"[EMPTY_{i}]".encode()
+        j = seen.setdefault(t, i)
+        if j != i:
+            raise NotGGUFError(
+                f"{path}: tokenizer.ggml.tokens has {t[:40].decode('utf-8', 'replace')!r} twice, at ids {j} and {i}: "
+                "llama.cpp asserts every token is unique (it would abort the process loading it); the file is "
+                "corrupt or mis-converted; re-convert it.")
+    if model not in _VOCAB_DEFAULTS:
+        return  # an unknown tokenizer: llama.cpp throws
+    kind, bos, eos, sep = _VOCAB_DEFAULTS[model]
+    pre = str(value("tokenizer.ggml.pre") or "")
+    if kind == "BPE" and pre in _NO_BOS_PRE:
+        bos = None
+    n = len(toks)
+
+    def resolve(default, key):
+        tid = default if default is not None and default < n else None
+        v = value(f"tokenizer.ggml.{key}")
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n:
+            tid = v
+        return tid
+
+    add_bos = kind in ("SPM", "WPM") or (kind == "BPE" and pre in _BOS_PRE)
+    add_eos = kind == "UGM"
+    flag = value("tokenizer.ggml.add_bos_token")
+    if isinstance(flag, bool) and kind != "WPM":
+        add_bos = flag
+    if model == "gemma4":
+        add_bos = True
+    flag = value("tokenizer.ggml.add_eos_token")
+    if isinstance(flag, bool) and kind in ("SPM", "BPE", "UGM"):
+        add_eos = flag
+    needs = [("bos_token_id", "add_bos_token", bos, add_bos and kind in ("SPM", "WPM", "BPE", "UGM")),
+             ("eos_token_id", "add_eos_token", eos, add_eos and kind in ("SPM", "BPE", "UGM")),
+             ("seperator_token_id", "add_sep_token", sep, kind == "WPM")]
+    for key, flag_key, default, needed in needs:
+        if needed and resolve(default, key) is None:
+            raise NotGGUFError(
+                f"{path}: the tokenizer ({model}) adds tokenizer.ggml.{key} to every prompt ({flag_key} or its "
+                f"default), but the file gives no token id in 0..{n - 1} for it (default "
+                f"{'none' if default is None else default}, file {value('tokenizer.ggml.' + key)!r}): llama.cpp "
+                "would abort the process on the first prompt. The file is corrupt or mis-converted; re-convert it.")
+
+
+__all__ = ["LLAMA_MAX_LAYERS", "LLAMA_MAX_EXPERTS", "ROPE_SCALING_TYPES", "check_hparams", "check_rope",
+           "check_tensor_types", "check_vocab", "string_array"]
