@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .constants import GGUF_MAGIC
 from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
-from .loader_checks import check_hparams, check_rope, check_tensor_types, check_vocab
+from .loader_checks import check_graph_keys, check_hparams, check_norm_eps, check_rope, check_tensor_types, check_vocab
 from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
@@ -461,6 +461,18 @@ def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
     return out
 
 
+def _alignment(path: Path, reader, default: int) -> int:
+    """``general.alignment`` (bytes; ``default`` when absent or 0). Raises NotGGUFError for a value that is
+    not a power-of-2 integer (gguf.cpp refuses those too)."""
+    v = _field_value(reader, "general.alignment")
+    if v is None or v == 0:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v & (v - 1):
+        raise NotGGUFError(f"{path}: general.alignment is {str(v)[:40]!r}, not a power of 2 (bytes): the header is "
+                           "corrupt; download or copy the file again, or re-convert it.")
+    return v
+
+
 def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -468,7 +480,7 @@ def _inspect(path: Path) -> ModelLayout:
     path, reader = shards[0]  # metadata lives in the first shard
     arch = str(_field_value(reader, "general.architecture") or "unknown")
     name = str(_field_value(reader, "general.name") or (SPLIT_NAME_RE.match(path.name)["prefix"] if len(shards) > 1 else path.stem))
-    alignment = int(_field_value(reader, "general.alignment") or 32)
+    alignment = _alignment(path, reader, 32)
 
     def hp(key, default=0, low=False):
         # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
@@ -492,7 +504,7 @@ def _inspect(path: Path) -> ModelLayout:
     dense: list[tuple[int, str, int, int]] = []
     per_expert: list[str] = []
     for fi, (p, r) in enumerate(shards):
-        _check_placement(p, r, int(_field_value(r, "general.alignment") or alignment), file_sizes[fi])
+        _check_placement(p, r, _alignment(p, r, alignment), file_sizes[fi])
         for t in r.tensors:
             if t.name in seen:
                 raise NotGGUFError(f"{p}: tensor {t.name} is also in {seen[t.name]}: a tensor may appear once "
@@ -550,6 +562,8 @@ def _inspect(path: Path) -> ModelLayout:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
     # what llama.cpp would abort the process on (epqlab/loader_checks.py), refused before it loads
     check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
+    check_norm_eps(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"))
+    check_graph_keys(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"))
     check_rope(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"), hp)
     check_tensor_types(path, [(t.name, _type_name(t)) for _, r in shards for t in r.tensors])
     check_vocab(path, reader, lambda key: _field_value(reader, key))

@@ -76,12 +76,42 @@ def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: in
         least = hp(key, 1, low=True)
         if n_exp > 0 and least < lo:
             bad(key, f"{least} in its per-layer array", f"every layer's value in {lo}..{hi}")
-    if n_exp == 0 and n_expert_used:
-        bad("expert_used_count", n_expert_used, "0 for a model without experts")
+    if n_expert_kv == 0 and n_expert_used:
+        # llama.cpp reads n_expert from expert_count alone (not from the tensors) and asserts
+        # n_expert_used_max <= n_expert
+        bad("expert_count", "missing or 0" + (" (its expert tensors have %d experts)" % n_expert if n_expert else ""),
+            f">= expert_used_count ({n_expert_used})")
     groups, used = hp("expert_group_count"), hp("expert_group_used_count")
     if groups and (groups >= max(1, n_exp) or (groups > 1 and (n_exp % groups or not 0 < used < groups))):
         bad("expert_group_count", f"{groups} (groups used {used}, experts {n_exp})",
             "fewer groups than experts, dividing them, and 0 < groups used < groups")
+
+
+GATING_FUNCS = (0, 1, 2, 3)  # llama_expert_gating_func_type: none (the architecture's default), softmax, sigmoid, softmax_weight
+
+
+def check_graph_keys(path: Path, arch: str, value) -> None:
+    """Refuse graph switches llama.cpp aborts on: an ``expert_gating_func`` outside
+    :data:`GATING_FUNCS` (build_moe_ffn's ``switch`` ends in ``GGML_ABORT("fatal error")`` on the first
+    decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
+    ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models).
+    ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
+    g = value("expert_gating_func")
+    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in GATING_FUNCS):
+        raise _bad(path, f"{arch}.expert_gating_func", g, "0 (default), 1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
+    if value("attention.causal") is False:
+        raise NotGGUFError(f"{path}: {arch}.attention.causal is false: a non-causal (embedding) model, which "
+                           "llama.cpp aborts on when a batch spans several ubatches; epqlab runs generative models.")
+
+
+def check_norm_eps(path: Path, arch: str, value) -> None:
+    """Refuse a layer-norm epsilon that is NaN or negative (``attention.layer_norm_rms_epsilon`` /
+    ``attention.layer_norm_epsilon``): ggml-cpu's norm kernels ``GGML_ASSERT(eps >= 0.0f)`` on the first
+    decode. ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
+    for key in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"):
+        v = value(key)
+        if isinstance(v, float) and not v >= 0.0:  # NaN fails every comparison
+            raise _bad(path, f"{arch}.{key}", v, "a number >= 0")
 
 
 def check_rope(path: Path, arch: str, value, hp) -> None:
@@ -220,5 +250,5 @@ def check_vocab(path: Path, reader, value) -> None:
                 "would abort the process on the first prompt. The file is corrupt or mis-converted; re-convert it.")
 
 
-__all__ = ["LLAMA_MAX_LAYERS", "LLAMA_MAX_EXPERTS", "ROPE_SCALING_TYPES", "check_hparams", "check_rope",
+__all__ = ["LLAMA_MAX_LAYERS", "LLAMA_MAX_EXPERTS", "ROPE_SCALING_TYPES", "check_graph_keys", "check_hparams", "check_norm_eps", "check_rope",
            "check_tensor_types", "check_vocab", "string_array"]
