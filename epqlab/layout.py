@@ -292,8 +292,9 @@ def _open_reader(path: Path):
         msg = str(e)
         if "version" in msg and "handle" in msg:
             raise NotGGUFError(f"{path}: unsupported GGUF version ({msg}). Re-convert with a current llama.cpp.") from e
-        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg:
-            # a key, string or tensor name that is not UTF-8, or a value/tensor type id no GGUF defines
+        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg or "alignment" in msg:
+            # a key, string or tensor name that is not UTF-8, a value/tensor type id no GGUF defines, or a
+            # general.alignment that is not a power-of-2 UINT32 (gguf-py checks it as gguf.cpp does)
             raise NotGGUFError(
                 f"{path}: the GGUF header is corrupt ({msg[:200]}). Download or copy the file again, or re-convert it."
             ) from e
@@ -461,18 +462,6 @@ def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
     return out
 
 
-def _alignment(path: Path, reader, default: int) -> int:
-    """``general.alignment`` (bytes; ``default`` when absent or 0). Raises NotGGUFError for a value that is
-    not a power-of-2 integer (gguf.cpp refuses those too)."""
-    v = _field_value(reader, "general.alignment")
-    if v is None or v == 0:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v & (v - 1):
-        raise NotGGUFError(f"{path}: general.alignment is {str(v)[:40]!r}, not a power of 2 (bytes): the header is "
-                           "corrupt; download or copy the file again, or re-convert it.")
-    return v
-
-
 def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -480,7 +469,7 @@ def _inspect(path: Path) -> ModelLayout:
     path, reader = shards[0]  # metadata lives in the first shard
     arch = str(_field_value(reader, "general.architecture") or "unknown")
     name = str(_field_value(reader, "general.name") or (SPLIT_NAME_RE.match(path.name)["prefix"] if len(shards) > 1 else path.stem))
-    alignment = _alignment(path, reader, 32)
+    alignment = int(_field_value(reader, "general.alignment") or 32)
 
     def hp(key, default=0, low=False):
         # llama.cpp accepts per-layer arrays for several hyperparameters; the arena must hold the
@@ -504,7 +493,7 @@ def _inspect(path: Path) -> ModelLayout:
     dense: list[tuple[int, str, int, int]] = []
     per_expert: list[str] = []
     for fi, (p, r) in enumerate(shards):
-        _check_placement(p, r, _alignment(p, r, alignment), file_sizes[fi])
+        _check_placement(p, r, int(_field_value(r, "general.alignment") or alignment), file_sizes[fi])
         for t in r.tensors:
             if t.name in seen:
                 raise NotGGUFError(f"{p}: tensor {t.name} is also in {seen[t.name]}: a tensor may appear once "

@@ -116,6 +116,8 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("expert_count0", edit, spm, _set_scalar("llama.expert_count", 0))
     out["dots1"] = write_tiny(d / "dots1.gguf", "dots1")
     make("gating7", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 7))
+    make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
+    make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
     return out
 
@@ -137,6 +139,8 @@ ROWS = [
     ("attention I16", "attn_i16", "blk.1.attn_q.weight has ggml type I16"),  # SIGSEGV in the q matmul
     ("expert_count 0 with experts", "expert_count0", "expert_count is missing or 0"),  # GGML_ASSERT(n_expert_used_max <= n_expert)
     ("gating function 7", "gating7", "expert_gating_func is 7"),  # build_moe_ffn: GGML_ABORT("fatal error")
+    ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
+    ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
 ]
 
