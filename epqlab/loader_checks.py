@@ -24,8 +24,7 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 
 # architectures whose graph asserts n_embd_head_k == n_embd_head_v == n_rot (src/models/<arch>.cpp:
 # GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()); GGML_ASSERT(n_embd_head == n_rot))
-ROPE_FULL_HEAD_ARCHS = frozenset({"llama", "qwen2moe", "qwen3moe", "qwen2", "qwen3", "mixtral", "deepseek", "dots1",
-                                  "olmoe", "granitemoe", "phimoe"})
+ROPE_FULL_HEAD_ARCHS = frozenset({"llama", "deepseek", "dots1", "olmoe", "qwen2moe", "qwen3moe"})
 
 # ggml types that no llama.cpp graph computes with as a weight (integers, F64): a weight of such a type
 # meets a CPU kernel with no vec_dot / no binary op for it (SIGSEGV in ggml-cpu)
