@@ -5,7 +5,10 @@ these checks, a ``block_count`` of 0 aborted the process inside llama.cpp (GGML_
 first mutant. The
 hypothesis loop runs in a child process (tests/fuzz_gguf.py), so a signal (SIGSEGV, a
 GGML_ASSERT abort) fails this test with the mutant that caused it instead of killing pytest.
-Examples are derandomized (the same mutants every run) and few, to stay well under a minute."""
+Examples are derandomized (the same mutants every run) and few, to stay well under a minute.
+
+``test_fuzz_loader_sample`` runs 40 fixed-seed mutants of bench/fuzz_loader.py (tokenizer arrays, type tags,
+boundary values; each inspect + Session + decode in a forked child), the CI slice of its >= 1,000-mutant runs."""
 from __future__ import annotations
 
 import os
