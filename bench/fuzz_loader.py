@@ -20,6 +20,7 @@ of another, token bytes, merge strings without their space, token types, scores 
 special token ids to n_vocab and beyond); truncation.
 
     .venv/bin/python bench/fuzz_loader.py --trials 1000 --seed 1 --out /tmp/fuzz.json
+    .venv/bin/python bench/fuzz_loader.py --trials 300 --archs deepseek2,dots1,gpt-oss --only-archs
 
 prints one line per failure and a table of outcome classes; ``--out`` writes every trial
 (mutations, class, message, the child's last stderr line) as JSON. tests/test_fuzz.py runs a
@@ -48,11 +49,20 @@ PROMPT = "Hello world\n"  # goes through the tokenizer (BPE merges / SPM byte fa
 
 # ---- bases -------------------------------------------------------------------------------------
 
-def make_bases(workdir: Path, mini: Path | None = None) -> dict[str, Path]:
+def make_bases(workdir: Path, mini: Path | None = None, archs: tuple[str, ...] = ()) -> dict[str, Path]:
     """Write the ``bpe`` and ``spm`` bases into ``workdir`` (see the module docstring); ``mini``: an
-    existing 512-token cut of the tiny preset to start the ``bpe`` base from (tests' ``mini_gguf``)."""
+    existing 512-token cut of the tiny preset to start the ``bpe`` base from (tests' ``mini_gguf``);
+    ``archs``: more bases, ``epqlab.models.archs.write_tiny`` of these architectures (e.g. ``deepseek2``,
+    ``dots1``, ``gpt-oss``: their own hyperparameters, the SentencePiece vocabulary)."""
+    from epqlab.models.archs import write_tiny
+
     workdir.mkdir(parents=True, exist_ok=True)
     out = {}
+    for a in archs:
+        p = workdir / f"base_{a}.gguf"
+        if not p.exists():
+            write_tiny(p, a)
+        out[a] = p
     bpe = workdir / "base_bpe.gguf"
     if not bpe.exists():
         if mini is None:
@@ -69,8 +79,6 @@ def make_bases(workdir: Path, mini: Path | None = None) -> dict[str, Path]:
     out["bpe"] = bpe
     spm = workdir / "base_spm.gguf"
     if not spm.exists():
-        from epqlab.models.archs import write_tiny
-
         write_tiny(spm, "llama", n_layer=2)
     out["spm"] = spm
     return out
@@ -400,8 +408,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a child counts as hung")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "epqlab-fuzz")
     ap.add_argument("--out", type=Path, help="write every trial as JSON here")
+    ap.add_argument("--archs", default="", help="more bases: comma-separated write_tiny architectures")
+    ap.add_argument("--only-archs", action="store_true", help="fuzz only the --archs bases")
     a = ap.parse_args(argv)
-    bases = make_bases(a.workdir)
+    archs = tuple(x for x in a.archs.split(",") if x)
+    bases = make_bases(a.workdir, archs=archs)
+    if a.only_archs:
+        bases = {k: v for k, v in bases.items() if k in archs}
     t0 = time.time()
     recs = fuzz(bases, a.trials, a.seed, a.workdir, a.timeout)
     print(summary(recs))
