@@ -141,6 +141,51 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
         raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"an even count <= the key head size {head_k}")
 
 
+# architectures whose blk.N.attn_q / attn_k / attn_v are exactly n_head * head_k, n_head_kv * head_k and
+# n_head_kv * head_v wide (the graph reshapes them to heads: ggml_reshape_3d asserts the element count)
+PLAIN_ATTENTION_ARCHS = frozenset({"llama", "deepseek", "dots1", "olmoe", "qwen2moe", "qwen3moe", "gpt-oss"})
+
+
+def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None:
+    """Refuse head counts and sizes that disagree with the attention tensors they split into heads, in
+    :data:`PLAIN_ATTENTION_ARCHS`: llama.cpp checks those tensors' shapes against the head sizes only
+    where its expected shape uses them (qwen2moe's attn_q is n_embd wide whatever the head count; gpt-oss
+    sizes its heads from the rotary dims), and the graph then aborts in ``ggml_reshape_3d`` /
+    ``ggml_mul_mat`` (``GGML_ASSERT(a->ne[0] == b->ne[0])``). Head counts may be per-layer arrays; head
+    sizes default to n_embd / layer 0's head count, as in llama.cpp's load_hparams. ``dims``: tensor
+    name -> ggml shape. Raises NotGGUFError naming the key."""
+    if arch not in PLAIN_ATTENTION_ARCHS:
+        return
+
+    def per_layer(key, il, default):
+        v = value(key)
+        if isinstance(v, (list, tuple)):
+            return int(v[il]) if il < len(v) else default
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else default
+
+    n_head0 = per_layer("attention.head_count", 0, 0)
+    if n_head0 <= 0:
+        return
+    n_embd = hp("embedding_length")
+    head_k = hp("attention.key_length", n_embd // n_head0)
+    head_v = hp("attention.value_length", n_embd // n_head0)
+    for il in range(hp("block_count")):
+        n_head = per_layer("attention.head_count", il, n_head0)
+        n_kv = per_layer("attention.head_count_kv", il, n_head)
+        for t, heads, size, key in (("attn_q", n_head, head_k, "attention.head_count"),
+                                    ("attn_k", n_kv, head_k, "attention.head_count_kv"),
+                                    ("attn_v", n_kv, head_v, "attention.head_count_kv")):
+            d = dims.get(f"blk.{il}.{t}.weight")
+            if d is None or len(d) < 2 or n_head == 0:
+                continue
+            if heads * size != int(d[1]):
+                raise NotGGUFError(
+                    f"{path}: blk.{il}.{t}.weight is {int(d[1])} wide, but {arch}.{key} ({heads}) x the head size "
+                    f"({size}, attention.key_length / value_length or embedding_length / head_count) is "
+                    f"{heads * size}: llama.cpp would abort splitting it into heads. The file is corrupt or "
+                    "mis-converted; re-convert it.")
+
+
 def check_tensor_types(path: Path, tensors) -> None:
     """Refuse a weight (``token_embd``, ``output``, ``blk.N.attn_*`` / ``ffn_*`` ..., see
     :data:`WEIGHT_NAME_RE`) of an integer or F64 type (:data:`NON_WEIGHT_TYPES`): llama.cpp loads it
@@ -249,5 +294,5 @@ def check_vocab(path: Path, reader, value) -> None:
                 "would abort the process on the first prompt. The file is corrupt or mis-converted; re-convert it.")
 
 
-__all__ = ["LLAMA_MAX_LAYERS", "LLAMA_MAX_EXPERTS", "ROPE_SCALING_TYPES", "check_graph_keys", "check_hparams", "check_norm_eps", "check_rope",
+__all__ = ["LLAMA_MAX_LAYERS", "LLAMA_MAX_EXPERTS", "ROPE_SCALING_TYPES", "check_attention_shapes", "check_graph_keys", "check_hparams", "check_norm_eps", "check_rope",
            "check_tensor_types", "check_vocab", "string_array"]

@@ -116,6 +116,10 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("expert_count0", edit, spm, _set_scalar("llama.expert_count", 0))
     out["dots1"] = write_tiny(d / "dots1.gguf", "dots1")
     make("gating7", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 7))
+    out["gpt-oss"] = write_tiny(d / "gpt-oss.gguf", "gpt-oss")
+    out["qwen2moe"] = write_tiny(d / "qwen2moe.gguf", "qwen2moe")
+    make("gptoss_key_length", edit, out["gpt-oss"], _set_scalar("gpt-oss.attention.key_length", 32))
+    make("qwen2moe_heads", edit, out["qwen2moe"], _set_scalar("qwen2moe.attention.head_count", 8))
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
@@ -139,6 +143,8 @@ ROWS = [
     ("attention I16", "attn_i16", "blk.1.attn_q.weight has ggml type I16"),  # SIGSEGV in the q matmul
     ("expert_count 0 with experts", "expert_count0", "expert_count is missing or 0"),  # GGML_ASSERT(n_expert_used_max <= n_expert)
     ("gating function 7", "gating7", "expert_gating_func is 7"),  # build_moe_ffn: GGML_ABORT("fatal error")
+    ("gpt-oss key head size", "gptoss_key_length", "blk.0.attn_q.weight is 64 wide"),  # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])
+    ("qwen2moe head count", "qwen2moe_heads", "blk.0.attn_q.weight is 64 wide"),  # ggml_reshape_3d's element-count assert
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
@@ -154,7 +160,7 @@ def test_refused_before_llama_cpp(files, key, fragment):
         epqlab.Session(files[key], n_threads=1, n_ctx=64, io_threads=1)
 
 
-@pytest.mark.parametrize("key", ["bpe", "spm", "dots1"])
+@pytest.mark.parametrize("key", ["bpe", "spm", "dots1", "gpt-oss", "qwen2moe"])
 def test_good_models_pass(files, key):
     lay = epqlab.inspect(files[key])
     assert lay.is_moe
