@@ -119,7 +119,7 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
     ``rope.dimension_count`` or ``attention.value_length`` other than the key head size (the
     graph's ``GGML_ASSERT(n_embd_head == n_rot)``); for other architectures without MLA an odd
     rotary dimension count or one above the key head size (ggml-cpu's rope asserts
-    ``n_dims <= ne0`` and ``n_dims % 2 == 0``). ``value(key)`` reads ``<arch>.<key>`` raw; ``hp`` as
+    ``n_dims <= ne0`` and ``n_dims % 2 == 0``), below the MLA key head size with MLA. ``value(key)`` reads ``<arch>.<key>`` raw; ``hp`` as
     in :func:`check_hparams` (head counts: llama.cpp sizes heads from layer 0's). Raises NotGGUFError."""
     scaling = value("rope.scaling.type")
     if scaling is not None and str(scaling) not in ROPE_SCALING_TYPES:
@@ -137,7 +137,14 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
             raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"the key head size {head_k} in {arch}")
         if head_v != head_k:
             raise _bad(path, f"{arch}.attention.value_length", head_v, f"the key head size {head_k} in {arch}")
-    elif value("attention.kv_lora_rank") is None and (n_rot % 2 or n_rot > head_k):
+    elif value("attention.kv_lora_rank") is not None:
+        # MLA (deepseek2 and its kin): the rotary part is cut from a key head of key_length_mla, leaving
+        # a non-rotary part (deepseek2.cpp: GGML_ASSERT(n_embd_head_qk_nope >= 1))
+        head_mla = hp("attention.key_length_mla", head_k)
+        if n_rot % 2 or not 0 < n_rot < head_mla:
+            raise _bad(path, f"{arch}.rope.dimension_count", n_rot,
+                       f"an even count below the MLA key head size {head_mla} (attention.key_length_mla)")
+    elif n_rot % 2 or n_rot > head_k:
         raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"an even count <= the key head size {head_k}")
 
 
