@@ -369,8 +369,10 @@ def is_failure(res: dict) -> bool:
     return res["class"].startswith(("SIGNAL", "HANG", "exit", "child error"))
 
 
-def fuzz(bases: dict[str, Path], trials: int, seed: int, workdir: Path, timeout: float = 60.0, log=print) -> list[dict]:
-    """Run ``trials`` mutants (alternating bases) from ``seed``; returns one record per trial."""
+def fuzz(bases: dict[str, Path], trials: int, seed: int, workdir: Path, timeout: float = 60.0, log=print,
+         jsonl: Path | None = None) -> list[dict]:
+    """Run ``trials`` mutants (alternating bases) from ``seed``; returns one record per trial (each also
+    appended to ``jsonl`` as one JSON line when given, so an interrupted run keeps its record)."""
     cats = {k: Catalog(p) for k, p in bases.items()}
     names = sorted(cats)
     rng = random.Random(seed)
@@ -384,6 +386,9 @@ def fuzz(bases: dict[str, Path], trials: int, seed: int, workdir: Path, timeout:
         p.unlink()
         res.update(trial=i, base=base, mutations=desc)
         out.append(res)
+        if jsonl is not None:
+            with open(jsonl, "a") as fh:
+                fh.write(json.dumps(res) + "\n")
         if is_failure(res):
             log(f"[fuzz] FAIL trial {i} ({base}): {res['class']}: {'; '.join(desc)} | {res['stderr']}")
     return out
@@ -416,7 +421,8 @@ def main(argv=None) -> int:
     if a.only_archs:
         bases = {k: v for k, v in bases.items() if k in archs}
     t0 = time.time()
-    recs = fuzz(bases, a.trials, a.seed, a.workdir, a.timeout)
+    recs = fuzz(bases, a.trials, a.seed, a.workdir, a.timeout,
+                jsonl=a.out.with_suffix(".jsonl") if a.out else None)
     print(summary(recs))
     print(f"\n{time.time() - t0:.0f} s")
     if a.out:
