@@ -144,6 +144,16 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
         if n_rot % 2 or not 0 < n_rot < head_mla:
             raise _bad(path, f"{arch}.rope.dimension_count", n_rot,
                        f"an even count below the MLA key head size {head_mla} (attention.key_length_mla)")
+        rank = hp("attention.kv_lora_rank")
+        if hp("attention.key_length_mla") and hp("attention.value_length_mla"):
+            # MLA stored absorbed (llama.cpp's is_mla()): the cached key is kv_lora_rank + rotary dims
+            # wide and the value kv_lora_rank, as attn_kv_a_mqa is; other sizes meet a matmul assert
+            # (ggml.c: GGML_ASSERT(a->ne[0] == b->ne[0]))
+            if head_k != rank + n_rot:
+                raise _bad(path, f"{arch}.attention.key_length", head_k,
+                           f"kv_lora_rank + rope.dimension_count = {rank + n_rot} (MLA)")
+            if head_v != rank:
+                raise _bad(path, f"{arch}.attention.value_length", head_v, f"kv_lora_rank = {rank} (MLA)")
     elif n_rot % 2 or n_rot > head_k:
         raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"an even count <= the key head size {head_k}")
 

@@ -122,6 +122,7 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("qwen2moe_heads", edit, out["qwen2moe"], _set_scalar("qwen2moe.attention.head_count", 8))
     out["deepseek2"] = write_tiny(d / "deepseek2.gguf", "deepseek2")
     make("mla_rot", edit, out["deepseek2"], _set_scalar("deepseek2.attention.key_length_mla", 16))
+    make("mla_key_length", rewrite, out["deepseek2"], drop=("deepseek2.attention.key_length",))
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
@@ -148,6 +149,7 @@ ROWS = [
     ("gpt-oss key head size", "gptoss_key_length", "blk.0.attn_q.weight is 64 wide"),  # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])
     ("qwen2moe head count", "qwen2moe_heads", "blk.0.attn_q.weight is 64 wide"),  # ggml_reshape_3d's element-count assert
     ("MLA rotary dims", "mla_rot", "rope.dimension_count is 16"),  # deepseek2.cpp GGML_ASSERT(n_embd_head_qk_nope >= 1)
+    ("MLA key head size", "mla_key_length", "attention.key_length is 16"),  # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
