@@ -154,6 +154,11 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
                            f"kv_lora_rank + rope.dimension_count = {rank + n_rot} (MLA)")
             if head_v != rank:
                 raise _bad(path, f"{arch}.attention.value_length", head_v, f"kv_lora_rank = {rank} (MLA)")
+            kv = value("attention.head_count_kv")
+            kv = list(kv) if isinstance(kv, (list, tuple)) else [n_head if kv is None else kv]
+            if any(int(x) != 1 for x in kv):
+                raise _bad(path, f"{arch}.attention.head_count_kv", "missing (= head_count)" if value(
+                    "attention.head_count_kv") is None else kv[0] if len(kv) == 1 else kv, "1 (MLA caches one key head)")
     elif n_rot % 2 or n_rot > head_k:
         raise _bad(path, f"{arch}.rope.dimension_count", n_rot, f"an even count <= the key head size {head_k}")
 

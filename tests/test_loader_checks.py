@@ -123,6 +123,7 @@ def files(mini_gguf, spm, tmp_path_factory):
     out["deepseek2"] = write_tiny(d / "deepseek2.gguf", "deepseek2")
     make("mla_rot", edit, out["deepseek2"], _set_scalar("deepseek2.attention.key_length_mla", 16))
     make("mla_key_length", rewrite, out["deepseek2"], drop=("deepseek2.attention.key_length",))
+    make("mla_kv_heads", rewrite, out["deepseek2"], drop=("deepseek2.attention.head_count_kv",))
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
@@ -150,6 +151,7 @@ ROWS = [
     ("qwen2moe head count", "qwen2moe_heads", "blk.0.attn_q.weight is 64 wide"),  # ggml_reshape_3d's element-count assert
     ("MLA rotary dims", "mla_rot", "rope.dimension_count is 16"),  # deepseek2.cpp GGML_ASSERT(n_embd_head_qk_nope >= 1)
     ("MLA key head size", "mla_key_length", "attention.key_length is 16"),  # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])
+    ("MLA KV heads", "mla_kv_heads", "head_count_kv is missing (= head_count)"),  # the same matmul assert
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
