@@ -26,9 +26,11 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 # GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()); GGML_ASSERT(n_embd_head == n_rot))
 ROPE_FULL_HEAD_ARCHS = frozenset({"llama", "deepseek", "dots1", "olmoe", "qwen2moe", "qwen3moe"})
 
-# ggml types that no llama.cpp graph computes with as a weight (integers, F64): a weight of such a type
-# meets a CPU kernel with no vec_dot / no binary op for it (SIGSEGV in ggml-cpu)
-NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})
+# ggml types that no llama.cpp graph computes with as a weight: integers, F64, and Q8_1 / Q8_K (the
+# quantized activations the K-quant and Q4_1/Q5_1 dot products pair with; ggml-cpu has no vec_dot with
+# them as the weight): a weight of such a type meets a CPU kernel with no dot product or binary op for
+# it (SIGSEGV or GGML_ABORT in ggml-cpu)
+NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64", "Q8_1", "Q8_K"})
 WEIGHT_NAME_RE = re.compile(r"^(token_embd|output|output_norm|blk\.\d+\.(attn_|ffn_|exp_probs_b|post_|layer_output|nextn\.))")
 
 # llama_vocab::impl::load (src/llama-vocab.cpp): default special token ids per tokenizer.ggml.model, and
@@ -210,7 +212,7 @@ def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None
 
 def check_tensor_types(path: Path, tensors) -> None:
     """Refuse a weight (``token_embd``, ``output``, ``blk.N.attn_*`` / ``ffn_*`` ..., see
-    :data:`WEIGHT_NAME_RE`) of an integer or F64 type (:data:`NON_WEIGHT_TYPES`): llama.cpp loads it
+    :data:`WEIGHT_NAME_RE`) of a type no kernel multiplies with (:data:`NON_WEIGHT_TYPES`): llama.cpp loads it
     (only the shape is checked) and ggml-cpu's matmul / binary op then crashes (SIGSEGV) on the
     first decode. ``tensors``: (name, ggml type name) pairs. Raises NotGGUFError."""
     for name, type_name in tensors:

@@ -124,6 +124,8 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("mla_rot", edit, out["deepseek2"], _set_scalar("deepseek2.attention.key_length_mla", 16))
     make("mla_key_length", rewrite, out["deepseek2"], drop=("deepseek2.attention.key_length",))
     make("mla_kv_heads", rewrite, out["deepseek2"], drop=("deepseek2.attention.head_count_kv",))
+    # the last tensor, so its smaller Q8_K bytes leave the packing intact (a gap only at the file's end)
+    make("experts_q8k", edit, bpe, _set_type("blk.3.ffn_down_exps.weight", gguf.GGMLQuantizationType.Q8_K))
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
@@ -152,6 +154,7 @@ ROWS = [
     ("MLA rotary dims", "mla_rot", "rope.dimension_count is 16"),  # deepseek2.cpp GGML_ASSERT(n_embd_head_qk_nope >= 1)
     ("MLA key head size", "mla_key_length", "attention.key_length is 16"),  # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])
     ("MLA KV heads", "mla_kv_heads", "head_count_kv is missing (= head_count)"),  # the same matmul assert
+    ("experts Q8_K", "experts_q8k", "blk.3.ffn_down_exps.weight has ggml type Q8_K"),  # SIGSEGV in the expert matmul
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
