@@ -89,17 +89,22 @@ def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: in
 
 
 GATING_FUNCS = (0, 1, 2, 3)  # llama_expert_gating_func_type: none (the architecture's default), softmax, sigmoid, softmax_weight
+GATING_NONE_OK_ARCHS = frozenset({"deepseek2"})  # load_arch_hparams turns 0 into softmax
 
 
 def check_graph_keys(path: Path, arch: str, value) -> None:
     """Refuse graph switches llama.cpp aborts on: an ``expert_gating_func`` outside
-    :data:`GATING_FUNCS` (build_moe_ffn's ``switch`` ends in ``GGML_ABORT("fatal error")`` on the first
-    decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
+    :data:`GATING_FUNCS`, or 0 outside :data:`GATING_NONE_OK_ARCHS` (build_moe_ffn's ``switch`` ends in
+    ``GGML_ABORT("fatal error")`` on the first decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
     ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models).
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
-    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in GATING_FUNCS):
-        raise _bad(path, f"{arch}.expert_gating_func", g, "0 (default), 1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
+    # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
+    # elsewhere (dots1) it reaches the same abort
+    allowed = GATING_FUNCS if arch in GATING_NONE_OK_ARCHS else GATING_FUNCS[1:]
+    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in allowed):
+        raise _bad(path, f"{arch}.expert_gating_func", g, ("0 (default), " if 0 in allowed else "")
+                   + "1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
     if value("attention.causal") is False:
         raise NotGGUFError(f"{path}: {arch}.attention.causal is false: a non-causal (embedding) model, which "
                            "llama.cpp aborts on when a batch spans several ubatches; epqlab runs generative models.")

@@ -128,6 +128,7 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("experts_q8k", edit, bpe, _set_type("blk.3.ffn_down_exps.weight", gguf.GGMLQuantizationType.Q8_K))
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
+    make("gating0", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 0))
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
     return out
 
@@ -157,6 +158,7 @@ ROWS = [
     ("experts Q8_K", "experts_q8k", "blk.3.ffn_down_exps.weight has ggml type Q8_K"),  # SIGSEGV in the expert matmul
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
+    ("dots1 gating function 0", "gating0", "expert_gating_func is 0"),  # the same GGML_ABORT (deepseek2 maps 0)
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
 ]
 
