@@ -90,6 +90,7 @@ def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: in
 
 GATING_FUNCS = (0, 1, 2, 3)  # llama_expert_gating_func_type: none (the architecture's default), softmax, sigmoid, softmax_weight
 GATING_NONE_OK_ARCHS = frozenset({"deepseek2"})  # load_arch_hparams turns 0 into softmax
+GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expert_gating_func unchanged
 
 
 def check_graph_keys(path: Path, arch: str, value) -> None:
@@ -102,6 +103,8 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
     # elsewhere (dots1) it reaches the same abort
     allowed = GATING_FUNCS if arch in GATING_NONE_OK_ARCHS else GATING_FUNCS[1:]
+    if g is None and arch in GATING_FROM_FILE_ARCHS:
+        g = "missing (0)"  # dots1's graph takes the file's gating function as is: missing is 0
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in allowed):
         raise _bad(path, f"{arch}.expert_gating_func", g, ("0 (default), " if 0 in allowed else "")
                    + "1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")

@@ -129,6 +129,7 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("align48", rewrite, bpe, {"general.alignment": (48, VT.UINT32)})
     make("align_str", rewrite, bpe, {"general.alignment": ("32", VT.STRING)})
     make("gating0", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 0))
+    make("gating_missing", rewrite, out["dots1"], drop=("dots1.expert_gating_func",))
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
     return out
 
@@ -159,6 +160,7 @@ ROWS = [
     ("alignment 48", "align48", "header is corrupt (Invalid alignment"),  # gguf.cpp refuses it too (no abort)
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("dots1 gating function 0", "gating0", "expert_gating_func is 0"),  # the same GGML_ABORT (deepseek2 maps 0)
+    ("dots1 gating function missing", "gating_missing", "expert_gating_func is missing (0)"),  # the same GGML_ABORT
     ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
 ]
 
