@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .constants import GGUF_MAGIC
 from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
+from .loader_checks import check_attention_shapes, check_graph_keys, check_hparams, check_norm_eps, check_rope, check_tensor_types, check_vocab
 from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
@@ -291,8 +292,9 @@ def _open_reader(path: Path):
         msg = str(e)
         if "version" in msg and "handle" in msg:
             raise NotGGUFError(f"{path}: unsupported GGUF version ({msg}). Re-convert with a current llama.cpp.") from e
-        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg:
-            # a key, string or tensor name that is not UTF-8, or a value/tensor type id no GGUF defines
+        if isinstance(e, UnicodeDecodeError) or "is not a valid" in msg or "alignment" in msg:
+            # a key, string or tensor name that is not UTF-8, a value/tensor type id no GGUF defines, or a
+            # general.alignment that is not a power-of-2 UINT32 (gguf-py checks it as gguf.cpp does)
             raise NotGGUFError(
                 f"{path}: the GGUF header is corrupt ({msg[:200]}). Download or copy the file again, or re-convert it."
             ) from e
@@ -300,6 +302,12 @@ def _open_reader(path: Path):
             f"{path} ({os.path.getsize(path)} bytes) ends before its header or tensor data does ({msg}). "
             "The file is truncated or corrupt: download or copy it again."
         ) from e
+
+
+def _type_name(t) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(int(t.tensor_type)).name
 
 
 _KIND_ORDER = {"gate": 0, "gate_up": 0, "up": 1, "down": 2}
@@ -328,7 +336,8 @@ def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
 
     Raises:
         ModelNotFoundError: the path does not exist or is not a file.
-        NotGGUFError: bad magic, unsupported GGUF version, misplaced or duplicated tensors.
+        NotGGUFError: bad magic, unsupported GGUF version, misplaced or duplicated tensors, or metadata,
+            tokenizer or tensor types llama.cpp would abort the process on (:mod:`epqlab.loader_checks`).
         TruncatedModelError: header or tensor data past end of file.
         SplitModelError: a broken split set: a shard missing, a shard name that does not follow
             llama.cpp's ``-0000i-of-0000N.gguf`` pattern, ``split.no``/``split.count`` that disagree
@@ -453,44 +462,6 @@ def _shard_readers(path: Path, reader) -> list[tuple[Path, object]]:
     return out
 
 
-LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h (0.3.36's vendored copy)
-LLAMA_MAX_EXPERTS = 1024
-
-
-def _check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: int, n_expert: int) -> None:
-    """Refuse what llama.cpp's load_hparams asserts on (GGML_ASSERT aborts the whole process
-    there, so a corrupt file must not get that far): block_count in 1..LLAMA_MAX_LAYERS,
-    expert_count <= LLAMA_MAX_EXPERTS, top-k in 1..expert_count for a MoE and 0 without
-    experts, expert groups that divide the experts.
-    Raises NotGGUFError naming the key."""
-    def bad(key, value, need):
-        raise NotGGUFError(f"{path}: {arch}.{key} is {value}, but llama.cpp needs {need} (it would abort the "
-                           "process loading it): the file is corrupt or mis-converted; re-convert it.")
-
-    n_layer = hp("block_count")
-    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
-        bad("block_count", n_layer if n_layer else "missing or 0", f"1..{LLAMA_MAX_LAYERS}")
-    if hp("nextn_predict_layers") > n_layer:
-        bad("nextn_predict_layers", hp("nextn_predict_layers"), f"<= block_count ({n_layer})")
-    n_exp = n_expert or n_expert_kv
-    if n_exp > LLAMA_MAX_EXPERTS:
-        bad("expert_count", n_exp, f"at most {LLAMA_MAX_EXPERTS}")
-    if n_exp > 0 and not 1 <= n_expert_used <= n_exp:
-        bad("expert_used_count", n_expert_used if n_expert_used else "missing or 0", f"1..{n_exp} (expert_count)")
-    # a per-layer array is checked element by element: its largest value passing above says nothing of a 0
-    # or a negative one (llama.cpp segfaults on 0 and asserts n_expert_used_max <= n_expert on -1)
-    for key, lo, hi in (("expert_used_count", 1, n_exp), ("expert_count", 0, LLAMA_MAX_EXPERTS)):
-        least = hp(key, 1, low=True)
-        if n_exp > 0 and least < lo:
-            bad(key, f"{least} in its per-layer array", f"every layer's value in {lo}..{hi}")
-    if n_exp == 0 and n_expert_used:
-        bad("expert_used_count", n_expert_used, "0 for a model without experts")
-    groups, used = hp("expert_group_count"), hp("expert_group_used_count")
-    if groups and (groups >= max(1, n_exp) or (groups > 1 and (n_exp % groups or not 0 < used < groups))):
-        bad("expert_group_count", f"{groups} (groups used {used}, experts {n_exp})",
-            "fewer groups than experts, dividing them, and 0 < groups used < groups")
-
-
 def _inspect(path: Path) -> ModelLayout:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -578,7 +549,15 @@ def _inspect(path: Path) -> ModelLayout:
         for t in l.tensors:
             if t.shape[2] != n_expert:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
-    _check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
+    # what llama.cpp would abort the process on (epqlab/loader_checks.py), refused before it loads
+    check_hparams(path, arch, hp, n_expert_kv, n_expert_used, n_expert if layers else 0)
+    check_norm_eps(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"))
+    check_graph_keys(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"))
+    check_rope(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"), hp)
+    check_attention_shapes(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"), hp,
+                           {t.name: [int(x) for x in t.shape] for _, r in shards for t in r.tensors if ".attn_" in t.name})
+    check_tensor_types(path, [(t.name, _type_name(t)) for _, r in shards for t in r.tensors])
+    check_vocab(path, reader, lambda key: _field_value(reader, key))
     dense.sort(key=lambda d: (d[0], d[2]))
     return ModelLayout(
         path=path,

@@ -5,7 +5,7 @@ engine and the pager extension load on first use, so ``import epqlab`` stays lig
 ``paging/`` (and everything below it) never imports ``llama_cpp``.
 
     entry points (cli, commands, server, widgets) -> papers -> studies -> engine -> paging
-        -> {memory, models, routes} -> vocabulary (errors, constants, units, results, layout, data)
+        -> {memory, models, routes} -> vocabulary (errors, constants, units, results, layout, loader_checks, data)
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ RANKS = {
     "entry": 6, "papers": 5, "studies": 4, "engine": 3, "paging": 2,
     "memory": 1, "models": 1, "routes": 1, "vocabulary": 0,
 }
-VOCABULARY = {"errors", "constants", "units", "results", "layout", "data"}
+VOCABULARY = {"errors", "constants", "units", "results", "layout", "loader_checks", "data"}
 ENTRY = {"cli", "commands", "server", "widgets", "__main__"}
 ROOT_MODULES = {"epqlab", "epqlab._aliases"}  # the package root re-exports and keeps the old paths
 # function-level imports allowed inside epqlab: the native loaders (heavy: libllama, the engine)
