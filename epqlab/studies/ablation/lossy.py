@@ -62,7 +62,8 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
         arenas: arenas (fractions of all expert slots, or bytes; :func:`~epqlab.studies.ablation.grid.memory_points`).
         ks, taus, deltas, adaptive: the knobs' settings (:func:`knob_settings`).
         texts, text_chars: evaluation texts (:func:`epqlab.studies.ablation.topk.resolve_texts`); [] = no
-            perplexity (a synthesized model: only bytes and speed mean something).
+            perplexity (a synthesized model: only bytes and speed mean something), the held-out prose is
+            then still fed teacher-forced for the bytes, hit rate and speed.
         ppl_n_ctx: perplexity window, tokens.
         progress: one line per row on stderr.
         **session_kw: further :class:`epqlab.Session` arguments (e.g. ``n_threads``).
@@ -87,6 +88,7 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
     own = lay.n_expert_used
     settings = knob_settings(own, ks, taus, deltas, adaptive)
     txt = resolve_texts(texts, text_chars)
+    feed = resolve_texts(["prose"], text_chars)  # fed without a perplexity when no texts are asked for
     points = memory_points(lay, arenas=list(arenas), k=None)
     rows = []
     for pt in points:
@@ -96,10 +98,12 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
             with Session(model, n_batch=1, n_ubatch=1, n_ctx=max(256, ppl_n_ctx), **pt.session_kwargs(), **kw,
                          **session_kw) as s:
                 ppl, t_dec = {}, 0.0
-                for name, text in txt.items():
+                for name, text in (txt or feed).items():
                     t1 = time.perf_counter()
-                    ppl[name] = perplexity(s, text, n_ctx=ppl_n_ctx).ppl
+                    v = perplexity(s, text, n_ctx=ppl_n_ctx).ppl
                     t_dec += time.perf_counter() - t1
+                    if txt:
+                        ppl[name] = v
                 st = s.stats
                 mk = s.adaptive_k_per_layer()
                 k_graph = s.n_expert_used
