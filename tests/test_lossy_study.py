@@ -84,3 +84,7 @@ def test_no_texts_still_feeds_tokens_for_bytes_and_speed(default_model_path):
     assert list(df["knob"]) == ["exact", "cache-route"]
     assert (df["tokens"] > 0).all() and (df["decode_tok_s"] > 0).all()
     assert not [c for c in df.columns if c.startswith("ppl_") and c != "ppl_ratio_mean"]
+    from epqlab.studies.ablation.lossy_report import reading
+
+    text = reading(df)
+    assert "No perplexity" in text and "PPL x" not in text

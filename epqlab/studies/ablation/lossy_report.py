@@ -78,10 +78,13 @@ def reading(df) -> str:
             per = ", ".join(f"{t} x{r[f'ppl_ratio_{t}']:.3f}" for t in texts if f"ppl_ratio_{t}" in r)
             mb = r["ssd_mb_per_token"] / base["ssd_mb_per_token"] - 1 if base["ssd_mb_per_token"] else 0.0
             sp = r["decode_tok_s"] / base["decode_tok_s"] if base["decode_tok_s"] else 0.0
-            lines.append(f"{r['knob']} {r['setting']}: PPL x{r['ppl_ratio_mean']:.3f} ({per}); SSD {mb:+.0%}; "
+            q = f"PPL x{r['ppl_ratio_mean']:.3f} ({per}); " if texts else ""
+            lines.append(f"{r['knob']} {r['setting']}: {q}SSD {mb:+.0%}; "
                          f"speed x{sp:.2f}; agreement {r['routing_agreement']:.1%}; hit rate {r['hit_rate']:.1%}; "
                          f"mean k {r['mean_k']:.2f}.")
-        for lim in (1.01, 1.05):
+        if not texts:
+            lines.append("No perplexity: no texts were scored (a random-weight model's perplexity means nothing).")
+        for lim in (1.01, 1.05) if texts else ():
             ok = d[(d["knob"] != "exact") & (d["ppl_ratio_mean"] <= lim)]
             if ok.empty:
                 lines.append(f"No knob stays within PPL x{lim:.2f} here.")
