@@ -154,23 +154,30 @@ def test_fields_bodies_usage_and_stats_under_load(server, reference):
             if ln.startswith("data:") and ln != "data: [DONE]":
                 chunks.append(__import__("json").loads(ln[5:]))
     assert sum("usage" in c for c in chunks) == 1 and chunks[-1]["usage"]["completion_tokens"] == 8
-    # a long request on every sequence, 6 streams queued behind it: the stats endpoint still answers at once
+    # a long request on every sequence, 6 streams queued behind it: the stats endpoint answers while it decodes.
+    # Polled until the big request returns, so no wall-clock guess decides whether a sample lands mid-run.
     big = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", timeout=300, json={
-        "prompt": PROMPTS[3], "max_tokens": 150, "n": 4, "temperature": 0}))
+        "prompt": PROMPTS[3], "max_tokens": 200, "n": 4, "temperature": 0}))
     big.start()
-    time.sleep(1.0)
+
     def stream_one():
         with httpx.stream("POST", url + "/v1/completions", timeout=300,
                           json={"prompt": "Hi", "max_tokens": 2, "stream": True}) as resp:
             list(resp.iter_lines())
 
     streams = [threading.Thread(target=stream_one) for _ in range(6)]
-    for t in streams:
-        t.start()
-    time.sleep(1.0)
-    st = httpx.get(url + "/v1/epqlab/stats", timeout=60).json()["batch"]
-    still_running = big.is_alive()  # it answered while the big request was still decoding, not after it
+    samples = []  # (active, waiting, big still running once the answer came back)
+    while big.is_alive():
+        st = httpx.get(url + "/v1/epqlab/stats", timeout=60).json()["batch"]
+        samples.append((st["active"], st["waiting"], big.is_alive()))
+        if st["active"] == 4 and not any(t.ident for t in streams):
+            for t in streams:  # queue the streams once every sequence is busy
+                t.start()
+        time.sleep(0.05)
     big.join(300)
     for t in streams:
-        t.join(300)
-    assert still_running and st["active"] == 4  # answered mid-run, with every sequence busy (no wall-clock bound)
+        if t.ident:
+            t.join(300)
+    mid = [s for s in samples if s[2] and s[0] == 4]
+    assert mid, samples  # answered mid-run, with every sequence busy
+    assert any(s[1] > 0 for s in mid), samples  # ... and with streams waiting for a sequence

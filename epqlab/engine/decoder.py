@@ -4,7 +4,8 @@
 A :class:`Decoder` owns the native engine handle (``epqlab._core.Engine``: the model, its context and
 the expert hook) and the state that makes decoding on it safe:
 
-- one lock: operations are serialized (one KV cache per Session);
+- one lock, handed over in arrival order (:class:`FairRLock`): operations are serialized (one KV cache
+  per Session) and a caller waiting between two batched steps gets the next turn;
 - an *epoch*: each operation that restarts the context bumps it, so a generator (a stream, an
   ``iter_logits``) resumed after another operation raises instead of decoding on a foreign cache;
 - the KV positions: the token ids whose KV entries the context holds at positions 0..; a prompt that
@@ -21,12 +22,12 @@ docs/DESIGN.md §5 describes the Session's decoding; native/engine/engine.h the 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import EpqlabError, ModelChangedError
+from .fair_lock import FairRLock
 from .tokens import token_array
 
 LOGITS_BLOCK_BYTES = 16 * 2**20
@@ -60,7 +61,7 @@ class Decoder:
     def __init__(self, engine, files: Sequence, n_layers: int, *, record_routes: bool = False,
                  on_step: Callable[[], None] | None = None):
         self.engine = engine
-        self.lock = threading.RLock()
+        self.lock = FairRLock()  # FIFO: a caller waiting between two batched steps gets the next turn
         self.epoch = 0
         self.kv: list[int] = []  # token ids whose KV entries the context holds at positions 0..
         self.route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
