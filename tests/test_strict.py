@@ -291,3 +291,5 @@ def test_cli_strict_teacher_forced_with_route_replay(model, too_small, tmp_path)
     assert row["tokens"] == want
     assert 0 <= row["sim_lru_hit_rate"] <= row["sim_belady_hit_rate"] <= 1
     assert 0 < row["prefill_distinct_expert_bytes"] <= row["prefill_ssd_bytes"]
+    # the hook's per-ubatch unions sum over the prompt's logits blocks: never below the distinct experts
+    assert row["prefill_distinct_expert_bytes"] <= row["prefill_union_bytes"] <= row["prefill_ssd_bytes"]

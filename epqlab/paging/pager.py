@@ -78,16 +78,23 @@ class Pager:
             tells which mode runs.
         n_expert_used: top-k the arena must hold for one layer; default the model's.
         fnu_alpha: policy ``"fnu"``'s EMA weight, in (0, 1].
+        prefault: allocate every page of the arena at creation (``posix_fallocate`` on its memfd:
+            ~0.15 s per GiB here), so the whole arena is charged to memory from the start and no read
+            allocates pages. Reads into never-written memfd pages allocate them one 4 KiB page at a
+            time under the memfd's inode lock, from every I/O thread at once: on the 35B-A3B shape at
+            8 GiB that made decode 1.15-1.4x slower (docs/DESIGN.md §3 item 7, fresh pages).
 
     Raises:
         ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
+        MemoryError: ``prefault`` and the machine (or the memory cgroup) cannot give the arena its
+            pages; the message names the size and the fix.
         ValueError: unknown policy, io_threads outside 1..MAX_IO_THREADS (1024).
         PagerIOError: the file cannot be opened.
     """
 
     def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
                  io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None,
-                 fnu_alpha: float = 0.3):
+                 fnu_alpha: float = 0.3, prefault: bool = True):
         from .native import pager_core as core
 
         if policy not in POLICIES + OFFLINE_POLICIES:
@@ -112,6 +119,15 @@ class Pager:
                              [str(f) for f in layout.files])
         self.fnu_alpha = float(fnu_alpha)
         self.requested_arena_bytes = arena
+        self.prefault = bool(prefault)
+        if self.prefault:
+            err = self._p.reserve_arena()
+            if err:
+                size = self._p.arena_bytes
+                self._p = None
+                raise MemoryError(
+                    f"cannot allocate the arena's {fmt_bytes(size)} of RAM ({os.strerror(err)}): lower ram_budget "
+                    "(or arena_bytes), or free memory; a memory cgroup's limit counts the arena")
         self.hot: np.ndarray = np.zeros((0, 2), np.int32)
         self._index = {l.layer: i for i, l in enumerate(layout.layers)}
 

@@ -266,6 +266,7 @@ def _aggregate(rs: list[dict]) -> dict:
         "prefill_ssd_bytes": _median(s.get("prefill_ssd_bytes") for s in stats) if rs[0]["pager"] else None,
         "prefill_distinct_expert_bytes": _median((x["child"].get("sim") or {}).get("prefill_distinct_expert_bytes")
                                                  for x in ok),
+        "prefill_union_bytes": _median(x["child"].get("prefill_union_bytes") for x in ok),
         "teacher_forced": all(s.get("teacher_forced") for s in stats) if stats else None,
         "dense_weights": st0.get("dense_weights"),
         "used_before_arena": _median((s.get("memory") or {}).get("used_before_arena") for s in stats),

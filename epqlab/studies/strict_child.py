@@ -5,7 +5,9 @@ SPEC is a JSON file ``{"model", "ram_budget" (bytes or null), "pager", "policy",
 model with :class:`epqlab.Session`, generates ``n_predict`` greedy tokens (teacher-forced on ``forced``
 when given: :meth:`epqlab.Session.stream`) and writes OUT (JSON): ``status`` (``PASS`` | ``FAIL``), ``reason``,
 the run stats of :meth:`Session.generate`, the session's cumulative stats, the text and token ids,
-the layout figures the table needs, ``sim``: with a route log, the LRU and Belady hit rates of the
+the layout figures the table needs, ``prefill_union_bytes``: the bytes of each prefill ubatch's distinct
+experts per layer, summed over its ubatches and layers (the hook's ``layer_unions``; with one ubatch, the
+prefill's distinct experts' bytes: what it must read at least into an empty arena), ``sim``: with a route log, the LRU and Belady hit rates of the
 run's routes at its arena's slot count (one shared pool, :func:`epqlab.routes.simulate`), and ``io``: storage bytes read (``read_bytes`` of
 /proc/self/io) during the load, the prefill and the decode. Exit status: 0 PASS, 3 ArenaTooSmall, 1 other error. A
 child killed by its memory limit writes nothing; the parent reports that.
@@ -74,10 +76,15 @@ def main(argv: list[str]) -> int:
                          pager=bool(spec.get("pager", True)), **kw) as s:
                 io_loaded = read_bytes()
                 io_prefilled = None
+                unions0 = s.decoder.engine.layer_unions().copy() if s.pager else None
+                union_bytes = None
                 stream = s.stream(spec["prompt"], int(spec["n_predict"]), forced=spec.get("forced"))
                 for _ in stream:
                     if io_prefilled is None:  # the first piece comes right after the prefill
                         io_prefilled = read_bytes()
+                        if unions0 is not None:
+                            du = s.decoder.engine.layer_unions() - unions0
+                            union_bytes = int(sum(int(n) * l.expert_bytes for n, l in zip(du, s.layout.layers)))
                 io_end = read_bytes()
                 if io_prefilled is None:
                     io_prefilled = io_end
@@ -93,6 +100,7 @@ def main(argv: list[str]) -> int:
                     n_routed_experts=sum(c.n_experts for c in lay.slot_classes),
                     used_before_arena=getattr(s, "used_before_arena", None),
                     sim=_simulated(s) if spec.get("simulate_routes") and s.pager else None,
+                    prefill_union_bytes=union_bytes,
                 )
                 code = 0
         except ArenaTooSmall as e:

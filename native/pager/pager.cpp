@@ -256,6 +256,13 @@ void pager::release_resources() {
     close_files();
 }
 
+int pager::reserve_arena() {
+    if (memfd_ < 0) return EBADF;
+    int r;
+    do r = posix_fallocate(memfd_, 0, (off_t) arena_size_); while (r == EINTR);
+    return r;
+}
+
 int64_t pager::arena_resident_bytes() const {
     struct stat st{};
     if (memfd_ < 0 || fstat(memfd_, &st) != 0) return 0;

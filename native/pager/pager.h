@@ -250,6 +250,11 @@ public:
     int  io_threads() const { return pool_->n_threads(); }
     int64_t io_busy_us() const { return pool_->busy_us(); }  // io_pool::busy_us
     int64_t arena_bytes() const { return arena_size_; }
+    // Allocate every page of the arena memfd now (posix_fallocate); returns 0 or the errno. Reads into
+    // never-written memfd pages allocate them under the inode lock, one 4 KiB page at a time, from
+    // every I/O thread at once (docs/DESIGN.md §3 item 7); after this every read copies into
+    // pages that exist. Call before the first load.
+    int reserve_arena();
     // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
     int64_t arena_resident_bytes() const;
     const std::vector<int64_t> & class_slot_bytes() const { return class_bytes_; }

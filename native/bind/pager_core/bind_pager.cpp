@@ -113,6 +113,10 @@ void register_pager(py::module_ & m) {
             }
             return hits;
         })
+        .def("reserve_arena", [](pager & p) {
+            py::gil_scoped_release nogil;
+            return p.reserve_arena();
+        })
         .def("zero_overlay", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             p.zero_overlay(li, ids.data(), (int) ids.size());
         })
