@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import epqlab
 from epqlab.data import heldout_texts
@@ -87,8 +88,9 @@ def main():
 
     # 3. the device
     mat = max(t.expert_bytes for l in lay.layers for t in l.tensors)
+    # a new seed each run: the same offsets again would come from the virtual disk's host cache (DESIGN §3 item 7)
     probe = epqlab.probe_io(a.model, request_bytes=[mat], concurrency=[default_io_threads()], n_requests=64,
-                            progress=False)
+                            seed=time.time_ns() % 2**31, progress=False)
     bw = float(probe["mb_s"].iloc[0]) * 1e6
     print(f"probe: {fmt_bytes(mat)} reads x {default_io_threads()} threads: {bw / 1e6:.0f} MB/s", flush=True)
     out["probe_mb_s"] = bw / 1e6

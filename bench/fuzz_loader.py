@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from epqlab.models.gguf_rewrite import rewrite_gguf
 
 HERE = Path(__file__).resolve().parent
 
@@ -88,28 +88,8 @@ def _add_scores(src: Path, dst: Path) -> None:
     """Copy ``src`` adding ``tokenizer.ggml.scores`` (float32 zeros, one per token) after the tokens."""
     import gguf
 
-    r = gguf.GGUFReader(src)
-    arch = str(r.fields["general.architecture"].contents())
-    tmp = dst.with_name(dst.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = gguf.GGUFValueType(f.types[0])
-        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, f.contents(), vt, sub_type=sub)
-        if k == "tokenizer.ggml.tokens":
-            w.add_token_scores([0.0] * len(f.data))
-    for t in r.tensors:
-        w.add_tensor_info(t.name, np.asarray(t.data).shape, np.asarray(t.data).dtype, int(t.data.nbytes),
-                          raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in r.tensors:
-        w.write_tensor_data(np.asarray(t.data))
-    w.close()
-    os.replace(tmp, dst)
+    n = len(gguf.GGUFReader(src).fields["tokenizer.ggml.tokens"].data)
+    rewrite_gguf(src, dst, after_key={"tokenizer.ggml.tokens": lambda w: w.add_token_scores([0.0] * n)})
 
 
 # ---- where the header's fields are -------------------------------------------------------------

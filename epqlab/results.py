@@ -94,6 +94,33 @@ def save_csv(df, path: str | os.PathLike, **kw) -> str:
     return path
 
 
+def save_study(results_dir: str | os.PathLike, name: str, doc: dict, table, *, plot=None, extra: dict | None = None,
+               tables: dict | None = None) -> dict:
+    """A study's files in ``results_dir`` (created), each whole or not at all: ``<name>.json`` (``doc``
+    updated with ``extra``), ``<name>.csv`` (``table``, a DataFrame), ``<name>_<key>.csv`` for each
+    ``{key: DataFrame}`` in ``tables``, and ``<name>.png`` from ``plot()`` (a callable returning a
+    matplotlib Figure, closed afterwards) when given. Returns ``{"json", "csv", "<key>_csv", "png": path}``
+    (str) for the files written."""
+    d = Path(results_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
+    write_json({**doc, **(extra or {})}, paths["json"])
+    save_csv(table, paths["csv"])
+    for key, df in (tables or {}).items():
+        paths[f"{key}_csv"] = d / f"{name}_{key}.csv"
+        save_csv(df, paths[f"{key}_csv"])
+    if plot is not None:
+        import matplotlib.pyplot as plt
+
+        fig = plot()
+        paths["png"] = d / f"{name}.png"
+        try:
+            save_figure(fig, paths["png"])
+        finally:
+            plt.close(fig)
+    return {k: str(v) for k, v in paths.items()}
+
+
 def study_dir(results_dir: str | os.PathLike, study: str) -> Path:
     """``<results_dir>/<study>``, created if missing (e.g. ``results/01_io_probe``)."""
     out = Path(results_dir) / study
@@ -166,4 +193,4 @@ def run_info(model: str | os.PathLike | None = None) -> dict:
     return out
 
 
-__all__ = ["clean_json", "write_json", "atomic_path", "save_figure", "save_csv", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]
+__all__ = ["clean_json", "write_json", "atomic_path", "save_figure", "save_csv", "save_study", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]

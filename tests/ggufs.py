@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import gguf
 
+from epqlab.models.gguf_rewrite import DROP, rewrite_gguf
+
 # ggml block size (elements) and bytes per block, from ggml's type table.
 # The tests' own table (not gguf-py's, which epqlab uses), shared by every test that computes tensor bytes.
 BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144),
@@ -167,36 +169,20 @@ def shrink_vocab(src, dst, n_vocab: int = 512) -> Path:
     token and type arrays cut, merges kept where both halves and the result survive, the
     token_embd/output rows cut. A header of a few KiB that llama.cpp still loads and runs (for
     tests that rewrite or parse headers many times)."""
-    r = gguf.GGUFReader(src)
-    toks = r.fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
+    toks = gguf.GGUFReader(src).fields["tokenizer.ggml.tokens"].contents()[:n_vocab]
     keep = set(toks)
-    arch = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = gguf.GGUFValueType(f.types[0])
-        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
-        v = f.contents()
+
+    def edit_value(k, v):
         if k == "tokenizer.ggml.tokens":
-            v = toks
-        elif k == "tokenizer.ggml.token_type" or k == "tokenizer.ggml.scores":
-            v = v[:n_vocab]
-        elif k == "tokenizer.ggml.merges":
-            v = [m for m in v if all(p in keep for p in m.split(" ")) and m.replace(" ", "") in keep] or v[:1]
-        elif k.startswith("tokenizer.ggml.") and k.endswith("_token_id") and int(v) >= n_vocab:
-            continue
-        w.add_key_value(k, v, vt, sub_type=sub)
-    for t in r.tensors:
-        d = np.asarray(t.data)
-        if t.name in ("token_embd.weight", "output.weight"):
-            d = d[:n_vocab]
-        w.add_tensor_info(t.name, d.shape, d.dtype, int(d.nbytes), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in r.tensors:
-        d = np.asarray(t.data)
-        w.write_tensor_data(np.ascontiguousarray(d[:n_vocab]) if t.name in ("token_embd.weight", "output.weight") else d)
-    w.close()
+            return toks
+        if k in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            return v[:n_vocab]
+        if k == "tokenizer.ggml.merges":
+            return [m for m in v if all(p in keep for p in m.split(" ")) and m.replace(" ", "") in keep] or v[:1]
+        if k.startswith("tokenizer.ggml.") and k.endswith("_token_id") and int(v) >= n_vocab:
+            return DROP
+        return v
+
+    rewrite_gguf(src, dst, edit_value=edit_value,
+                 tensor_data=lambda name, d: d[:n_vocab] if name in ("token_embd.weight", "output.weight") else d)
     return Path(dst)

@@ -16,6 +16,7 @@ import pytest
 import epqlab
 from epqlab.errors import NotGGUFError
 from epqlab.models.archs import write_tiny
+from epqlab.models.gguf_rewrite import rewrite_gguf
 
 VT = gguf.GGUFValueType
 
@@ -23,29 +24,7 @@ VT = gguf.GGUFValueType
 def rewrite(src, dst, set_kv: dict | None = None, drop: tuple = ()) -> None:
     """Copy GGUF ``src`` to ``dst`` with metadata ``set_kv`` {key: (value, GGUFValueType)} set (added
     or replaced) and the keys in ``drop`` left out; tensors unchanged."""
-    set_kv = dict(set_kv or {})
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k in drop:
-            continue
-        if k in set_kv:
-            v, vt = set_kv.pop(k)
-            w.add_key_value(k, v, vt)
-            continue
-        vt = VT(f.types[0])
-        w.add_key_value(k, f.contents(), vt, sub_type=VT(f.types[-1]) if vt == VT.ARRAY else None)
-    for k, (v, vt) in set_kv.items():
-        w.add_key_value(k, v, vt)
-    for t in r.tensors:
-        w.add_tensor_info(t.name, np.asarray(t.data).shape, np.asarray(t.data).dtype, int(t.data.nbytes),
-                          raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in r.tensors:
-        w.write_tensor_data(np.asarray(t.data))
-    w.close()
+    rewrite_gguf(src, dst, set_kv=set_kv, drop=drop)
 
 
 def edit(src, dst, fn) -> None:

@@ -183,7 +183,7 @@ class Batcher:
                 while self.step():
                     pass
             except BaseException as e:
-                self._fail_all(e)
+                self.fail_all(e)
                 raise
         for r in requests:
             if r.error is not None:
@@ -211,7 +211,7 @@ class Batcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._fail_all(EpqlabError("the batcher was closed"))
+        self.fail_all(EpqlabError("the batcher was closed"))
 
     def _loop(self) -> None:
         while True:
@@ -228,7 +228,7 @@ class Batcher:
             try:
                 self.drive()
             except BaseException as e:  # noqa: BLE001 - a failed step fails its requests, the loop lives on
-                self._fail_all(e)
+                self.fail_all(e)
 
     # -- the scheduler -------------------------------------------------------------------------------
     @property
@@ -251,7 +251,7 @@ class Batcher:
         d.check_open()
         if self._epoch is None or self._epoch != d.epoch:
             if self._active:  # another operation cleared the context under the running sequences
-                self._fail_all(EpqlabError("the batch's context was reset by another call on the same Session"),
+                self.fail_all(EpqlabError("the batch's context was reset by another call on the same Session"),
                                waiting=False)
             self._epoch = d.begin_batch()
             self._free = list(range(s.n_seq_max))
@@ -429,7 +429,10 @@ class Batcher:
                 "mean_batch": r.step_tokens / r.steps if r.steps else 0.0,
                 "queue_s": (r.t_prefill0 or r.t_end) - r.t_submit}
 
-    def _fail_all(self, e: BaseException, waiting: bool = True) -> None:
+    def fail_all(self, e: BaseException, waiting: bool = True) -> None:
+        """End every active request (and, with ``waiting``, every queued one) with error ``e``: their
+        sequences are freed and their waiters wake. For a caller driving the batcher whose own loop
+        failed (a step raised), so no request is left waiting for steps that will not come."""
         for r in list(self._active.values()):
             r.error = e
             self._finish(r, "error")
@@ -507,7 +510,7 @@ class BatchStream:
                     if not self.batcher.drive():
                         break
                 except BaseException as e:
-                    self.batcher._fail_all(e)
+                    self.batcher.fail_all(e)
                     raise
         finally:
             for r in self.requests:
@@ -516,7 +519,7 @@ class BatchStream:
                 while self.batcher.drive():  # let cancelled sequences leave (frees their KV cells)
                     pass
             except EpqlabError:  # the Session was closed (or reset) meanwhile: nothing left to free
-                self.batcher._fail_all(EpqlabError("the batch ended with its Session"))
+                self.batcher.fail_all(EpqlabError("the batch ended with its Session"))
             self.results = [r.result for r in self.requests]
             if self._on_end is not None:
                 self._on_end(self)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import numbers
 import queue
 import threading
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 
 from ..results import clean_json
@@ -130,7 +128,7 @@ def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
                     if not b.drive():
                         break
                 except BaseException as e:
-                    b._fail_all(e)  # every request ends (with this error); their events follow
+                    b.fail_all(e)  # every request ends (with this error); their events follow
                 continue
             left -= ev[0] == "done"
             yield ev
@@ -142,7 +140,7 @@ def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
                 while b.drive():  # let the cancelled sequences leave
                     pass
             except BaseException as e:  # noqa: BLE001 - already ending; the requests carry the error
-                b._fail_all(e)
+                b.fail_all(e)
 
 
 def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int) -> Iterator[tuple]:

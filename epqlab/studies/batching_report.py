@@ -2,11 +2,10 @@
 reading computed from them, the figure, and the results files (``<run_name>.json``, ``.csv``, ``.png``)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 
-from ..results import run_info, save_csv, save_figure, write_json
+from ..results import run_info, save_study
 
 COLUMNS = {"point": "memory", "batch": "batch", "decode_tok_s": "tok/s (all)", "speedup": "x smallest batch",
            "per_seq_tok_s": "tok/s per seq", "ssd_mb_per_token": "SSD MB/token", "mb_ratio": "MB x smallest batch",
@@ -125,20 +124,8 @@ def save(df, results_dir, name: str = "batching", spec=None, draft=None, union_k
          extra: dict | None = None) -> dict:
     """Write ``<name>.json`` (:func:`to_json` updated with ``extra``), ``<name>.csv`` and ``<name>.png``
     (:func:`plot`) in ``results_dir``, each whole or not at all. Returns ``{kind: path}``."""
-    d = Path(results_dir)
-    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
-    doc = to_json(df, spec, draft, union_k)
-    doc.update(extra or {})
-    write_json(doc, paths["json"])
-    save_csv(df, paths["csv"])
-    if figure:
-        import matplotlib.pyplot as plt
-
-        fig = plot(df, union_k)
-        paths["png"] = d / f"{name}.png"
-        save_figure(fig, paths["png"])
-        plt.close(fig)
-    return {k: str(v) for k, v in paths.items()}
+    return save_study(results_dir, name, to_json(df, spec, draft, union_k), df,
+                      plot=(lambda: plot(df, union_k)) if figure else None, extra=extra)
 
 
 __all__ = ["table", "speculation_table", "reading", "plot", "to_json", "save", "COLUMNS"]

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
-from ..results import run_info, save_csv, save_figure, write_json
+from ..results import run_info, save_study
 from ..units import fmt_bytes
 
 
@@ -156,18 +155,5 @@ def save(df, results_dir, name: str = "strict", figure: bool = True, extra: dict
     """Write ``<results_dir>/<name>.json`` (:func:`to_json`, updated with ``extra``), ``.csv`` (the
     table) and ``.png`` (:func:`plot`, unless ``figure=False``). Returns ``{"json": path, "csv":
     path, "png": path}`` (str)."""
-    d = Path(results_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
-    doc = to_json(df)
-    doc.update(extra or {})
-    write_json(doc, paths["json"])
-    save_csv(df.drop(columns=["tokens"], errors="ignore"), paths["csv"])
-    if figure:
-        import matplotlib.pyplot as plt
-
-        fig = plot(df)
-        paths["png"] = d / f"{name}.png"
-        save_figure(fig, paths["png"])
-        plt.close(fig)
-    return {k: str(v) for k, v in paths.items()}
+    return save_study(results_dir, name, to_json(df), df.drop(columns=["tokens"], errors="ignore"),
+                      plot=(lambda: plot(df)) if figure else None, extra=extra)

@@ -3,9 +3,8 @@ sentence of :func:`reading` is computed from the rows."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from ...results import run_info, save_csv, save_figure, write_json
+from ...results import run_info, save_study
 
 KNOB_ORDER = ("exact", "top-k", "skip-cold", "cache-route", "adaptive-k")
 
@@ -110,21 +109,7 @@ def to_json(df) -> dict:
 def save(df, results_dir, name: str = "lossy", figure: bool = True, extra: dict | None = None) -> dict:
     """Write ``<results_dir>/<name>.json`` (:func:`to_json` updated with ``extra``), ``<name>.csv`` and
     ``<name>.png`` (:func:`plot`). Returns ``{kind: path}`` (str)."""
-    d = Path(results_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv"}
-    doc = to_json(df)
-    doc.update(extra or {})
-    write_json(doc, paths["json"])
-    save_csv(df, paths["csv"])
-    if figure:
-        import matplotlib.pyplot as plt
-
-        fig = plot(df)
-        paths["png"] = d / f"{name}.png"
-        save_figure(fig, paths["png"])
-        plt.close(fig)
-    return {k: str(v) for k, v in paths.items()}
+    return save_study(results_dir, name, to_json(df), df, plot=(lambda: plot(df)) if figure else None, extra=extra)
 
 
 __all__ = ["columns", "format_table", "plot", "reading", "to_json", "save", "KNOB_ORDER"]

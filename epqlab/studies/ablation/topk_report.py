@@ -6,9 +6,7 @@ Inputs are the DataFrames of :func:`epqlab.studies.ablation.topk.topk` and
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from ...results import run_info, save_csv, save_figure
-from ...results import write_json
+from ...results import run_info, save_study
 
 # Columns of the speed/I/O summary this report reads (names of epqlab.studies.ablation.grid.summarize).
 DECODE = "decode_tok_s"
@@ -180,25 +178,11 @@ def save(df, results_dir, name: str = "topk", skip=None, figure: bool = True, ex
     (:func:`plot`). Returns ``{kind: path}`` (str)."""
     import pandas as pd
 
-    d = Path(results_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": d / f"{name}.json", "csv": d / f"{name}.csv", "divergence_csv": d / f"{name}_divergence.csv"}
-    doc = to_json(df, skip)
-    doc.update(extra or {})
-    write_json(doc, paths["json"])
-    save_csv(df, paths["csv"])
-    save_csv(pd.DataFrame(df.attrs.get("divergence", [])), paths["divergence_csv"])
+    tables = {"divergence": pd.DataFrame(df.attrs.get("divergence", []))}
     if skip is not None:
-        paths["skip_cold_csv"] = d / f"{name}_skip_cold.csv"
-        save_csv(skip, paths["skip_cold_csv"])
-    if figure:
-        import matplotlib.pyplot as plt
-
-        fig = plot(df, skip)
-        paths["png"] = d / f"{name}.png"
-        save_figure(fig, paths["png"])
-        plt.close(fig)
-    return {k: str(v) for k, v in paths.items()}
+        tables["skip_cold"] = skip
+    return save_study(results_dir, name, to_json(df, skip), df, plot=(lambda: plot(df, skip)) if figure else None,
+                      extra=extra, tables=tables)
 
 
 __all__ = ["format_table", "plot", "reading", "to_json", "save"]
