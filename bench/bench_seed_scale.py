@@ -100,7 +100,7 @@ def main():
     if a.prefill:
         ids = prompt_ids(a.model, a.prefill)
         # No route log here: recording routes asks llama.cpp for every token's logits (its last layer routes only
-        # output rows), which splits the prompt into 16 MiB logits blocks (~27 tokens at a 152k vocabulary) and
+        # output rows), which splits the prompt into 16 MiB logits blocks (16 MiB / (4 x n_vocab) tokens each) and
         # reads each block's union again. The hook's per-ubatch unions give the distinct experts instead.
         pdf = strict.run(a.model, levels[:1], prompt=ids, n_predict=2, repeats=1, **kw)
         pre = pdf.iloc[0]
