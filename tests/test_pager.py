@@ -46,7 +46,8 @@ def check_resident_bytes(pager, w, layout):
 @pytest.mark.parametrize("build", BUILDERS, ids=lambda b: b.__name__)
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 @pytest.mark.parametrize("threads", [1, 8])
-def test_resident_bytes_equal_file(tmp_path, build, direct, threads):
+@pytest.mark.parametrize("prefault", [True, False], ids=["fill", "bounce"])
+def test_resident_bytes_equal_file(tmp_path, build, direct, threads, prefault):
     w = build(tmp_path / "m.gguf")
     layout = epqlab.inspect(w.path)
     assert epqlab.Pager.unit_slot_bytes(layout) == unit_slot_bytes(layout)
@@ -55,7 +56,8 @@ def test_resident_bytes_equal_file(tmp_path, build, direct, threads):
     total = epqlab.Pager.all_experts_bytes(layout)
     mn = epqlab.Pager.min_arena_bytes(layout)
     for arena in (mn, max(mn, total // 4), max(mn, total // 2), total):
-        p = epqlab.Pager(layout, arena, io_threads=threads, direct_io=direct)
+        p = epqlab.Pager(layout, arena, io_threads=threads, direct_io=direct, prefault=prefault)
+        assert p.fill_bytes == (p.arena_bytes if prefault else 0)
         for step in range(60):
             l = layout.moe_layers[step % len(layout.moe_layers)]
             ids = rng.choice(layout.n_expert, size=k, replace=False)
@@ -69,6 +71,32 @@ def test_resident_bytes_equal_file(tmp_path, build, direct, threads):
             assert p.stats["evictions"] == 0
         if not direct:
             assert p.direct_io is False
+
+
+def _rss_shmem() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssShmem:"))
+
+
+def test_fill_mapping_accounting(tmp_path):
+    """The fill mapping is the whole arena, allocated and mapped at creation: RssShmem grows by exactly its
+    size (no region page is mapped yet), the memfd holds every page, and
+    ``epqlab.memory.sample(fill_mapped=)`` takes that second count out again."""
+    from epqlab.memory.usage import sample
+
+    import gc
+
+    w = two_class_model(tmp_path / "m.gguf")
+    layout = epqlab.inspect(w.path)
+    gc.collect()  # earlier tests' pagers gone
+    before = _rss_shmem()
+    p = epqlab.Pager(layout, epqlab.Pager.all_experts_bytes(layout))
+    assert p.fill_bytes == p.arena_bytes == p.arena_resident_bytes > 0
+    assert _rss_shmem() - before == p.fill_bytes
+    s = sample(arena_resident=p.arena_resident_bytes, fill_mapped=p.fill_bytes)
+    assert s.rss_shmem == before and s.shmem == max(before, p.arena_bytes)
+    lazy = epqlab.Pager(layout, epqlab.Pager.all_experts_bytes(layout), prefault=False)
+    assert lazy.fill_bytes == 0 and lazy.arena_resident_bytes == 0
 
 
 def test_tmpfs_reads_correct_bytes(tmp_path):

@@ -115,7 +115,7 @@ def peak_fields(session) -> dict:
 def memory_parts(session) -> dict:
     """How the RAM budget is spent, bytes: see :meth:`epqlab.Session.memory_parts`."""
     pager = session.pager
-    now = sample(arena_resident=pager.arena_resident_bytes if pager else 0)
+    now = sample(arena_resident=pager.arena_resident_bytes if pager else 0, fill_mapped=pager.fill_bytes if pager else 0)
     return {"budget": session.budget_bytes, "used_before_arena": session.used_before_arena,
             "dense": int(session.load_report.get("dense_bytes", 0)),
             "arena": pager.arena_bytes if pager else 0, "stage_reserve": session.stage_reserve,

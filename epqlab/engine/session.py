@@ -325,7 +325,8 @@ class Session:
         self.decoder.engine.set_pipeline(o.pipeline_reads)
         self._pager.native.read_segment_bytes = o.read_segment_bytes
         self._pager.read_rate_limit = o.read_rate_limit
-        self.peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0)
+        self.peak = PeakTracker(lambda: self._pager.arena_resident_bytes if self._pager else 0,
+                                lambda: self._pager.fill_bytes if self._pager else 0)
 
     def _on_step(self) -> None:
         self.peak.update()

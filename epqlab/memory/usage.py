@@ -33,15 +33,20 @@ class MemSample:
         return self.rss_anon + self.shmem + self.rss_file
 
 
-def sample(pid: int | str = "self", arena_resident: int = 0) -> MemSample:
-    """Read RssAnon, RssShmem and RssFile of a process from /proc/<pid>/status (bytes)."""
+def sample(pid: int | str = "self", arena_resident: int = 0, fill_mapped: int = 0) -> MemSample:
+    """Read RssAnon, RssShmem and RssFile of a process from /proc/<pid>/status (bytes).
+
+    ``fill_mapped``: bytes of the pager's fill mapping (``Pager.fill_bytes``), a second, fully populated
+    mapping of the arena's pages, which RssShmem counts again; they are taken out of ``rss_shmem`` (the
+    arena itself is ``arena_resident``; docs/DESIGN.md §5)."""
     vals = {"RssAnon": 0, "RssShmem": 0, "RssFile": 0}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key = line.split(":", 1)[0]
             if key in vals:
                 vals[key] = int(line.split()[1]) * 1024
-    return MemSample(vals["RssAnon"], vals["RssShmem"], vals["RssFile"], int(arena_resident))
+    shmem = max(0, vals["RssShmem"] - int(fill_mapped))
+    return MemSample(vals["RssAnon"], shmem, vals["RssFile"], int(arena_resident))
 
 
 def read_bytes(pid: int | str = "self") -> int | None:
@@ -62,15 +67,17 @@ class PeakTracker:
 
     Args:
         arena_resident: callable returning the arena's allocated bytes (default: none).
+        fill_mapped: callable returning the bytes of the pager's fill mapping (:func:`sample`).
     """
 
-    def __init__(self, arena_resident=None):
+    def __init__(self, arena_resident=None, fill_mapped=None):
         self._arena = arena_resident
+        self._fill = fill_mapped
         self.peak = MemSample(0, 0, 0, 0)
         self.peak_total = 0
 
     def update(self) -> MemSample:
-        s = sample(arena_resident=self._arena() if self._arena else 0)
+        s = sample(arena_resident=self._arena() if self._arena else 0, fill_mapped=self._fill() if self._fill else 0)
         p = self.peak
         self.peak = MemSample(max(p.rss_anon, s.rss_anon), max(p.rss_shmem, s.rss_shmem),
                               max(p.rss_file, s.rss_file), max(p.arena_resident, s.arena_resident))

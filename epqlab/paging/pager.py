@@ -367,6 +367,12 @@ class Pager:
         return int(self._p.arena_bytes)
 
     @property
+    def fill_bytes(self) -> int:
+        """Bytes of the fill mapping that reads land in (the whole arena once :attr:`prefault` made it,
+        else 0): RssShmem counts these arena pages a second time (docs/DESIGN.md §5)."""
+        return int(self._p.fill_bytes) if self._p is not None else 0
+
+    @property
     def arena_resident_bytes(self) -> int:
         """Bytes of the arena that hold pages now (the memfd's allocated blocks), <= arena_bytes."""
         return int(self._p.arena_resident_bytes())

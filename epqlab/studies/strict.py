@@ -92,6 +92,14 @@ def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt,
     row = {"level": level, "pager": pager, "budget": budget, "cache_resident_before": resident,
            "cache_dropped": resident < CACHE_DROPPED_BELOW, **{k: v for k, v in lim.as_dict().items()
                                                                  if k not in ("stdout", "stderr")}}
+    fill = int((child or {}).get("arena_fill_bytes") or 0)
+    if fill:  # the pager's fill mapping: RssShmem counts the arena's pages twice while the Session lives (DESIGN §5)
+        from_rss = row["peak_charged"] == row["peak_rss"]
+        row["peak_rss_shmem"] = max(0, row["peak_rss_shmem"] - fill)
+        row["peak_rss"] = max(0, row["peak_rss"] - fill)
+        if from_rss:
+            row["peak_charged"] = row["peak_rss"]
+    row["arena_fill_bytes"] = fill
     if lim.killed or lim.timed_out:
         row.update(status="FAIL", reason=lim.reason)
     elif child is None:

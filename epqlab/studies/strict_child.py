@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
                     used_before_arena=getattr(s, "used_before_arena", None),
                     sim=_simulated(s) if spec.get("simulate_routes") and s.pager else None,
                     prefill_union_bytes=union_bytes,
+                    arena_fill_bytes=s.pager.fill_bytes if s.pager else 0,
                 )
                 code = 0
         except ArenaTooSmall as e:

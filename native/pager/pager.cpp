@@ -251,6 +251,8 @@ void pager::release_resources() {
     for (auto & ms : maps_)
         for (auto & m : ms) munmap(m.region, (size_t) m.region_bytes);
     maps_.clear();
+    if (fill_) munmap(fill_, (size_t) arena_size_);
+    fill_ = nullptr;
     if (memfd_ >= 0) close(memfd_);
     memfd_ = -1;
     close_files();
@@ -260,7 +262,11 @@ int pager::reserve_arena() {
     if (memfd_ < 0) return EBADF;
     int r;
     do r = posix_fallocate(memfd_, 0, (off_t) arena_size_); while (r == EINTR);
-    return r;
+    if (r != 0 || fill_ || arena_size_ == 0) return r;
+    void * p = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd_, 0);
+    if (p == MAP_FAILED) return errno;
+    fill_ = (char *) p;
+    return 0;
 }
 
 int64_t pager::arena_resident_bytes() const {
@@ -680,8 +686,12 @@ void pager::unit_jobs(int u, std::vector<io_job> & jobs, std::vector<int> & job_
             j.offset = p0 * page_ + off;
             j.len    = std::min(step, len - off);
             j.need   = std::max<int64_t>(0, std::min(j.offset + j.len, end) - j.offset);
-            j.out_fd  = memfd_;  // into the slot's memfd pages through the reader's bounce buffer
-            j.out_off = sl.offset + m.sub_off + off;
+            if (fill_) {
+                j.dst = fill_ + sl.offset + m.sub_off + off;  // straight into the slot's pages (reserve_arena)
+            } else {
+                j.out_fd  = memfd_;  // into the slot's memfd pages through the reader's bounce buffer
+                j.out_off = sl.offset + m.sub_off + off;
+            }
             j.fd     = files_[m.file].fd;
             j.tag    = u;
             if (sl.pending) j.before = [this, t = sl.pending] { run_pending(t); };

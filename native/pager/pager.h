@@ -250,11 +250,15 @@ public:
     int  io_threads() const { return pool_->n_threads(); }
     int64_t io_busy_us() const { return pool_->busy_us(); }  // io_pool::busy_us
     int64_t arena_bytes() const { return arena_size_; }
-    // Allocate every page of the arena memfd now (posix_fallocate); returns 0 or the errno. Reads into
-    // never-written memfd pages allocate them under the inode lock, one 4 KiB page at a time, from
-    // every I/O thread at once (docs/DESIGN.md §3 item 7); after this every read copies into
-    // pages that exist. Call before the first load.
+    // Allocate every page of the arena memfd now (posix_fallocate) and map the whole memfd once,
+    // populated (the fill mapping); returns 0 or the errno. Reads then go O_DIRECT straight into the
+    // slot's pages through that mapping: no bounce-buffer copy, no pwrite under the memfd's inode
+    // lock, no page allocated during a read (docs/DESIGN.md §3 item 7). The mapping is never zapped
+    // or remapped, so it costs no TLB shootdowns; it maps every arena page a second time, which
+    // RssShmem counts twice (fill_bytes() lets accounting take it out, §5). Call before the first load.
     int reserve_arena();
+    // Bytes of the fill mapping (0 before reserve_arena or when it was not made).
+    int64_t fill_bytes() const { return fill_ ? arena_size_ : 0; }
     // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
     int64_t arena_resident_bytes() const;
     const std::vector<int64_t> & class_slot_bytes() const { return class_bytes_; }
@@ -374,6 +378,7 @@ private:
     std::vector<file_state>      files_;           // the model's files (shards), in order
     bool                         direct_ = false;
     int                          memfd_ = -1;
+    char *                       fill_ = nullptr;  // reserve_arena's populated mapping of the whole memfd (reads land here)
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;
     int32_t                      n_expert_ = 0;

@@ -113,6 +113,7 @@ void register_pager(py::module_ & m) {
             }
             return hits;
         })
+        .def_property_readonly("fill_bytes", &pager::fill_bytes)
         .def("reserve_arena", [](pager & p) {
             py::gil_scoped_release nogil;
             return p.reserve_arena();
