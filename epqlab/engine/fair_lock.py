@@ -6,7 +6,7 @@ that just released it usually wins it back before a waiter is scheduled, so a re
 lock *between* two steps (the server's stats endpoint, a second caller's generation) can wait for the
 whole run. :class:`FairRLock` queues acquirers: a release with a queue hands the lock to the oldest
 waiter, and an acquirer that finds a queue joins its end, so a waiter gets the lock after at most the
-step that was running when it arrived (docs/DESIGN.md §5, the Session's lock).
+step that was running when it arrived (docs/DESIGN.md §3d, the lock between steps).
 """
 from __future__ import annotations
 

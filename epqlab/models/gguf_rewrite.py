@@ -6,11 +6,12 @@ types keep their raw blocks) unless ``tensor_data`` changes them.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from ..results import atomic_path
 
 DROP = object()
 """Returned by an ``edit_value`` callback: leave the key out."""
@@ -18,7 +19,7 @@ DROP = object()
 
 def rewrite_gguf(src, dst, *, set_kv: dict | None = None, drop=(), edit_value: Callable | None = None,
                  after_key: dict | None = None, tensor_data: Callable | None = None) -> Path:
-    """Write a copy of GGUF ``src`` to ``dst`` (whole or not at all: a temporary file renamed into place).
+    """Write a copy of GGUF ``src`` to ``dst`` (whole or not at all: :func:`epqlab.results.atomic_path`).
 
     Args:
         set_kv: ``{key: (value, gguf.GGUFValueType)}`` set in place of the key's value, or added at the end.
@@ -39,43 +40,39 @@ def rewrite_gguf(src, dst, *, set_kv: dict | None = None, drop=(), edit_value: C
     dst = Path(dst)
     r = gguf.GGUFReader(src)
     arch = str(r.fields["general.architecture"].contents())
-    tmp = dst.with_name(dst.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch)
-    try:
-        for k, f in r.fields.items():
-            if k.startswith("GGUF.") or k == "general.architecture" or k in drop:
-                continue
-            if k in set_kv:
-                v, vt = set_kv.pop(k)
+    with atomic_path(dst) as tmp:
+        w = gguf.GGUFWriter(tmp, arch)
+        try:
+            for k, f in r.fields.items():
+                if k.startswith("GGUF.") or k == "general.architecture" or k in drop:
+                    continue
+                if k in set_kv:
+                    v, vt = set_kv.pop(k)
+                    w.add_key_value(k, v, vt)
+                else:
+                    vt = vt_of(f.types[0])
+                    v = f.contents()
+                    if edit_value is not None:
+                        v = edit_value(k, v)
+                        if v is DROP:
+                            continue
+                    w.add_key_value(k, v, vt, sub_type=vt_of(f.types[-1]) if vt == vt_of.ARRAY else None)
+                if k in after_key:
+                    after_key[k](w)
+            for k, (v, vt) in set_kv.items():
                 w.add_key_value(k, v, vt)
-            else:
-                vt = vt_of(f.types[0])
-                v = f.contents()
-                if edit_value is not None:
-                    v = edit_value(k, v)
-                    if v is DROP:
-                        continue
-                w.add_key_value(k, v, vt, sub_type=vt_of(f.types[-1]) if vt == vt_of.ARRAY else None)
-            if k in after_key:
-                after_key[k](w)
-        for k, (v, vt) in set_kv.items():
-            w.add_key_value(k, v, vt)
-        data = [np.asarray(t.data) for t in r.tensors]
-        if tensor_data is not None:
-            data = [np.ascontiguousarray(tensor_data(t.name, d)) for t, d in zip(r.tensors, data)]
-        for t, d in zip(r.tensors, data):
-            w.add_tensor_info(t.name, d.shape, d.dtype, int(d.nbytes), raw_dtype=t.tensor_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for d in data:
-            w.write_tensor_data(d)
-        w.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
+            data = [np.asarray(t.data) for t in r.tensors]
+            if tensor_data is not None:
+                data = [np.ascontiguousarray(tensor_data(t.name, d)) for t, d in zip(r.tensors, data)]
+            for t, d in zip(r.tensors, data):
+                w.add_tensor_info(t.name, d.shape, d.dtype, int(d.nbytes), raw_dtype=t.tensor_type)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for d in data:
+                w.write_tensor_data(d)
+        finally:
+            w.close()
     return dst
 
 

@@ -79,10 +79,11 @@ class Pager:
         n_expert_used: top-k the arena must hold for one layer; default the model's.
         fnu_alpha: policy ``"fnu"``'s EMA weight, in (0, 1].
         prefault: allocate every page of the arena at creation (``posix_fallocate`` on its memfd:
-            ~0.15 s per GiB here), so the whole arena is charged to memory from the start and no read
-            allocates pages. Reads into never-written memfd pages allocate them one 4 KiB page at a
-            time under the memfd's inode lock, from every I/O thread at once: on the 35B-A3B shape at
-            8 GiB that made decode 1.15-1.4x slower (docs/DESIGN.md §3 item 7, fresh pages).
+            ~0.15 s per GiB here) and map it once more, populated (the fill mapping, :attr:`fill_bytes`),
+            so reads go O_DIRECT straight into the slots: no read allocates a page or copies through a
+            bounce buffer. The whole arena is charged to memory from the start. On the 35B-A3B shape at
+            4 GiB: 3.47 / 4.26 tok/s against 2.29 / 2.51 through the bounce buffer (docs/DESIGN.md §3
+            item 7). ``False``: pages are allocated as reads land, through the bounce buffers.
 
     Raises:
         ArenaTooSmall: ``arena_bytes`` < :meth:`min_arena_bytes`.
@@ -147,10 +148,11 @@ class Pager:
 
     @staticmethod
     def bounce_bytes() -> int:
-        """Bytes of one reading thread's bounce buffer: expert reads go file -> bounce buffer ->
-        arena memfd (pwrite), so no mapping of the arena is faulted in or zapped while another
-        core computes (native/pager/io_pool.h). Every reader thread, and the computing thread when it
-        reads inline, holds one."""
+        """Bytes of one reading thread's bounce buffer: with ``prefault=False`` expert reads go file ->
+        bounce buffer -> arena memfd (pwrite), so no mapping of the arena is faulted in or zapped while
+        another core computes (native/pager/io_pool.h). Every reader thread, and the computing thread when
+        it reads inline, then holds one (allocated at its first such read). With the default fill mapping
+        reads need none; ``plan_arena`` keeps their bytes out of the arena either way."""
         from .native import pager_core as core
 
         return int(core.BOUNCE_BYTES)

@@ -2,7 +2,6 @@
 reading computed from them, the figure, and the results files (``<run_name>.json``, ``.csv``, ``.png``)."""
 from __future__ import annotations
 
-
 import pandas as pd
 
 from ..results import run_info, save_study

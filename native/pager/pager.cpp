@@ -2,8 +2,10 @@
 //
 // Correctness rests on three rules kept in this file:
 //  1. read before map: a miss gets a slot, the file pages are read into the slot's memfd pages
-//     (pread into the reading thread's bounce buffer, pwrite to the memfd: no mapping of the
-//     slot is touched, so no TLB shootdown reaches the computing core), and only when every
+//     (O_DIRECT pread through the fill mapping that reserve_arena made, which is never zapped or
+//     remapped; without it, pread into the reading thread's bounce buffer and pwrite to the
+//     memfd: either way no mapping that a computing core uses is touched, so no TLB shootdown
+//     reaches it), and only when every
 //     read of the unit returned all needed bytes
 //     is the slot mapped over the region and the unit counted resident. Reading through the
 //     region instead would be wrong: two neighbours loaded together share a boundary page, and
