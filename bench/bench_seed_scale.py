@@ -11,19 +11,24 @@
 2. plain llama.cpp (mmap, pager off) under the first level: ``--mmap-n`` tokens, one run (~20 s/token).
 3. The device: ``epqlab.probe_io`` at one expert matrix per request and the pager's I/O threads.
 4. ``T_plain``: plain llama.cpp with every weight in RAM (the file read into the page cache, no limit, the
-   same threads, context and kernels), the same teacher-forced tokens, median of ``--repeats``
-   (``epqlab.studies.roofline``). Skipped, with the reason, when the file cannot fit in RAM.
+   same threads, context and kernels), the same teacher-forced tokens, one timed run after each round of
+   the paged runs (interleaved with them: this box's speed drifts by 10-30% over an hour), median of
+   ``--repeats`` (``epqlab.studies.roofline``). Skipped, with the reason, when the file cannot fit in RAM.
 5. A ``--prefill``-token prompt at the first level: prefill tok/s against plain's, and the pager's bytes
    read in the prefill over the bytes of the distinct experts it routed to (1.0 = each read once; the hook's
    per-ubatch unions, no route log: recording routes would split the prompt into 16 MiB logits blocks).
 
-Each paged row reports time/token / max(T_plain, miss bytes per token / probe bandwidth) and tok/s /
+``--prefetch off,trained`` runs every level once per prefetch setting in each round (``trained``: the
+learned next-layer predictor, ``--predictor`` or fitted first on the shipped calibration texts, never on the
+held-out prose timed here; DESIGN §3c). Each paged row reports time/token / max(T_plain, miss bytes per token / probe bandwidth) and tok/s /
 plain tok/s. Run it alone: a build, a test suite or a helper beside it measures the contention.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import time
 
 import epqlab
@@ -48,6 +53,36 @@ def prompt_ids(model: str, n: int) -> list[int]:
     return ids[:n]
 
 
+def prefetch_variants(a) -> dict:
+    """``--prefetch`` as strict.run variants: name -> Session settings; ``trained`` fits a predictor on the
+    shipped calibration texts first when ``--predictor`` does not exist yet (~2 min on the 35B shape)."""
+    out = {}
+    for name in a.prefetch.split(","):
+        name = name.strip()
+        if name == "off":
+            out[name] = {}
+        elif name == "trained":
+            path = a.predictor or os.path.splitext(a.model)[0] + ".predictor.npz"
+            if not os.path.exists(path):
+                from epqlab.studies.predictor_fit import fit_for_model
+
+                print(f"fitting the prefetch predictor on the shipped calibration texts -> {path}", flush=True)
+                fit_for_model(a.model, depth=1).save(path)
+            out[name] = {"prefetch": "trained", "prefetch_predictor": path}
+        else:
+            out[name] = {"prefetch": name}
+    return out
+
+
+def split_medians(df, row) -> dict:
+    """Median over the passing runs of one (level, variant) row of each time-split part (ms/token)."""
+    runs = [x for x in df.attrs["runs"] if x["level"] == row["level"] and x.get("variant") == row["variant"]
+            and x["status"] == "PASS" and x["pager"]]
+    splits = [(x.get("stats") or {}).get("time_split") or {} for x in runs]
+    keys = {k for sp in splits for k in sp if isinstance(sp.get(k), (int, float))}
+    return {k: statistics.median(sp[k] for sp in splits if k in sp) for k in sorted(keys)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -60,6 +95,8 @@ def main():
     ap.add_argument("--mmap-n", type=int, default=8, help="tokens of the mmap baseline run (0: skip it)")
     ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill run (0: skip it)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain-in-RAM reference")
+    ap.add_argument("--prefetch", default="off", help="comma-separated: off and/or a predictor (lookahead, trained, ...)")
+    ap.add_argument("--predictor", default=None, help="prefetch=trained: a predictor .npz (fitted and saved here if absent)")
     ap.add_argument("--json", default=None, help="write every table and run here")
     a = ap.parse_args()
     lay = epqlab.inspect(a.model)
@@ -71,9 +108,21 @@ def main():
           f"(held-out prose), {a.repeats} interleaved repeats, {a.threads} threads", flush=True)
     out: dict = {"model": str(lay.path), "levels": levels, "n": a.n, "repeats": a.repeats, "threads": a.threads}
 
-    # 1. paged at every level
+    variants = prefetch_variants(a)
+    plain_runs: list[dict] = []
+
+    def plain_round(r):
+        if not a.no_plain and (not plain_runs or plain_runs[0] is not None):
+            try:  # one timed run per round, between the paged rounds
+                plain_runs.append(roofline.plain_reference(a.model, DEFAULT_PROMPT, forced, a.n, repeats=1, **kw))
+                print(f"[plain] round {r + 1}: {plain_runs[-1]['ms_per_token']:.1f} ms/token", flush=True)
+            except epqlab.EpqlabError as e:
+                print(f"plain-in-RAM reference skipped: {e}")
+                plain_runs.append(None)
+
+    # 1. paged at every level, and 4. the plain reference, interleaved
     df = strict.run(a.model, levels, n_predict=a.n, forced=forced, simulate_routes=True, repeats=a.repeats,
-                    progress=True, **kw)
+                    progress=True, variants=variants, between_rounds=plain_round, **kw)
     print(strict_report.format_table(df), flush=True)
     out["paged"] = strict.to_json(df)
 
@@ -106,15 +155,14 @@ def main():
         pre = pdf.iloc[0]
         out["prefill"] = strict.to_json(pdf)
 
-    # 4. plain llama.cpp, all in RAM
+    # 4. plain llama.cpp, all in RAM (timed between the rounds above)
     plain = plain_pre = None
-    if not a.no_plain:
-        try:
-            plain = roofline.plain_reference(a.model, DEFAULT_PROMPT, forced, a.n, repeats=a.repeats, **kw)
-            if a.prefill:
-                plain_pre = roofline.plain_reference(a.model, ids, forced, 2, repeats=1, warm=False, **kw)
-        except epqlab.EpqlabError as e:
-            print(f"plain-in-RAM reference skipped: {e}")
+    if plain_runs and plain_runs[0] is not None:
+        ms = [p["ms_per_token"] for p in plain_runs]
+        plain = {"ms_per_token": statistics.median(ms), "decode_tok_s": 1000.0 / statistics.median(ms),
+                 "ms_per_token_runs": ms}
+        if a.prefill:
+            plain_pre = roofline.plain_reference(a.model, ids, forced, 2, repeats=1, **kw)
         if plain:
             print(f"plain llama.cpp, all weights in RAM: {plain['ms_per_token']:.1f} ms/token "
                   f"({plain['decode_tok_s']:.2f} tok/s; runs {', '.join(f'{x:.1f}' for x in plain['ms_per_token_runs'])} ms)",
@@ -122,29 +170,37 @@ def main():
             out["plain"] = plain
             out["plain_prefill"] = plain_pre
 
-    print("\n| level | arena | cover | peak | decode tok/s (min-max) | ms/tok | SSD MB/tok | hit | LRU sim | Belady | "
-          "miss/BW ms | T_plain ms | / max(T_plain, miss/BW) | x plain | x mmap |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| level | prefetch | arena | cover | peak | decode tok/s (min-max) | ms/tok | SSD MB/tok | hit | LRU sim | "
+          "Belady | miss/BW ms | T_plain ms | / max(T_plain, miss/BW) | x plain | x mmap |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for _, r in df.iterrows():
         if r["status"] != "PASS":
-            print(f"| {fmt_bytes(r['level'])} | FAIL: {str(r['reason'])[:100]} |")
+            print(f"| {fmt_bytes(r['level'])} | {r['variant']} | FAIL: {str(r['reason'])[:100]} |")
             continue
         ms = 1000.0 / r["decode_tok_s"]
         b = roofline.bound_ratios(ms, plain["ms_per_token"], r["ssd_mb_per_token"] * 1e6, bw) if plain else None
         x_mm = r["decode_tok_s"] / mm["decode_tok_s"] if mm is not None and r["level"] == levels[0] and mm["decode_tok_s"] else None
-        rows.append({"level": int(r["level"]), "ms_per_token": ms, **(b or {}), "x_mmap": x_mm})
+        rows.append({"level": int(r["level"]), "prefetch": r["variant"], "ms_per_token": ms, **(b or {}),
+                     "x_mmap": x_mm, "time_split": split_medians(df, r)})
 
         def f(v, fmt):
             return "-" if v is None else format(v, fmt)
 
-        print(f"| {fmt_bytes(r['level'])} | {fmt_bytes(r['arena_bytes'])} | {r['coverage']:.1%} | "
+        print(f"| {fmt_bytes(r['level'])} | {r['variant']} | {fmt_bytes(r['arena_bytes'])} | {r['coverage']:.1%} | "
               f"{fmt_bytes(r['cgroup_peak'] or r['peak_rss'])} | {r['decode_tok_s']:.2f} ({r['decode_tok_s_min']:.2f}-"
               f"{r['decode_tok_s_max']:.2f}) | {ms:.0f} | {r['ssd_mb_per_token']:.1f} | {r['hit_rate']:.1%} | "
               f"{f(r['sim_lru_hit_rate'], '.1%')} | {f(r['sim_belady_hit_rate'], '.1%')} | {f(b and b['io_ms'], '.0f')} | "
               f"{f(plain and plain['ms_per_token'], '.0f')} | {f(b and b['roofline_ratio'], '.2f')} | "
               f"{f(b and b['plain_ratio'], '.2f')} | {f(x_mm, '.1f')} |")
     out["rows"] = rows
+    print("\ntime split per token, ms (medians over the runs): level, prefetch: attn / experts / io wait / map / "
+          "predict / other")
+    for x in rows:
+        t = x["time_split"]
+        if t:
+            print(f"  {fmt_bytes(x['level'])}, {x['prefetch']}: " + " / ".join(
+                f"{t.get(k, 0):.0f}" for k in ("attn_ms", "expert_ms", "io_ms", "map_ms", "predict_ms", "other_ms")))
     print("\nseed 002 for comparison (the real Qwen3.6-35B-A3B at 18.9% coverage): decode hit rate 70%, Belady 78.9%; "
           "LRU sim and Belady above replay this run's own routes (prefill and decode) in one pool of its slots")
     if mm is not None:

@@ -52,6 +52,13 @@ def test_trained_predictor_beats_lookahead_on_heldout_text(heldout, fitted):
         assert tr > la + 0.01, (d, la, tr)
 
 
+def test_bf16_round_hand_values():
+    # bfloat16 keeps 7 mantissa bits: near 1.0 its step is 2^-7. Halfway cases round to the even mantissa.
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.5, 2.0**100 * (1 + 2**-7 + 2**-9)], np.float32)
+    want = np.array([1.0, 1.0, 1 + 2**-6, 1 + 2**-7, -2.5, 2.0**100 * (1 + 2**-7)], np.float32)
+    assert np.array_equal(P.bf16_round(x), want)
+
+
 def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
     """The engine's scored prediction (depth 1) against a NumPy top-k of W h + b on the router inputs it
     saw, decode steps only."""
@@ -68,7 +75,7 @@ def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
     u, c = np.unique(ubs, return_counts=True)
     single = np.isin(ubs, u[c == 1])  # single-token ubatches: the decode steps that prefetch
     assert single.sum() == 11
-    hits = sum(F._hits(F._topk(H[single, l].astype(np.float64) @ p.W[0, l].T.astype(np.float64) + p.b[0, l], k),
+    hits = sum(F._hits(F._topk(H[single, l].astype(np.float64) @ P.bf16_round(p.W[0, l]).T.astype(np.float64) + p.b[0, l], k),
                        routes[single, l + 1]) for l in range(L - 1))
     assert st["pred_experts"] == single.sum() * (L - 1) * k
     assert abs(st["pred_correct"] - hits) <= 2, (st["pred_correct"], hits)

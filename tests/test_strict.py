@@ -222,6 +222,30 @@ def test_default_model_passes_under_a_cgroup_limit(model, too_small):
     assert paged["speedup_vs_mmap"] == pytest.approx(paged["decode_tok_s"] / mm["decode_tok_s"])
 
 
+def test_variants_run_interleaved_with_a_callback_between_rounds(model, too_small, monkeypatch):
+    # Two named Session settings at one level, two rounds: the runs go round by round, each variant once per
+    # round, and between_rounds(r) comes right after round r. Pipelined reads change only timing: same text.
+    level = level_for(model, too_small[1], 0.3)
+    events = []
+    real = strict._run_one
+
+    def spy(model_, level_, budget, pager, **kw):
+        events.append(("run", kw["session_kw"].get("pipeline_reads", True)))
+        return real(model_, level_, budget, pager, **kw)
+
+    monkeypatch.setattr(strict, "_run_one", spy)
+    df = strict.run(model, [level], n_predict=3, repeats=2, n_ctx=256,
+                    variants={"pipelined": {}, "serial": {"pipeline_reads": False}},
+                    between_rounds=lambda r: events.append(("round", r)))
+    assert events == [("run", True), ("run", False), ("round", 0), ("run", True), ("run", False), ("round", 1)]
+    assert list(df["variant"]) == ["pipelined", "serial"] and list(df["runs"]) == [2, 2]
+    assert all(df["status"] == "PASS"), list(df["reason"])
+    assert df.iloc[0]["text"] == df.iloc[1]["text"]
+    assert [(x["repeat"], x["variant"]) for x in df.attrs["runs"]] == [
+        (0, "pipelined"), (0, "serial"), (1, "pipelined"), (1, "serial")]
+    assert df.attrs["variants"] == {"pipelined": {}, "serial": {"pipeline_reads": False}}
+
+
 def test_bad_arguments_are_clear_errors(model):
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         strict.run(model, [LEVEL], repeats=0)

@@ -32,6 +32,15 @@ from ..layout import _open_reader, inspect
 
 
 
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """``a`` (float32) rounded to bfloat16 (nearest, ties to even) and widened back to float32: the
+    weights the engine computes with (it keeps ``W`` in bfloat16, half the bytes a token streams;
+    native/engine/hook.h ``set_predictor``). Finite inputs only."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    r = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32) << 16
+    return r.view(np.float32).reshape(np.shape(a))
+
+
 def check_depth(depth: int) -> None:
     """Raises ValueError unless ``depth`` is in 1..:data:`~epqlab.constants.MAX_FIT_DEPTH` layers ahead."""
     if not 1 <= depth <= MAX_FIT_DEPTH:
@@ -44,7 +53,9 @@ class ExpertPredictor:
 
     Attributes:
         W: float32 [depth, n_layers, n_expert, n_embd]: ``W[d-1, l]`` maps MoE layer l's router input
-            to MoE layer l+d's router logits (rows for l+d >= n_layers are zero and unused).
+            to MoE layer l+d's router logits (rows for l+d >= n_layers are zero and unused). The engine
+            keeps it in bfloat16 (:func:`bf16_round`): 2 bytes per weight in RAM, e.g. 42 MB per depth
+            for 40 layers x 256 experts x 2048.
         b: float32 [depth, n_layers, n_expert]: intercepts.
         alpha: the ridge strength chosen per depth (relative; see the module docstring).
         n_tokens: calibration tokens the fit used.
@@ -69,8 +80,9 @@ class ExpertPredictor:
 
     def logits(self, h: np.ndarray, layer: int, d: int = 1) -> np.ndarray:
         """Predicted router logits of MoE layer ``layer + d`` from layer ``layer``'s router inputs
-        ``h`` [T, n_embd]: float32 [T, n_expert]."""
-        return h @ self.W[d - 1, layer].T + self.b[d - 1, layer]
+        ``h`` [T, n_embd]: float32 [T, n_expert], with ``W`` rounded to bfloat16 as the engine applies it
+        (:func:`bf16_round`)."""
+        return h @ bf16_round(self.W[d - 1, layer]).T + self.b[d - 1, layer]
 
     def save(self, path) -> Path:
         """Write the predictor as NPZ (``.npz`` appended when missing, as NumPy does); returns the path written."""

@@ -95,7 +95,7 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool):
     report = dict(engine.load_report())
     report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
     if o.prefetch == "trained":
-        # the hook's own float32 copy is made before the budget's sample, so it is counted
+        # the hook's own copy (W in bfloat16) is made before the budget's sample, so it is counted
         engine.set_predictor(o.predictor.W, o.predictor.b)
     after = sample()
     # malloc'd but not yet touched (not in RSS yet, but it will be): what malloc handed out beyond the RSS growth

@@ -118,7 +118,8 @@ def _run_one(model: str, level: int, budget: int | None, pager: bool, *, prompt,
 def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_predict: int = 16,
         forced: str | None = None, simulate_routes: bool = False, policy: str = "lru", pager: bool = True, repeats: int = 3, mmap_baseline: bool = False,
         headroom=DEFAULT_HEADROOM, limit_mode: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        python: str | None = None, progress: bool = False, **session_kw):
+        python: str | None = None, progress: bool = False, variants: dict | None = None, between_rounds=None,
+        **session_kw):
     """Generate under hard memory limits, one child process per run, and tabulate.
 
     Args:
@@ -142,6 +143,11 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         timeout_s: per-run wall-clock limit (s); a run past it is a FAIL.
         python: interpreter for the children (default ``sys.executable``).
         progress: print one line per run to stderr.
+        variants: named extra Session settings for the paged runs, e.g. ``{"off": {}, "trained":
+            {"prefetch": "trained", "prefetch_predictor": "p.npz"}}``: every level runs once per variant in
+            each round (interleaved), one row per (level, variant), column ``variant`` (None without).
+        between_rounds: called as ``between_rounds(r)`` after round ``r`` (every level and variant ran
+            once), e.g. to time a reference interleaved with the rounds.
         **session_kw: passed to :class:`epqlab.Session` in the child (e.g. ``n_ctx``, ``n_threads``,
             ``dense_weights``, ``reserve``); must be JSON-serializable.
 
@@ -183,32 +189,39 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         raise ValueError(f"level {fmt_bytes(lv[0])} is not above the headroom {fmt_bytes(headroom)}; "
                          "raise the level or lower headroom")
     json.dumps(session_kw)  # fail here, not in every child
-    variants = [bool(pager)] + ([False] if mmap_baseline and pager else [])
+    named = dict(variants) if variants else {None: {}}
+    json.dumps({str(k): v for k, v in named.items()})
+    # (pager, variant name): the named variants apply to paged runs; the mmap baseline runs once per level
+    modes = [(bool(pager), n) for n in (named if pager else [None])] + ([(False, None)] if mmap_baseline and pager else [])
     python = python or sys.executable
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="epqlab-strict-") as tmp:
         for r in range(int(repeats)):
             for level in lv:
-                for pg in variants:
+                for vi, (pg, name) in enumerate(modes):
                     budget = level - headroom if pg else None
+                    kw = {**session_kw, **(named.get(name) or {})} if pg else session_kw
                     row = _run_one(model, level, budget, pg, prompt=prompt, n_predict=n_predict, policy=policy,
-                                   session_kw=session_kw, limit_mode=limit_mode, timeout_s=timeout_s,
-                                   python=python, workdir=Path(tmp), tag=f"r{r}-{level}-{int(pg)}",
+                                   session_kw=kw, limit_mode=limit_mode, timeout_s=timeout_s,
+                                   python=python, workdir=Path(tmp), tag=f"r{r}-{level}-{int(pg)}-{vi}",
                                    forced=forced, simulate_routes=simulate_routes)
-                    row["repeat"] = r
+                    row["repeat"], row["variant"] = r, name
                     runs.append(row)
                     if progress:
                         st = (row.get("child") or {}).get("stats") or {}
-                        print(f"[strict] {fmt_bytes(level):>10} {'paged' if pg else 'mmap':5} run {r + 1}/{repeats}: "
-                              f"{row['status']} {st.get('decode_tok_s', 0):.2f} tok/s"
+                        print(f"[strict] {fmt_bytes(level):>10} {'paged' if pg else 'mmap':5}{' ' + name if name else ''} "
+                              f"run {r + 1}/{repeats}: {row['status']} {st.get('decode_tok_s', 0):.2f} tok/s"
                               f"{'  ' + row['reason'][:120] if row['reason'] else ''}", file=sys.stderr, flush=True)
-    rows = [_aggregate([x for x in runs if x["level"] == level and x["pager"] == pg])
-            for level in lv for pg in variants]
+            if between_rounds is not None:
+                between_rounds(r)
+    rows = [{**_aggregate([x for x in runs if x["level"] == level and x["pager"] == pg and x["variant"] == name]),
+             "variant": name} for level in lv for pg, name in modes]
     df = pd.DataFrame(rows)
     if mmap_baseline and pager:
         _add_baseline(df)
     df.attrs.update(model=model, prompt=prompt, n_predict=int(n_predict), forced=forced, policy=policy, repeats=int(repeats),
                     headroom=headroom, mmap_baseline=bool(mmap_baseline), session_kw=session_kw,
+                    variants={str(k): v for k, v in named.items()} if variants else None,
                     limit_mode_requested=limit_mode or os.environ.get("EPQLAB_LIMIT_MODE") or "auto",
                     runs=[_clean_run(x) for x in runs])
     return df

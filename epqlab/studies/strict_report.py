@@ -34,7 +34,8 @@ def format_table(df) -> str:
         cols[cols.index("hit") + 1:cols.index("hit") + 1] = ["LRU sim", "Belady"]
     lines = []
     for _, r in df.iterrows():
-        cells = [b(r["level"]), r["mode"], r["limit_mode"] + ("" if r["cache_dropped"] else " (cache kept)"),
+        mode = r["mode"] + (f" {r['variant']}" if isinstance(r.get("variant"), str) and r["variant"] else "")
+        cells = [b(r["level"]), mode, r["limit_mode"] + ("" if r["cache_dropped"] else " (cache kept)"),
                  b(r["budget"]), b(r["arena_bytes"]), t(r["slots"]), f(r["coverage"], ".1%"),
                  b(r["peak_rss_anon"]), b(r["peak_rss_shmem"]), b(r["peak_rss_file"]), b(r["cgroup_peak"]),
                  f(r["failcnt"], ".0f"),

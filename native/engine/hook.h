@@ -218,6 +218,8 @@ public:
     void set_prefetch(int mode, int64_t budget_bytes, int depth = 1, double min_precision = 0);
     int  prefetch() const { return pf_mode_; }
     // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
+    // W is kept in bfloat16 (rounded to nearest, ties to even: half the bytes streamed per token, and
+    // half the memory); b stays float32. epqlab.engine.predictor.bf16_round is the same rounding in NumPy.
     void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
     // The ORACLE's routes: int32 [n_steps][n_layers][k], row i = the experts each MoE layer
     // selects in the i-th single-token ubatch counted from this call; follows[i] != 0 when the
@@ -402,7 +404,8 @@ private:
     std::vector<std::vector<int32_t>>        pred_;         // per layer: this pass's prediction
     std::vector<uint8_t>                     has_pred_;
     std::vector<float>                       row_buf_, logit_buf_;
-    std::vector<float>                       pw_, pb_;      // TRAINED predictor (set_predictor)
+    std::vector<uint16_t>                    pw_;           // TRAINED predictor's W, bfloat16 (set_predictor)
+    std::vector<float>                       pb_;           // and its b, float32
     int                                      pw_depth_ = 0, pw_exp_ = 0;
     int64_t                                  pw_embd_ = 0;
     void predict(int li, int nl, int k, std::vector<int32_t> & out);

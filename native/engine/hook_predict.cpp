@@ -15,12 +15,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ggml.h"
 #include "io_pool.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 void expert_hook::clear_gate_preds() {
     for (auto & g : gate_pred_)
@@ -60,6 +65,40 @@ static float dot8(const float * r, const float * x, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// float32 -> bfloat16, round to nearest, ties to even (inputs are finite: set_predictor checks).
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (uint16_t) ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A dot product of bfloat16 weights with float32 inputs. A bfloat16 is the high half of a float32,
+// so widening is a 16-bit shift (SSE2: interleave with zeros); two 4-wide partial sums. Memory-bound
+// on the weights: bfloat16 halves what a token streams (84 MB -> 42 MB for 40 layers x 256 x 2048).
+static float dot_bf16(const uint16_t * r, const float * x, int64_t n) {
+    int64_t i = 0;
+    float s = 0.0f;
+#if defined(__SSE2__)
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+    const __m128i z = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        const __m128i v = _mm_loadu_si128((const __m128i *) (r + i));
+        a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, v)), _mm_loadu_ps(x + i)));
+        a1 = _mm_add_ps(a1, _mm_mul_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(z, v)), _mm_loadu_ps(x + i + 4)));
+    }
+    float t[4];
+    _mm_storeu_ps(t, _mm_add_ps(a0, a1));
+    s = (t[0] + t[1]) + (t[2] + t[3]);
+#endif
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t) r[i] << 16;
+        float w;
+        std::memcpy(&w, &u, 4);
+        s += w * x[i];
+    }
+    return s;
+}
+
 void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd) {
     if (n_layers != n_layers_) throw std::invalid_argument("the predictor has " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
     if (depth < 1 || depth > kMaxDepth || n_expert < 1 || n_embd < 1) throw std::invalid_argument("bad predictor shape");
@@ -73,7 +112,8 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
     if (!std::all_of(b, b + nb, [](float v) { return std::isfinite(v); }))
         throw std::invalid_argument("the predictor's biases are not finite (NaN or inf): refit it");
     if (pg_) pg_->prefetch_finish();
-    pw_.assign(W, W + nw);
+    pw_.resize(nw);
+    std::transform(W, W + nw, pw_.begin(), to_bf16);
     pb_.assign(b, b + nb);
     pw_depth_ = depth;
     pw_exp_ = n_expert;
@@ -121,7 +161,7 @@ void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     const float * x = (const float *) h->data;
     const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
     logit_buf_.assign((size_t) n_exp, 0.0f);
-    for (int64_t e = 0; e < n_exp; e++) logit_buf_[e] = pb_[base + e] + dot8(&pw_[(base + e) * n_embd], x, n_embd);
+    for (int64_t e = 0; e < n_exp; e++) logit_buf_[e] = pb_[base + e] + dot_bf16(&pw_[(base + e) * n_embd], x, n_embd);
     top_of_logits(k, out);
 }
 
