@@ -67,10 +67,12 @@ def _resolve_budget(ram_budget, arena_bytes, lay: ModelLayout, paged: bool):
     return None, budget
 
 
-def _open_engine(lay: ModelLayout, o: Options, record: bool):
+def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bool = False):
     """Load the model and create its context (native ``Engine``); returns ``(engine, load seconds,
     load report, used_before_arena bytes)``: the resident set once the model, its dense weights and the
-    context exist, plus what malloc handed out but nobody touched yet. Raises LlamaCppError."""
+    context exist, plus what malloc handed out but nobody touched yet. ``predictor_owned``: the trained
+    predictor was loaded here from a path, so its NumPy copy, freed once the hook holds its own, is
+    not counted. Raises LlamaCppError."""
     from .native import core  # llama.cpp and the engine load with the first Session (docs/DESIGN.md §1)
 
     names = [(t.name, li, ti) for li, l in enumerate(lay.layers) for ti, t in enumerate(l.tensors)]
@@ -94,13 +96,17 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool):
     io1 = read_bytes()
     report = dict(engine.load_report())
     report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
+    freed = 0
     if o.prefetch == "trained":
-        # the hook's own copy (W in bfloat16) is made before the budget's sample, so it is counted
+        # the hook's own copy (W in bfloat16) is made before the budget's sample, so it is counted; a
+        # NumPy copy loaded from a path is freed right after (Session.__init__), so it is not
         engine.set_predictor(o.predictor.W, o.predictor.b)
+        if predictor_owned:
+            freed = o.predictor.W.nbytes + o.predictor.b.nbytes
     after = sample()
     # malloc'd but not yet touched (not in RSS yet, but it will be): what malloc handed out beyond the RSS growth
     untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
-    return engine, load_s, report, after.total + untouched
+    return engine, load_s, report, max(0, after.total - freed) + untouched
 
 
 class Session:
@@ -277,7 +283,8 @@ class Session:
         self.time_split_log = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
         record = self.route_log_path is not None
         # no local name holds the engine: a refusal's traceback (ArenaTooSmall below) must not keep the model alive
-        opened = _open_engine(lay, o, record)
+        opened = _open_engine(lay, o, record,
+                              predictor_owned=o.prefetch == "trained" and prefetch_predictor is not o.predictor)
         self.load_s, self.load_report, self.used_before_arena = opened[1:]
         self.decoder = Decoder(opened[0], lay.files, len(lay.layers), record_routes=record, on_step=self._on_step)
         del opened
