@@ -1,0 +1,55 @@
+"""bench/bench_seed_scale.py and bench/bench_busy_core.py end to end on the default model with tiny parameters:
+the plain reference is timed once per round (interleaved), every (level, prefetch) pair gets a row, and each
+row's ratios are the bench's stated formulas applied to its own numbers (docs/DESIGN.md §3e, the roofline)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run(args, timeout=600):
+    p = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+def test_seed_scale_rows_and_ratios(default_model_path, tmp_path):
+    out = tmp_path / "s.json"
+    text = _run([BENCH / "bench_seed_scale.py", "--model", default_model_path, "--levels", "400MiB", "--n", "5",
+                 "--repeats", "2", "--mmap-n", "0", "--prefill", "0", "--prefetch", "off,lookahead", "--json", out])
+    r = json.loads(out.read_text())
+    assert text.count("[plain] round") == 2  # one plain run after each of the 2 rounds
+    plain = r["plain"]
+    assert len(plain["ms_per_token_runs"]) == 2
+    assert plain["ms_per_token"] == pytest.approx(sorted(plain["ms_per_token_runs"])[0] / 2 + sorted(plain["ms_per_token_runs"])[1] / 2)
+    rows = r["rows"]
+    assert [x["prefetch"] for x in rows] == ["off", "lookahead"]
+    bw = r["probe_mb_s"] * 1e6
+    paged = {p["variant"]: p for p in r["paged"]["rows"]}
+    assert set(paged) == {"off", "lookahead"} and all(p["runs"] == 2 for p in paged.values())
+    for x in rows:
+        p = paged[x["prefetch"]]
+        assert x["ms_per_token"] == pytest.approx(1000.0 / p["decode_tok_s"])
+        io_ms = 1000.0 * p["ssd_mb_per_token"] * 1e6 / bw  # miss bytes per token / probe bandwidth
+        assert x["io_ms"] == pytest.approx(io_ms)
+        assert x["bound_ms"] == pytest.approx(max(plain["ms_per_token"], io_ms))
+        assert x["roofline_ratio"] == pytest.approx(x["ms_per_token"] / x["bound_ms"])
+        assert x["plain_ratio"] == pytest.approx(plain["ms_per_token"] / x["ms_per_token"])
+        assert x["time_split"]["wall_ms"] > 0
+    assert "| 400.00 MiB | lookahead |" in text
+
+
+def test_busy_core_table(default_model_path):
+    text = _run([BENCH / "bench_busy_core.py", "--model", default_model_path, "--budget", "400MiB", "--n", "4",
+                 "--repeats", "1", "--threads", "1"])
+    rows = [line for line in text.splitlines() if line.startswith("| plain |") or line.startswith("| paged |")]
+    assert len(rows) == 2, text
+    plain_slow = float(rows[0].split("|")[4])
+    paged_slow, paged_vs = float(rows[1].split("|")[4]), float(rows[1].split("|")[5])
+    assert paged_vs == pytest.approx(paged_slow / plain_slow, abs=0.011)  # both printed to 2 decimals
