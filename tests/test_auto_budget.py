@@ -44,6 +44,9 @@ def test_cgroup_v2_reader(monkeypatch, tmp_path):
     monkeypatch.setattr(ab.Path, "read_text", lambda self, *a, **k: "0::/a/b\n" if str(self) == "/proc/self/cgroup"
                         else real_read(self, *a, **k))
     assert ab.cgroup_headroom() == (GiB, "cgroup-v2")
+    # clean page cache on the inactive list is reclaimable: room, not use (4 GiB - (3 GiB - 0.5 GiB))
+    (root / "a" / "memory.stat").write_text(f"anon 100\ninactive_file {GiB // 2}\nactive_file 7\n")
+    assert ab.cgroup_headroom() == (GiB + GiB // 2, "cgroup-v2")
 
 
 def test_session_and_cli_auto(default_model_path, capsys):

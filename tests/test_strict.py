@@ -154,6 +154,33 @@ def test_cgroup_limit_charges_page_cache(disk_dir):
     assert r.failcnt > 0                       # and the limit was hit
 
 
+@needs_cgroup
+def test_headroom_counts_a_file_just_read_as_room(disk_dir):
+    # A child in a 512 MiB cgroup reads a 64 MiB file it never read before: the cgroup is charged for its page
+    # cache, but that clean cache is reclaimable, so the budget check's headroom must not drop by it (the
+    # strict 4 GiB level once refused a trained-prefetch Session for a 84 MB predictor .npz just read).
+    f = disk_dir / "cache64.bin"
+    f.write_bytes(os.urandom(64 * MiB))
+    drop_page_cache(f)
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from epqlab.memory.auto_budget import cgroup_headroom
+        own = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if "memory" in l.split(":")[1].split(",")]
+        usage = lambda: int(open("/sys/fs/cgroup/memory" + own[0] + "/memory.usage_in_bytes").read()) if own else 0
+        h0, u0 = cgroup_headroom()[0], usage()
+        Path({str(f)!r}).read_bytes()
+        h1, u1 = cgroup_headroom()[0], usage()
+        print(h0 - h1, u1 - u0)
+    """)
+    r = limits.run_limited([sys.executable, "-c", code], 512 * MiB, mode="cgroup")
+    assert r.returncode == 0, r.stderr[-2000:]
+    dh, du = (int(x) for x in r.stdout.split())
+    if r.limit_mode == "cgroup-v1":
+        assert du >= 48 * MiB  # the read was charged ...
+    assert dh < 16 * MiB, (dh, du)  # ... and is not counted against the headroom
+    f.unlink()
+
+
 def test_sampled_limit_kills_a_hog_and_spares_a_small_child(monkeypatch):
     monkeypatch.setenv("EPQLAB_LIMIT_MODE", "sampled")  # forced through the environment
     lim = 96 * MiB

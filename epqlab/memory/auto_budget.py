@@ -54,9 +54,26 @@ def _int(path: Path) -> int | None:
     return int(t) if t.isdigit() else None
 
 
+def _stat(path: Path, key: str) -> int:
+    """The value of ``key`` in a cgroup ``memory.stat`` file (bytes), 0 when absent or unreadable."""
+    try:
+        for kv in path.read_text().splitlines():
+            if kv.startswith(key + " "):
+                return int(kv.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def cgroup_headroom() -> tuple[int, str] | None:
     """(bytes the own memory cgroup may still charge, "cgroup-v1" | "cgroup-v2"), or None when no
-    limit applies or none can be read."""
+    limit applies or none can be read.
+
+    Headroom = limit - (usage - inactive file cache): the cgroup's clean page cache on the inactive list
+    (``total_inactive_file`` in v1's memory.stat, ``inactive_file`` in v2's) is reclaimed before the
+    cgroup is out of memory, so it is room, not use -- the "working set" of cAdvisor and the kubelet's
+    eviction rule. Without it, a file read just before a Session opens (a predictor .npz) would count
+    against the budget check as if it were held."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -77,6 +94,7 @@ def cgroup_headroom() -> tuple[int, str] | None:
                         limit = _int(d / "memory.limit_in_bytes")
                     used = _int(d / "memory.usage_in_bytes")
                     if limit is not None and limit < _UNLIMITED and used is not None:
+                        used = max(0, used - _stat(d / "memory.stat", "total_inactive_file"))
                         return max(0, limit - used), "cgroup-v1"
         elif hid == "0" and ctrls == "":  # v2
             for mnt, typ, _ in mounts:
@@ -89,7 +107,7 @@ def cgroup_headroom() -> tuple[int, str] | None:
                         lim = _int(p / "memory.max")
                         cur = _int(p / "memory.current")
                         if lim is not None and cur is not None:
-                            room = max(0, lim - cur)
+                            room = max(0, lim - max(0, cur - _stat(p / "memory.stat", "inactive_file")))
                             best = room if best is None else min(best, room)
                         if p == root or p.parent == p:
                             break
