@@ -71,7 +71,11 @@ def prefetch_variants(a) -> dict:
             out[name] = {"prefetch": "trained", "prefetch_predictor": path}
         else:
             out[name] = {"prefetch": name}
-    return out
+    addrs = [x.strip() for x in a.addressing.split(",")]
+    if addrs == ["auto"]:
+        return out
+    # the cross product: "off slots", "trained region", ... (docs/DESIGN.md §3f)
+    return {f"{name} {ad}": {**kw, "expert_addressing": ad} for name, kw in out.items() for ad in addrs}
 
 
 def split_medians(df, row) -> dict:
@@ -97,6 +101,9 @@ def main():
     ap.add_argument("--no-plain", action="store_true", help="skip the plain-in-RAM reference")
     ap.add_argument("--prefetch", default="off", help="comma-separated: off and/or a predictor (lookahead, trained, ...)")
     ap.add_argument("--predictor", default=None, help="prefetch=trained: a predictor .npz (fitted and saved here if absent)")
+    ap.add_argument("--addressing", default="auto",
+                    help="comma-separated expert addressings to compare (slots, region; default auto): each prefetch "
+                         "setting runs once per addressing in every round")
     ap.add_argument("--json", default=None, help="write every table and run here")
     a = ap.parse_args()
     lay = epqlab.inspect(a.model)

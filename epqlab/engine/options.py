@@ -36,7 +36,8 @@ class Options:
         budget bytes per layer, depth, gate: for the native hook), predictor (an ExpertPredictor, the
         oracle's route table, or None), pipeline_reads, read_segment_bytes and read_rate_limit (bytes,
         bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens; n_ctx per sequence), n_seq_max (sequences
-        decoded side by side), n_threads / io_threads (None = default).
+        decoded side by side), n_threads / io_threads (None = default), expert_addressing (``"auto"``,
+        ``"slots"`` or ``"region"``: :data:`EXPERT_ADDRESSINGS`).
     """
 
     policy: str
@@ -61,6 +62,7 @@ class Options:
     n_seq_max: int
     n_threads: int | None
     io_threads: int | None
+    expert_addressing: str = "auto"
 
 
 def _check_int(name: str, v, hi: int | None = None) -> None:
@@ -71,6 +73,13 @@ def _check_int(name: str, v, hi: int | None = None) -> None:
     if hi is not None and int(v) > hi:
         raise ValueError(f"{name} must be <= {hi}, got {v}")
 
+
+EXPERT_ADDRESSINGS = ("auto", "slots", "region")
+"""How llama.cpp's expert matmuls find a resident expert (docs/DESIGN.md §3f): ``"slots"`` reads the arena's
+slots in place and gives the matmul the slot of each selected expert (no mmap per load or eviction);
+``"region"`` maps each resident expert at its own offset of the tensor (an mmap per load, a page-table zap
+per eviction); ``"auto"`` is slots where the model and options allow it (one slot size, page-multiple
+expert slices, the arena prefaulted, no skip_cold), else region."""
 
 ROUTE_BIASES = ("cache",)
 """``route_bias`` values: ``"cache"`` = cache-aware routing (native/engine/hook_lossy.h)."""
@@ -144,7 +153,8 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                   n_batch=512, n_ubatch=512, n_seq_max=1, pager=True, route_log=None, dense_weights=None, hot_experts=None,
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
-                  read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None) -> Options:
+                  read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None,
+                  expert_addressing="auto") -> Options:
     """Check the Session's options against the model ``lay`` (argument meanings: :class:`epqlab.Session`).
 
     Raises:
@@ -199,6 +209,13 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                          "which experts to read; use one of them")
     if pipeline_reads and not pager:
         raise ValueError("pipeline_reads needs the pager (it orders the arena's reads); drop pager=False")
+    if expert_addressing not in EXPERT_ADDRESSINGS:
+        raise ValueError(f"unknown expert_addressing {expert_addressing!r}; choose one of {', '.join(map(repr, EXPERT_ADDRESSINGS))}")
+    if expert_addressing == "slots" and skip_cold is not None:
+        raise ValueError("skip_cold maps zeros over a skipped expert's pages, which needs expert_addressing='region' "
+                         "(or 'auto', which picks it)")
+    if expert_addressing != "auto" and not pager:
+        raise ValueError(f"expert_addressing={expert_addressing!r} is how the pager presents experts; drop pager=False")
     dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
     if dense not in DENSE_MODES:
         raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
@@ -209,7 +226,8 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                    pipeline_reads=bool(pipeline_reads), read_segment_bytes=segment, read_rate_limit=rate,
                    n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch), n_seq_max=int(n_seq_max),
                    n_threads=None if n_threads is None else int(n_threads),
-                   io_threads=None if io_threads is None else int(io_threads))
+                   io_threads=None if io_threads is None else int(io_threads),
+                   expert_addressing="region" if expert_addressing == "auto" and skip_cold is not None else expert_addressing)
 
 
-__all__ = ["Options", "check_options", "check_lossy", "ROUTE_BIASES", "ADAPTIVE_K_DEFAULT", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]
+__all__ = ["Options", "check_options", "check_lossy", "EXPERT_ADDRESSINGS", "ROUTE_BIASES", "ADAPTIVE_K_DEFAULT", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]

@@ -206,6 +206,13 @@ class Session:
             0 reads every prediction.
         read_rate_limit: bench knob, bytes per second (int or "350MB"): expert reads are served as by a
             device of that speed with no burst credit (:attr:`epqlab.Pager.read_rate_limit`); None = the disk as it is.
+        expert_addressing: how the expert matmuls find a resident expert (docs/DESIGN.md §3f). ``"slots"``:
+            ggml reads the arena's slots in place and each matmul gets the slot of every selected expert, so a
+            load or an eviction changes no mapping (no mmap, no page-table zap, no TLB shootdown); needs one
+            slot size, expert slices that are whole pages, the arena prefaulted and no ``skip_cold``.
+            ``"region"``: each resident expert is mapped at its own offset of the tensor (an mmap per load, a
+            zap per eviction). ``"auto"`` (default): slots where possible, else region; the choice is
+            :attr:`expert_addressing` and ``stats()["expert_addressing"]``. Logits are the same either way.
         read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
             spread over the I/O threads (``None``/0: one read per slice).
         pipeline_reads: queue a layer's missing experts' reads matrix by matrix in the order the graph
@@ -221,7 +228,9 @@ class Session:
     Raises:
         ModelNotFoundError, NotGGUFError, TruncatedModelError, SplitModelError (broken shard set), NotMoEError: bad
             model file.
-        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, bad sizes, thread counts
+        ValueError: ``expert_used`` outside 1..n_expert, unknown policy, an unknown ``expert_addressing``,
+            ``expert_addressing="slots"`` where it is not possible (the message says why) or with ``skip_cold``,
+            bad sizes, thread counts
             that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
             unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.engine.prefetch.check_prefetch`),
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
@@ -245,7 +254,7 @@ class Session:
                  n_threads: int | None = None,
                  # expert reads
                  io_threads: int | None = None, direct_io: bool = True, read_segment_bytes=None,
-                 pipeline_reads: bool | None = None, read_rate_limit=None,
+                 pipeline_reads: bool | None = None, read_rate_limit=None, expert_addressing: str = "auto",
                  # prefetch (timing only) and the lossy skip-cold knob
                  prefetch: str | None = None, prefetch_predictor=None, prefetch_budget=None, prefetch_depth: int = 1,
                  prefetch_min_precision: float | None = None, skip_cold: float | None = None,
@@ -264,8 +273,9 @@ class Session:
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
                           read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
                           read_rate_limit=read_rate_limit, route_bias=route_bias, route_delta=route_delta,
-                          adaptive_k=adaptive_k)
+                          adaptive_k=adaptive_k, expert_addressing=expert_addressing)
         self.options = o
+        self.expert_addressing = "region" if o.paged else None  # resolved when the pager is attached
         self.route_bias, self.route_delta, self.adaptive_k = o.route_bias, o.route_delta, o.adaptive_k
         self.policy, self.n_expert_used, self.paged, self.dense_weights = o.policy, o.n_expert_used, o.paged, o.dense_weights
         self.skip_cold, self.prefetch, self.pipeline_reads = o.skip_cold, o.prefetch, o.pipeline_reads
@@ -317,6 +327,11 @@ class Session:
         self.read_buffer_bytes, self.stage_reserve = plan.read_buffers, plan.stage_reserve
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
                             n_expert_used=o.n_expert_used)
+        why = self._pager.native.set_slot_addressing(o.expert_addressing != "region")
+        if why and o.expert_addressing == "slots":
+            raise ValueError(f"expert_addressing='slots' is not possible for {lay.path.name}: {why}; "
+                             "use expert_addressing='auto' (or 'region')")
+        self.expert_addressing = "slots" if self._pager.native.slot_addressed else "region"
         if hot_experts is not None:
             self._pager.set_hot(hot_experts)
         self.decoder.engine.attach_pager(self._pager.native)

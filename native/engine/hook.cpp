@@ -80,11 +80,16 @@ expert_hook::expert_hook(pager * pg, int n_moe_layers, const std::vector<int32_t
     drop_keep_.assign(n_layers_, {});
     layer_k_sum_.assign(n_layers_, 0);
     layer_k_n_.assign(n_layers_, 0);
+    slot_ids_t_.assign(n_layers_, nullptr);
+    slot_ids_.assign(n_layers_, {});
+    slot_lo_.assign(n_layers_, 0);
+    slot_span_.assign(n_layers_, 1);
 }
 
 expert_hook::~expert_hook() {
     if (zero_) munmap(zero_, (size_t) zero_bytes_);
     if (stage_) munmap(stage_, (size_t) stage_bytes_);
+    free_slot_ids();  // not the weights' shapes: the model may be freed already (end_decode gave them back)
 }
 
 int64_t expert_hook::stage_capacity() const { return pg_ ? pg_->max_stage_bytes() : 0; }
@@ -148,6 +153,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             if (n == names_.end()) return false;  // not a routed-expert weight we page
             it = seen_.emplace(w, n->second).first;
             tensor_bytes_[n->second.first][n->second.second] = (int64_t) ggml_nbytes(w);
+            w_shape_[w] = weight_shape{w->ne[2], (int64_t) w->nb[2], (int64_t) w->nb[3]};
             if (pg_) {
                 // llama's loader read the whole file; its copy of these experts is not needed:
                 // unmap those pages from llama's mapping and drop them from the page cache.
@@ -170,7 +176,8 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             try {
                 pg_->wait_tensor(li, ti);
                 if (timing_) charge_pager(li);
-                w->data = pg_->tensor_data(li, ti);
+                if (pg_->slot_addressed()) point_at_slots(t, li, ti);
+                else point_at(t, pg_->tensor_data(li, ti));
                 return true;
             } catch (...) {
                 if (!error_) error_ = std::current_exception();
@@ -190,7 +197,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         if (mode_[li] == STAGE && !abort_) {
             try {
                 const auto & ids = stage_ids_[li];
-                w->data = pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer());
+                point_at(t, pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer()));
                 if (timing_) charge_pager(li);
                 return true;  // computed before the next ask: the buffer is then free again
             } catch (...) {
@@ -201,11 +208,19 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         }
         if (timing_) charge_pager(li);
         if (mode_[li] == REGION) {
-            w->data = pg_->tensor_data(li, ti);
-            return timing_ && in_decode_ && is_last_mm_[li][ti];  // time the layer's expert matmuls
-        } else {  // ZERO (or a STAGE layer after a failure): compute on zeros until the abort lands
+            try {
+                if (pg_->slot_addressed()) point_at_slots(t, li, ti);
+                else point_at(t, pg_->tensor_data(li, ti));
+                return timing_ && in_decode_ && is_last_mm_[li][ti];  // time the layer's expert matmuls
+            } catch (...) {
+                if (!error_) error_ = std::current_exception();
+                abort_ = true;
+                mode_[li] = ZERO;
+            }
+        }
+        {   // ZERO (or a STAGE layer after a failure): compute on zeros until the abort lands
             void * z = zero_mapping(tensor_bytes_[li][ti]);
-            w->data = z ? z : pg_->tensor_data(li, ti);
+            point_at(t, z ? z : pg_->tensor_data(li, ti));
         }
         return false;
     }
@@ -323,6 +338,7 @@ void expert_hook::end_decode() {
     std::fill(has_pred_.begin(), has_pred_.end(), (uint8_t) 0);
     clear_gate_preds();
     flush_ubatch();
+    restore_weight_shapes();  // between decodes the model's tensors have their own shapes
     if (stage_used_) {  // give the staging pages back until the next oversize ubatch
         madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
         stage_used_ = false;
@@ -522,6 +538,14 @@ void expert_hook::on_topk(ggml_tensor * t) {
     } catch (...) {
         mode_[li] = ZERO;
         throw;
+    }
+    if (pg_->slot_addressed()) {
+        try {
+            fill_slot_ids(li, t);
+        } catch (...) {
+            mode_[li] = ZERO;
+            throw;
+        }
     }
     mode_[li] = REGION;
     stats_.layer_loads++;

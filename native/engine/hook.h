@@ -7,7 +7,9 @@
 // We need `ffn_moe_topk-<il>`: when it is observed, the router's ids for layer il are final and
 // none of layer il's expert matmuls has been asked about yet. There we release layer il-1, make
 // the union of layer il's selected experts resident and pinned, and only then return. When a
-// MUL_MAT_ID node is asked about, we point its expert weight (src[0]) at the pager's region.
+// MUL_MAT_ID node is asked about, we point its expert weight (src[0]) at the pager's region, or,
+// with the pager slot-addressed, at the arena's slots with the node's ids (src[2]) replaced by the
+// experts' slot indices (hook_slots.cpp states that invariant).
 // A ubatch whose expert union in a layer exceeds the slots that layer can use is *staged*
 // instead: at each of that layer's MUL_MAT_ID asks, the union's slices of that one matrix are
 // copied or read into one staging buffer laid out like the file, the weight points there, and
@@ -191,6 +193,8 @@ public:
     void set_pager(pager * pg) { pg_ = pg; }
     // Lossy skip-cold threshold (see above); negative = off (the default).
     void set_skip_cold(double tau) {
+        if (tau >= 0 && pg_ && pg_->slot_addressed())
+            throw std::invalid_argument("skip-cold needs region addressing (it maps zeros over a skipped expert's pages): open with expert_addressing='region'");
         if (tau >= 0 && route_delta_ >= 0)
             throw std::invalid_argument("skip-cold and cache-aware routing are exclusive: both decide what happens to a non-resident expert");
         if (tau >= 0 && !ak_ks_.empty())
@@ -410,4 +414,20 @@ private:
     int64_t                                  pw_embd_ = 0;
     void predict(int li, int nl, int k, std::vector<int32_t> & out);
     void top_of_logits(int k, std::vector<int32_t> & out);  // top-k of logit_buf_ (ties: lower id)
+    // Slot addressing (hook_slots.cpp; pager::set_slot_addressing, docs/DESIGN.md §3f).
+    struct weight_shape { int64_t ne2, nb2, nb3; };
+    std::unordered_map<ggml_tensor *, weight_shape> w_shape_;   // each expert weight's own ne[2], nb[2], nb[3]
+    std::unordered_map<const ggml_tensor *, ggml_tensor *> mm_ids_;  // MUL_MAT_ID node -> its graph's ids tensor
+    std::vector<ggml_tensor *>               slot_ids_t_;   // per layer: the ids as slot indices (owned)
+    std::vector<std::vector<int32_t>>        slot_ids_;     // and their data, [n_tokens][k], minus slot_lo_
+    std::vector<int64_t>                     slot_lo_, slot_span_;  // per layer: lowest slot index read, and the span
+    // At layer li's topk, once its experts are pinned: the topk's ids (as the matmuls will read
+    // them, after any lossy rewrite) translated into slot indices.
+    void fill_slot_ids(int li, const ggml_tensor * topk);
+    // A MUL_MAT_ID node's expert weight read as the arena's slots, its ids as slot_ids_t_[li].
+    void point_at_slots(ggml_tensor * mm, int li, int ti);
+    // A MUL_MAT_ID node's expert weight with its own shape and ids, its data at data.
+    void point_at(ggml_tensor * mm, void * data);
+    void restore_weight_shapes();  // every captured weight's own ne[2], nb[2], nb[3]
+    void free_slot_ids();
 };

@@ -176,6 +176,7 @@ void pager::init(const pager_config & cfg) {
         n_units[c] += n_expert_;
     }
     const int64_t k = std::max<int64_t>(1, std::min<int64_t>(cfg.n_expert_used, n_expert_));
+    top_k_ = (int32_t) k;
     const int64_t min_bytes = k * class_bytes_[0];
     if (cfg.arena_bytes < min_bytes) {
         throw pager_capacity_error("arena of " + std::to_string(cfg.arena_bytes) + " bytes cannot hold one layer's top-" +
@@ -208,8 +209,10 @@ void pager::init(const pager_config & cfg) {
         }
     }
     free_.assign(nc, {});
+    class_first_.assign(nc, 0);
     int64_t off = 0;
     for (int c = 0; c < nc; c++) {
+        class_first_[c] = (int32_t) slots_.size();
         for (int32_t i = 0; i < class_n_[c]; i++) {
             slots_.push_back(slot{off, class_bytes_[c], c, -1});
             off += class_bytes_[c];
@@ -288,6 +291,43 @@ void * pager::tensor_data(int li, int ti) const {
     return m.region + (m.offset - m.first_page * page_);
 }
 
+std::string pager::set_slot_addressing(bool on) {
+    if (!on) {
+        if (slot_mode_ && n_resident() > 0) return "slot addressing cannot be turned off with experts resident";
+        slot_mode_ = false;
+        return "";
+    }
+    if (slot_mode_) return "";
+    if (n_resident() > 0 || dm_active_ || !pf_.empty()) return "experts are resident already: set slot addressing before the first load";
+    if (!fill_) return "the arena has no fill mapping (Pager(prefault=False)): slot addressing reads experts through it";
+    const int k = top_k_;
+    for (size_t c = 0; c < class_bytes_.size(); c++) {
+        int64_t units = 0;
+        for (size_t li = 0; li < unit_bytes_.size(); li++) units += (unit_bytes_[li] == class_bytes_[c]) * n_expert_;
+        if (class_n_[c] < std::min<int64_t>(k, units))
+            return "the arena gives the " + std::to_string(class_bytes_[c]) + "-byte slot class " + std::to_string(class_n_[c]) +
+                   " slots, fewer than top-" + std::to_string(k) + " (slot addressing keeps each layer in its own class)";
+    }
+    for (const auto & layer : maps_)
+        for (const auto & m : layer)
+            if (m.expert_bytes % page_ != 0)
+                return "an expert slice of " + std::to_string(m.expert_bytes) + " bytes is not a whole number of " +
+                       std::to_string(page_) + "-byte pages, so its experts start at different offsets in a page";
+    slot_mode_ = true;
+    return "";
+}
+
+void pager::slot_view(int li, int ti, void ** data, int64_t * stride, int64_t * n_slots) const {
+    if (!slot_mode_) throw std::logic_error("slot_view without slot addressing");
+    const auto & m = maps_.at(li).at(ti);
+    // Slot s holds the file pages of the expert's slice at s * stride + sub_off; the slice starts
+    // offset % page into its first page, for every expert (expert_bytes is a page multiple).
+    const int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), unit_bytes_[li]) - class_bytes_.begin());
+    *data = fill_ + slots_[class_first_[c]].offset + m.sub_off + m.offset % page_;
+    *stride = class_bytes_[c];
+    *n_slots = class_n_[c];
+}
+
 void pager::drop_file_cache(int li, int ti) const {
     const auto & m = maps_.at(li).at(ti);
     posix_fadvise(files_[m.file].fd, (off_t) m.offset, (off_t) (m.expert_bytes * n_expert_), POSIX_FADV_DONTNEED);
@@ -295,7 +335,7 @@ void pager::drop_file_cache(int li, int ti) const {
 
 int pager::capacity(int li) const {
     int n = 0;
-    for (const auto & s : slots_) n += s.bytes >= unit_bytes_.at(li);
+    for (const auto & s : slots_) n += slot_mode_ ? s.bytes == unit_bytes_.at(li) : s.bytes >= unit_bytes_.at(li);
     return n;
 }
 
@@ -415,7 +455,7 @@ void pager::free_unit_slot(int u) {
 // Returns a free slot id for a unit of layer li, evicting by policy when none is free.
 int pager::take_slot(int li, int64_t need, bool speculative) {
     int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
-    for (int c2 = c; c2 >= 0; c2--) {  // own class, then the smallest larger class
+    for (int c2 = c; c2 >= (slot_mode_ ? c : 0); c2--) {  // own class, then the smallest larger class (region addressing)
         if (!free_[c2].empty()) {
             int s = free_[c2].back();
             free_[c2].pop_back();
@@ -424,7 +464,8 @@ int pager::take_slot(int li, int64_t need, bool speculative) {
     }
     auto fits = [&](const key_t & k) {
         const int u = std::get<2>(k);
-        return slots_[units_[u].slot].bytes >= need && !(!pf_.empty() && inflight_neighbour(u));
+        const int64_t b = slots_[units_[u].slot].bytes;
+        return (slot_mode_ ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(u));
     };
     auto try_range = [&](std::set<key_t>::iterator b, std::set<key_t>::iterator e) -> int {
         for (auto it = b; it != e; ++it) {
@@ -492,6 +533,7 @@ void pager::unmap_unit(int u) {
     const int li = u / n_expert_, e = u % n_expert_;
     const int64_t t0 = io_now_us();
     units_[u].mapped = false;
+    if (slot_mode_) return;  // nothing was mapped into the region
     for (const auto & m : maps_[li]) {
         int64_t p0, p1;
         expert_pages(m, e, p0, p1);
@@ -523,6 +565,7 @@ std::shared_ptr<pager::unmap_task> pager::unmap_deferred(int u) {
     const int li = u / n_expert_, e = u % n_expert_;
     const int64_t t0 = io_now_us();
     units_[u].mapped = false;
+    if (slot_mode_) return nullptr;  // nothing was mapped into the region
     auto task = std::make_shared<unmap_task>();
     for (int ti = 0; ti < (int) maps_[li].size(); ti++) {
         const tensor_map & m = maps_[li][ti];
@@ -592,6 +635,7 @@ void pager::release_layer(int li) {
 // ---- zero overlay (lossy skip-cold) ----------------------------------------------------------
 
 void pager::zero_overlay(int li, const int32_t * ids, int n) {
+    if (slot_mode_) throw std::logic_error("zero_overlay needs region addressing (skip-cold maps zeros over a skipped expert's pages)");
     prefetch_finish();
     if (dm_active_) demand_finish();
     if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
@@ -1000,7 +1044,9 @@ void * pager::stage_tensor(int li, int ti, const int32_t * ids, int n, char * ds
         int64_t p0, p1;
         expert_pages(m, e, p0, p1);
         if (units_[unit_id(li, e)].mapped) {
-            memcpy(dst + (p0 - m.first_page) * page_, m.region + (p0 - m.first_page) * page_, (size_t) ((p1 - p0) * page_));
+            const char * src = slot_mode_ ? fill_ + slots_[units_[unit_id(li, e)].slot].offset + m.sub_off
+                                          : m.region + (p0 - m.first_page) * page_;
+            memcpy(dst + (p0 - m.first_page) * page_, src, (size_t) ((p1 - p0) * page_));
             stats_.staged_copies++;
             continue;
         }

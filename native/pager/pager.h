@@ -9,6 +9,9 @@
 // to the reads that rewrite the slot, off the compute thread: unmap_task); every other page
 // is PROT_NONE, so a bug faults instead of computing on stale or foreign bytes. A unit is marked resident only after all of
 // its matrices were read completely; a failed read leaves it unmapped and its slot free.
+// With slot addressing on (set_slot_addressing) nothing is ever mapped into the region: every
+// page of it stays PROT_NONE, ggml reads a resident expert in its slot through the fill mapping,
+// and "mapped" below means only "resident"; a unit then lives only in slots of its own class.
 // Pinned units (those of the layer being computed) are never victims. The pager knows
 // nothing of llama.cpp: it pages byte ranges of one file, or of the shards of a split model
 // (one descriptor per file; each tensor is read from its own). The eviction policy decides only
@@ -222,6 +225,28 @@ public:
 
     // Data pointer of tensor ti of MoE layer index li inside the region (what ggml should read).
     void * tensor_data(int li, int ti) const;
+
+    // Slot addressing (docs/DESIGN.md §3f). Off: every resident expert is mapped into the region at
+    // its own offset (the mirror layout above), and each load or eviction is an mmap. On: nothing
+    // is ever mapped into the region; ggml reads an expert tensor through the fill mapping as a
+    // tensor of n_slots "experts" with a stride of one slot (slot_view), and the caller rewrites a
+    // matmul's expert ids into slot indices (slot_of). A layer's units then take only slots of
+    // their own class (one stride per tensor), so every class needs at least top-k slots. It needs
+    // every expert slice a whole number of pages (so each expert of a tensor starts at the same
+    // offset in its first page), the fill mapping (reserve_arena) and no resident expert yet.
+    // Returns "" when on (or off, as asked), else why it cannot be on (it stays off).
+    std::string set_slot_addressing(bool on);
+    bool slot_addressed() const { return slot_mode_; }
+    // With slot addressing on: the address of tensor ti's slice of layer li's unit in the first
+    // slot of the layer's class, the stride between slots (bytes) and the class's slot count.
+    // ggml reads slot index s's slice at data + s * stride.
+    void slot_view(int li, int ti, void ** data, int64_t * stride, int64_t * n_slots) const;
+    // The slot of (layer li, expert e), as an index within its class, while resident or being read
+    // (pinned or prefetched), else -1.
+    int32_t slot_of(int li, int e) const {
+        const int32_t s = units_[unit_id(li, e)].slot;
+        return s < 0 ? -1 : s - class_first_[slots_[s].cls];
+    }
     bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].mapped; }
     // Per-slot state, for live views (epqlab.widgets.ArenaView): {slot class, MoE layer index or -1
     // (free), expert or -1, pinned 0/1, hot 0/1} for each slot in order. Read-only; call it between
@@ -381,6 +406,8 @@ private:
     char *                       fill_ = nullptr;  // reserve_arena's populated mapping of the whole memfd (reads land here)
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;
+    bool                         slot_mode_ = false;  // set_slot_addressing
+    int32_t                      top_k_ = 1;          // the config's n_expert_used, clamped to 1..n_expert
     int32_t                      n_expert_ = 0;
     enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6 };
     // fnu: after layer li's router ran, updates each of its experts' pick rate and predicted next use.
@@ -394,6 +421,7 @@ private:
     std::vector<int64_t>         unit_bytes_;     // slot bytes a unit of layer li needs
     std::vector<int64_t>         class_bytes_;    // slot classes, largest first
     std::vector<int32_t>         class_n_;        // slots per class
+    std::vector<int32_t>         class_first_;    // first slot id of each class (slots are grouped by class)
     std::vector<unit>            units_;
     std::vector<slot>            slots_;
     std::vector<std::vector<int32_t>> free_;      // free slot ids per class

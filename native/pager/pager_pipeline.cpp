@@ -23,6 +23,7 @@
 static bool job_failed(const io_job & j) { return j.err != 0 || j.got < j.need; }
 
 int pager::map_tensor_pages(int u, int ti, bool populate) const {
+    if (slot_mode_) return 0;  // ggml reads the slot through the fill mapping (set_slot_addressing)
     if (map_fault_countdown_.load() > 0 && map_fault_countdown_.fetch_sub(1) == 1) return ENOMEM;  // test hook
     const int li = u / n_expert_, e = u % n_expert_;
     run_pending_around(li, ti, e);  // deferred unmaps of these pages (its own last eviction's, neighbours') first

@@ -118,6 +118,13 @@ void register_pager(py::module_ & m) {
             py::gil_scoped_release nogil;
             return p.reserve_arena();
         })
+        .def("set_slot_addressing", &pager::set_slot_addressing, py::arg("on"),
+             "Slot addressing on or off (before the first load); returns '' or why it cannot be on.")
+        .def_property_readonly("slot_addressed", &pager::slot_addressed)
+        .def("slot_of", [](const pager & p, int li, int e) {
+            if (li < 0 || li >= p.n_layers() || e < 0 || e >= p.n_expert()) throw py::index_error("layer or expert out of range");
+            return p.slot_of(li, e);
+        })
         .def("zero_overlay", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             p.zero_overlay(li, ids.data(), (int) ids.size());
         })
