@@ -53,3 +53,21 @@ def test_busy_core_table(default_model_path):
     plain_slow = float(rows[0].split("|")[4])
     paged_slow, paged_vs = float(rows[1].split("|")[4]), float(rows[1].split("|")[5])
     assert paged_vs == pytest.approx(paged_slow / plain_slow, abs=0.011)  # both printed to 2 decimals
+
+
+def test_seed_scale_addressing_variants():
+    """--addressing crosses every prefetch setting with each addressing (names "PREFETCH ADDRESSING"), and the
+    default (auto) leaves the prefetch variants as they are."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_seed_scale", BENCH / "bench_seed_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = argparse.Namespace(prefetch="off,lookahead", predictor=None, model="m.gguf", addressing="slots,region")
+    assert mod.prefetch_variants(a) == {
+        "off slots": {"expert_addressing": "slots"}, "off region": {"expert_addressing": "region"},
+        "lookahead slots": {"prefetch": "lookahead", "expert_addressing": "slots"},
+        "lookahead region": {"prefetch": "lookahead", "expert_addressing": "region"}}
+    a.addressing = "auto"
+    assert mod.prefetch_variants(a) == {"off": {}, "lookahead": {"prefetch": "lookahead"}}

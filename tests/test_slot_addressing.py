@@ -99,3 +99,12 @@ def test_pager_slot_of_is_an_index_within_the_class(tiny_gguf):
         for cls, idxs in seen.items():
             n = sum(1 for st in states if st[0] == cls)
             assert len(set(idxs)) == len(idxs) and max(idxs) < n and min(idxs) >= 0, (cls, idxs, n)
+
+
+@pytest.mark.parametrize("flag, want", [([], "slots"), (["--expert-addressing", "region"], "region")])
+def test_cli_run_flag(tiny_gguf, capsys, flag, want):
+    from epqlab.cli import main
+
+    assert main(["run", str(tiny_gguf), "-n", "2", "--threads", "1", *flag]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("expert addressing")]
+    assert line and line[0].split()[-1] == want, line

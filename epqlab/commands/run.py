@@ -39,6 +39,9 @@ def add_session_args(p) -> None:
     p.add_argument("--no-pipeline-reads", action="store_true",
                    help="decode: read all of a layer's missing experts before its first matmul (default: each "
                         "expert matmul waits only for its own matrix's reads; timing only)")
+    p.add_argument("--expert-addressing", default="auto", choices=["auto", "slots", "region"],
+                   help="how the expert matmuls find a resident expert (docs/DESIGN.md §3f): slots = read the arena's "
+                        "slots in place, nothing remapped; region = an mmap per expert; auto (default) = slots where possible")
     add_lossy_args(p)
 
 
@@ -99,6 +102,7 @@ def stats_table(st: dict, session) -> str:
               else "none (arena sized directly)")),
             ("arena", f"{fmt_bytes(st['arena_bytes'])} = {classes}  ({arena_share(session)})"),
             ("policy / top-k", f"{st['policy']} / {st['n_expert_used']}"),
+            ("expert addressing", str(st.get("expert_addressing"))),
             ("I/O", f"{'O_DIRECT' if st['direct_io'] else 'buffered'}, {st['io_threads']} threads"),
             ("hit rate", f"{st['hit_rate']:.1%}  ({st['hits']} hits, {st['misses']} misses of {st['requests']} requests)"),
             ("evictions", str(st["evictions"])),
@@ -155,6 +159,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  prefetch_depth=getattr(args, "prefetch_depth", 1),
                  read_segment_bytes=getattr(args, "read_segment", None),
                  pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None,
+                 expert_addressing=getattr(args, "expert_addressing", "auto") if args.pager else "auto",
                  **lossy_kwargs(args)) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
