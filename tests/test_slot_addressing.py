@@ -108,3 +108,24 @@ def test_cli_run_flag(tiny_gguf, capsys, flag, want):
     assert main(["run", str(tiny_gguf), "-n", "2", "--threads", "1", *flag]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("expert addressing")]
     assert line and line[0].split()[-1] == want, line
+
+
+def test_read_expert_reads_the_slot(tiny_gguf):
+    """Session.pager.read_expert under slot addressing returns each resident expert's bytes from its slot: equal to
+    the file's bytes at offset + e * expert_bytes (read here with plain file I/O), and it raises for a non-resident one."""
+    with epqlab.Session(tiny_gguf, arena_bytes=ARENA, expert_addressing="slots", n_threads=THREADS) as s:
+        s.generate("The cache", 3)
+        pg, lay = s.pager, s.layout
+        checked = 0
+        with open(tiny_gguf, "rb") as f:
+            for l in lay.layers:
+                for e in range(lay.n_expert):
+                    if not pg.is_resident(l.layer, e):
+                        with pytest.raises(ValueError, match="not resident"):
+                            pg.read_expert(l.layer, 0, e)
+                        continue
+                    for ti, t in enumerate(l.tensors):
+                        f.seek(t.offset + e * t.expert_bytes)
+                        assert pg.read_expert(l.layer, ti, e) == f.read(t.expert_bytes), (l.layer, t.name, e)
+                        checked += 1
+        assert checked > 0

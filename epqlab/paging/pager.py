@@ -267,7 +267,7 @@ class Pager:
 
     def read_expert(self, layer: int, tensor: int, expert: int) -> bytes:
         """Bytes of a resident expert's slice of tensor ``tensor`` (index in ``layout.layer(layer).tensors``),
-        read through the region. Raises ValueError if not resident."""
+        read through the region (or, with slot addressing, its slot). Raises ValueError if not resident."""
         t = self.layout.layer(layer).tensors[tensor]
         return self._p.read_expert(self._li(layer), tensor, int(expert), t.expert_bytes)
 

@@ -291,6 +291,13 @@ void * pager::tensor_data(int li, int ti) const {
     return m.region + (m.offset - m.first_page * page_);
 }
 
+const char * pager::expert_data(int li, int ti, int e) const {
+    if (e < 0 || e >= n_expert_ || !units_[unit_id(li, e)].mapped) throw std::invalid_argument("expert is not resident");
+    const auto & m = maps_.at(li).at(ti);
+    if (slot_mode_) return fill_ + slots_[units_[unit_id(li, e)].slot].offset + m.sub_off + m.offset % page_;
+    return (const char *) tensor_data(li, ti) + (int64_t) e * m.expert_bytes;
+}
+
 std::string pager::set_slot_addressing(bool on) {
     if (!on) {
         if (slot_mode_ && n_resident() > 0) return "slot addressing cannot be turned off with experts resident";

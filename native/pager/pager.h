@@ -225,6 +225,10 @@ public:
 
     // Data pointer of tensor ti of MoE layer index li inside the region (what ggml should read).
     void * tensor_data(int li, int ti) const;
+    // Where resident expert e's slice of tensor ti of layer li is readable now: in the region, or,
+    // with slot addressing on, in its slot through the fill mapping. Throws std::invalid_argument if
+    // the expert is not resident.
+    const char * expert_data(int li, int ti, int e) const;
 
     // Slot addressing (docs/DESIGN.md §3f). Off: every resident expert is mapped into the region at
     // its own offset (the mirror layout above), and each load or eviction is an mmap. On: nothing
