@@ -78,8 +78,8 @@ EXPERT_ADDRESSINGS = ("auto", "slots", "region")
 """How llama.cpp's expert matmuls find a resident expert (docs/DESIGN.md §3f): ``"slots"`` reads the arena's
 slots in place and gives the matmul the slot of each selected expert (no mmap per load or eviction);
 ``"region"`` maps each resident expert at its own offset of the tensor (an mmap per load, a page-table zap
-per eviction); ``"auto"`` is slots where the model and options allow it (one slot size, page-multiple
-expert slices, the arena prefaulted, no skip_cold), else region."""
+per eviction); ``"auto"`` is slots where the model and options allow it (page-multiple expert slices, at least
+top-k slots in every slot class, the arena prefaulted, no skip_cold), else region."""
 
 ROUTE_BIASES = ("cache",)
 """``route_bias`` values: ``"cache"`` = cache-aware routing (native/engine/hook_lossy.h)."""

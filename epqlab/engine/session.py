@@ -208,8 +208,9 @@ class Session:
             device of that speed with no burst credit (:attr:`epqlab.Pager.read_rate_limit`); None = the disk as it is.
         expert_addressing: how the expert matmuls find a resident expert (docs/DESIGN.md §3f). ``"slots"``:
             ggml reads the arena's slots in place and each matmul gets the slot of every selected expert, so a
-            load or an eviction changes no mapping (no mmap, no page-table zap, no TLB shootdown); needs one
-            slot size, expert slices that are whole pages, the arena prefaulted and no ``skip_cold``.
+            load or an eviction changes no mapping (no mmap, no page-table zap, no TLB shootdown); needs expert
+            slices that are whole pages, at least top-k slots in every slot class (a layer then uses only its own
+            class's slots), the arena prefaulted and no ``skip_cold``.
             ``"region"``: each resident expert is mapped at its own offset of the tensor (an mmap per load, a
             zap per eviction). ``"auto"`` (default): slots where possible, else region; the choice is
             :attr:`expert_addressing` and ``stats()["expert_addressing"]``. Logits are the same either way.

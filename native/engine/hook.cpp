@@ -176,8 +176,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             try {
                 pg_->wait_tensor(li, ti);
                 if (timing_) charge_pager(li);
-                if (pg_->slot_addressed()) point_at_slots(t, li, ti);
-                else point_at(t, pg_->tensor_data(li, ti));
+                point_at_resident(t, li, ti);
                 return true;
             } catch (...) {
                 if (!error_) error_ = std::current_exception();
@@ -197,7 +196,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         if (mode_[li] == STAGE && !abort_) {
             try {
                 const auto & ids = stage_ids_[li];
-                point_at(t, pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer()));
+                point_at(t, li, pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer()));
                 if (timing_) charge_pager(li);
                 return true;  // computed before the next ask: the buffer is then free again
             } catch (...) {
@@ -209,8 +208,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         if (timing_) charge_pager(li);
         if (mode_[li] == REGION) {
             try {
-                if (pg_->slot_addressed()) point_at_slots(t, li, ti);
-                else point_at(t, pg_->tensor_data(li, ti));
+                point_at_resident(t, li, ti);
                 return timing_ && in_decode_ && is_last_mm_[li][ti];  // time the layer's expert matmuls
             } catch (...) {
                 if (!error_) error_ = std::current_exception();
@@ -220,7 +218,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         }
         {   // ZERO (or a STAGE layer after a failure): compute on zeros until the abort lands
             void * z = zero_mapping(tensor_bytes_[li][ti]);
-            point_at(t, z ? z : pg_->tensor_data(li, ti));
+            point_at(t, li, z ? z : pg_->tensor_data(li, ti));
         }
         return false;
     }

@@ -168,6 +168,9 @@ inline constexpr std::pair<const char *, prefetch_mode> PREFETCH_MODE_NAMES[] = 
 static_assert(sizeof(PREFETCH_MODE_NAMES) / sizeof(PREFETCH_MODE_NAMES[0]) == PF_ORACLE + 1,
               "one name per prefetch mode (set_prefetch accepts PF_OFF..PF_ORACLE)");
 
+// An expert weight's own ne[2], nb[2], nb[3] (slot addressing re-describes them; hook_slots.cpp).
+struct expert_hook_weight_shape { int64_t ne2, nb2, nb3; };
+
 class expert_hook {
 public:
     // Layers ahead a prefetch reads at most (set_prefetch's depth), and the most depths a trained
@@ -415,7 +418,7 @@ private:
     void predict(int li, int nl, int k, std::vector<int32_t> & out);
     void top_of_logits(int k, std::vector<int32_t> & out);  // top-k of logit_buf_ (ties: lower id)
     // Slot addressing (hook_slots.cpp; pager::set_slot_addressing, docs/DESIGN.md §3f).
-    struct weight_shape { int64_t ne2, nb2, nb3; };
+    using weight_shape = expert_hook_weight_shape;
     std::unordered_map<ggml_tensor *, weight_shape> w_shape_;   // each expert weight's own ne[2], nb[2], nb[3]
     std::unordered_map<const ggml_tensor *, ggml_tensor *> mm_ids_;  // MUL_MAT_ID node -> its graph's ids tensor
     std::vector<ggml_tensor *>               slot_ids_t_;   // per layer: the ids as slot indices (owned)
@@ -426,8 +429,10 @@ private:
     void fill_slot_ids(int li, const ggml_tensor * topk);
     // A MUL_MAT_ID node's expert weight read as the arena's slots, its ids as slot_ids_t_[li].
     void point_at_slots(ggml_tensor * mm, int li, int ti);
-    // A MUL_MAT_ID node's expert weight with its own shape and ids, its data at data.
-    void point_at(ggml_tensor * mm, void * data);
+    // A MUL_MAT_ID node of layer li: its expert weight with its own shape and ids, its data at data.
+    void point_at(ggml_tensor * mm, int li, void * data);
+    // A REGION layer's matmul: point_at_slots with slot addressing, else point_at the region.
+    void point_at_resident(ggml_tensor * mm, int li, int ti);
     void restore_weight_shapes();  // every captured weight's own ne[2], nb[2], nb[3]
     void free_slot_ids();
 };

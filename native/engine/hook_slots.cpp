@@ -74,30 +74,31 @@ void expert_hook::point_at_slots(ggml_tensor * mm, int li, int ti) {
     mm->src[2] = slot_ids_t_[li];
 }
 
-void expert_hook::point_at(ggml_tensor * mm, void * data) {
+static void give_shape(ggml_tensor * w, const expert_hook_weight_shape & sh) {
+    w->ne[2] = sh.ne2;
+    w->nb[2] = (size_t) sh.nb2;
+    w->nb[3] = (size_t) sh.nb3;
+}
+
+void expert_hook::point_at(ggml_tensor * mm, int li, void * data) {
     ggml_tensor * w = mm->src[0];
     auto it = w_shape_.find(w);
-    if (it != w_shape_.end()) {
-        w->ne[2] = it->second.ne2;
-        w->nb[2] = (size_t) it->second.nb2;
-        w->nb[3] = (size_t) it->second.nb3;
+    if (it != w_shape_.end()) give_shape(w, it->second);
+    if (slot_ids_t_[li] && mm->src[2] == slot_ids_t_[li]) {
+        auto o = mm_ids_.find(mm);
+        if (o == mm_ids_.end()) throw std::logic_error("slot addressing: a matmul's own ids tensor was lost");
+        mm->src[2] = o->second;
     }
-    for (ggml_tensor * x : slot_ids_t_)
-        if (x && mm->src[2] == x) {
-            auto o = mm_ids_.find(mm);
-            if (o == mm_ids_.end()) throw std::logic_error("slot addressing: a matmul's own ids tensor was lost");
-            mm->src[2] = o->second;
-            break;
-        }
     w->data = data;
 }
 
+void expert_hook::point_at_resident(ggml_tensor * mm, int li, int ti) {
+    if (pg_->slot_addressed()) point_at_slots(mm, li, ti);
+    else point_at(mm, li, pg_->tensor_data(li, ti));
+}
+
 void expert_hook::restore_weight_shapes() {
-    for (auto & [w, sh] : w_shape_) {
-        w->ne[2] = sh.ne2;
-        w->nb[2] = (size_t) sh.nb2;
-        w->nb[3] = (size_t) sh.nb3;
-    }
+    for (auto & [w, sh] : w_shape_) give_shape(w, sh);
 }
 
 void expert_hook::free_slot_ids() {
