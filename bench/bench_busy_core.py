@@ -22,6 +22,7 @@ each kind (attention, expert matmuls, I/O wait, map, predict, other), so a slowd
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import statistics
 
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=48, help="teacher-forced tokens per run")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write each row's runs, medians and ratios (unrounded) here")
     a = ap.parse_args()
     text = heldout_texts()["prose"]
     base = {"n_threads": a.threads, "n_ctx": 1024}
@@ -90,6 +92,14 @@ def main():
 
     med = {r: {k: statistics.median(x["ms"] for x in v[k]) for k in ("quiet", "busy")} for r, v in res.items()}
     sp = med["plain"]["busy"] / med["plain"]["quiet"]
+    if a.json:
+        doc = {r: {"quiet_ms_runs": [x["ms"] for x in v["quiet"]], "busy_ms_runs": [x["ms"] for x in v["busy"]],
+                   "quiet_ms": med[r]["quiet"], "busy_ms": med[r]["busy"],
+                   "slowdown": med[r]["busy"] / med[r]["quiet"],
+                   "vs_plain": med[r]["busy"] / med[r]["quiet"] / sp,
+                   "ssd_mb_per_token": statistics.median(x["mb"] for x in v["quiet"])} for r, v in res.items()}
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "budget": a.budget, "threads": a.threads, "n": a.n, "rows": doc}, f, indent=1)
     print("\n| row | quiet ms/token (runs) | busy ms/token (runs) | slowdown | / plain's (goal <= 1.2) | SSD MB/tok "
           "| split quiet: attn/experts/io/map/predict/other | split busy |")
     print("|---|---|---|---|---|---|---|---|")

@@ -45,14 +45,27 @@ def test_seed_scale_rows_and_ratios(default_model_path, tmp_path):
     assert "| 400.00 MiB | lookahead |" in text
 
 
-def test_busy_core_table(default_model_path):
+def test_busy_core_table(default_model_path, tmp_path):
+    """The slowdowns and the paged / plain ratio are worked out here from the runs the bench wrote (medians of the
+    busy and quiet ms/token), and the printed table shows them rounded."""
+    import statistics
+
+    out = tmp_path / "b.json"
     text = _run([BENCH / "bench_busy_core.py", "--model", default_model_path, "--budget", "400MiB", "--n", "4",
-                 "--repeats", "1", "--threads", "1"])
+                 "--repeats", "1", "--threads", "1", "--json", out])
     rows = [line for line in text.splitlines() if line.startswith("| plain |") or line.startswith("| paged |")]
     assert len(rows) == 2, text
-    plain_slow = float(rows[0].split("|")[4])
-    paged_slow, paged_vs = float(rows[1].split("|")[4]), float(rows[1].split("|")[5])
-    assert paged_vs == pytest.approx(paged_slow / plain_slow, abs=0.011)  # both printed to 2 decimals
+    r = json.loads(out.read_text())["rows"]
+    assert set(r) == {"plain", "paged"}
+
+    def slow(x):
+        return statistics.median(x["busy_ms_runs"]) / statistics.median(x["quiet_ms_runs"])
+
+    assert r["plain"]["slowdown"] == pytest.approx(slow(r["plain"]))
+    assert r["paged"]["slowdown"] == pytest.approx(slow(r["paged"]))
+    assert r["paged"]["vs_plain"] == pytest.approx(slow(r["paged"]) / slow(r["plain"]))
+    assert float(rows[1].split("|")[5]) == pytest.approx(r["paged"]["vs_plain"], abs=0.0051)  # printed to 2 decimals
+    assert float(rows[0].split("|")[4]) == pytest.approx(r["plain"]["slowdown"], abs=0.0051)
 
 
 def test_seed_scale_addressing_variants():

@@ -47,7 +47,7 @@ def perplexity_table(model, dense, texts: dict[str, str], ks, *, n_ctx: int = 51
 def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512, expert_used: int | None = None,
                          n_threads: int = 2) -> float:
     """Perplexity of ``text`` through plain llama-cpp-python with its default settings (CPU weight
-    repacking on, its own batch kernels), through the same windowing and scoring as
+    repacking on except on an AMX build, see :mod:`epqlab.engine.plain_llama`; its own batch kernels), through the same windowing and scoring as
     :func:`epqlab.engine.perplexity.perplexity` (:func:`~epqlab.engine.perplexity.windowed_perplexity`, ``stride = n_ctx``).
     This is the comparison that shows whether routing hangs on kernel rounding (near-tied router logits flip expert choices).
 
@@ -55,13 +55,13 @@ def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512
         ValueError: fewer than 2 tokens.
     """
     from gguf import GGUFReader  # gguf-py (~0.3 s) and llama-cpp-python's Llama: only this reference needs them
-    from llama_cpp import Llama
+    from epqlab.engine.plain_llama import plain_llama
 
     kv = None
     if expert_used:
         arch = GGUFReader(path).fields["general.architecture"].contents()
         kv = {arch_key(KEY_EXPERT_USED_COUNT, arch): int(expert_used)}
-    llm = Llama(str(path), n_ctx=max(n_ctx, 256), n_batch=n_ctx, logits_all=True, verbose=False,
+    llm = plain_llama(path, n_ctx=max(n_ctx, 256), n_batch=n_ctx, logits_all=True, verbose=False,
                 n_threads=n_threads, kv_overrides=kv)
 
     def window_logits(win):
