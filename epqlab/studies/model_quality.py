@@ -12,6 +12,7 @@ import numpy as np
 from ..constants import KEY_EXPERT_USED_COUNT, arch_key
 from ..data import prompts
 from ..engine.perplexity import PerplexityResult, perplexity, windowed_perplexity
+from ..engine.plain_llama import plain_llama
 from ..engine.session import Session
 from ..routes import RouteLog, expert_counts, reuse_distances, simulate, union_sizes
 
@@ -47,15 +48,15 @@ def perplexity_table(model, dense, texts: dict[str, str], ks, *, n_ctx: int = 51
 def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512, expert_used: int | None = None,
                          n_threads: int = 2) -> float:
     """Perplexity of ``text`` through plain llama-cpp-python with its default settings (CPU weight
-    repacking on except on an AMX build, see :mod:`epqlab.engine.plain_llama`; its own batch kernels), through the same windowing and scoring as
+    repacking on except on an AMX build, see :mod:`epqlab.engine.plain_llama`; flash attention off, the whole
+    window in one ubatch), through the same windowing and scoring as
     :func:`epqlab.engine.perplexity.perplexity` (:func:`~epqlab.engine.perplexity.windowed_perplexity`, ``stride = n_ctx``).
     This is the comparison that shows whether routing hangs on kernel rounding (near-tied router logits flip expert choices).
 
     Raises:
         ValueError: fewer than 2 tokens.
     """
-    from gguf import GGUFReader  # gguf-py (~0.3 s) and llama-cpp-python's Llama: only this reference needs them
-    from epqlab.engine.plain_llama import plain_llama
+    from gguf import GGUFReader  # gguf-py (~0.3 s): only this reference needs it
 
     kv = None
     if expert_used:
