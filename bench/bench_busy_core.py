@@ -91,12 +91,12 @@ def main():
     res = {"plain": measure_row(a.model, {**base, "pager": False}, a.n, a.repeats, text), **res}
 
     med = {r: {k: statistics.median(x["ms"] for x in v[k]) for k in ("quiet", "busy")} for r, v in res.items()}
-    sp = med["plain"]["busy"] / med["plain"]["quiet"]
+    slow = {r: m["busy"] / m["quiet"] for r, m in med.items()}
+    sp = slow["plain"]
     if a.json:
         doc = {r: {"quiet_ms_runs": [x["ms"] for x in v["quiet"]], "busy_ms_runs": [x["ms"] for x in v["busy"]],
                    "quiet_ms": med[r]["quiet"], "busy_ms": med[r]["busy"],
-                   "slowdown": med[r]["busy"] / med[r]["quiet"],
-                   "vs_plain": med[r]["busy"] / med[r]["quiet"] / sp,
+                   "slowdown": slow[r], "vs_plain": slow[r] / sp,
                    "ssd_mb_per_token": statistics.median(x["mb"] for x in v["quiet"])} for r, v in res.items()}
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "budget": a.budget, "threads": a.threads, "n": a.n, "rows": doc}, f, indent=1)
@@ -104,7 +104,7 @@ def main():
           "| split quiet: attn/experts/io/map/predict/other | split busy |")
     print("|---|---|---|---|---|---|---|---|")
     for r, v in res.items():
-        s = med[r]["busy"] / med[r]["quiet"]
+        s = slow[r]
 
         def runs(k):
             return ", ".join(f"{x['ms']:.0f}" for x in v[k])

@@ -28,12 +28,6 @@ def build_has_amx() -> bool:
     return "AMX_INT8 = 1" in info
 
 
-def repacks_by_default() -> bool:
-    """Whether :func:`plain_llama` leaves llama-cpp-python's CPU repacking (``use_extra_bufts``) on: every build
-    except one with AMX kernels (ggml-org/llama.cpp#20824)."""
-    return not build_has_amx()
-
-
 def plain_llama(path: str | os.PathLike, **kw):
     """``llama_cpp.Llama(str(path), **kw)``, with ``use_extra_bufts`` off where :func:`build_has_amx`.
 

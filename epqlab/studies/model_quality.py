@@ -63,7 +63,7 @@ def llama_cpp_perplexity(path: str | os.PathLike, text: str, *, n_ctx: int = 512
         arch = GGUFReader(path).fields["general.architecture"].contents()
         kv = {arch_key(KEY_EXPERT_USED_COUNT, arch): int(expert_used)}
     llm = plain_llama(path, n_ctx=max(n_ctx, 256), n_batch=n_ctx, logits_all=True, verbose=False,
-                n_threads=n_threads, kv_overrides=kv)
+                      n_threads=n_threads, kv_overrides=kv)
 
     def window_logits(win):
         llm.reset()
