@@ -100,9 +100,15 @@ class ModelLayout:
         n_layer: ``<arch>.block_count``.
         n_expert: ``<arch>.expert_count``.
         n_expert_used: ``<arch>.expert_used_count`` (top-k).
-        layers: MoE layers in block order.
-        routed_expert_bytes: bytes of all routed-expert tensors.
-        non_expert_bytes: bytes of every other tensor (attention, norms, router, shared experts, embeddings).
+        layers: MoE layers in block order that an ordinary context routes (the trunk: MTP blocks excluded).
+        routed_expert_bytes: bytes of the routed-expert tensors of :attr:`layers`.
+        non_expert_bytes: bytes of every other tensor (attention, norms, router, shared experts, embeddings),
+            MTP experts excluded.
+        mtp_layers: the routed experts of the trailing multi-token-prediction blocks
+            (``<arch>.nextn_predict_layers``: qwen35moe, glm4moe, deepseek2 GLM-style, bailingmoe2): llama.cpp
+            loads these blocks only for an MTP draft context, so they are outside every arena figure here
+            (slot classes, coverage, "all experts"), ready for an MTP context to page them.
+        mtp_expert_bytes: bytes of the routed-expert tensors of :attr:`mtp_layers`.
         alignment: ``general.alignment`` (tensor data alignment, bytes; 32 by default).
         dense_tensors: ``(name, offset, n_bytes)`` of every non-expert tensor, in (file, offset)
             order (absolute offsets in file ``dense_files[i]``, bytes): what stays resident outside
@@ -136,6 +142,8 @@ class ModelLayout:
     data_offsets: list = field(default_factory=list, repr=False)
     dense_files: list = field(default_factory=list, repr=False)
     file_mtimes_ns: list = field(default_factory=list, repr=False)
+    mtp_layers: list = field(default_factory=list, repr=False)
+    mtp_expert_bytes: int = 0
 
     def __post_init__(self):
         if not self.files:
@@ -164,6 +172,11 @@ class ModelLayout:
     def moe_layers(self) -> list[int]:
         """GGUF block ids of the layers that have routed experts, ascending."""
         return [l.layer for l in self.layers]
+
+    @property
+    def mtp_moe_layers(self) -> list[int]:
+        """GGUF block ids of the MTP blocks that have routed experts (:attr:`mtp_layers`), ascending."""
+        return [l.layer for l in self.mtp_layers]
 
     def layer(self, il: int) -> ExpertLayer:
         """The :class:`ExpertLayer` of GGUF block ``il``. Raises KeyError if it has no routed experts."""
@@ -204,6 +217,11 @@ class ModelLayout:
             f"file         {fmt_bytes(self.file_size)}" + (f" in {self.n_files} shards" if self.n_files > 1 else ""),
             f"routed       {fmt_bytes(self.routed_expert_bytes)} ({self.routed_expert_bytes / max(1, self.file_size):.1%} of file)",
             f"non-expert   {fmt_bytes(self.non_expert_bytes)}",
+        ]
+        if self.mtp_layers:
+            lines.append(f"MTP experts  {fmt_bytes(self.mtp_expert_bytes)} in block(s) {_ranges(self.mtp_moe_layers)} "
+                         "(multi-token prediction: not routed by an ordinary context, outside the arena figures)")
+        lines += [
             "",
             f"{'layers':<16} {'types':<22} {'bytes/expert':>14} {'experts':>8} {'total':>12}",
         ]
@@ -540,12 +558,20 @@ def _inspect(path: Path) -> ModelLayout:
             "per-expert layout. llama.cpp and epqlab need merged blk.N.ffn_{gate,up,down}_exps tensors; re-convert "
             "the model with a current llama.cpp convert_hf_to_gguf.py (or merge the tensors with gguf-py)."
         )
-    layers = [
+    all_layers = [
         ExpertLayer(il, tuple(sorted(ts, key=lambda t: _KIND_ORDER[t.kind])))
         for il, ts in sorted(by_layer.items())
     ]
+    # The last nextn_predict_layers blocks are multi-token-prediction (MTP) blocks: llama.cpp loads them only
+    # for an MTP context (TENSOR_SKIP otherwise, src/models/qwen35moe.cpp, glm4-moe.cpp, deepseek2.cpp), so an
+    # ordinary context never routes their experts: they are kept out of the routed-expert accounting.
+    mtp_first = n_layer - max(0, hp("nextn_predict_layers"))
+    layers = [l for l in all_layers if l.layer < mtp_first]
+    mtp_layers = [l for l in all_layers if l.layer >= mtp_first]
+    mtp_bytes = sum(t.n_bytes for l in mtp_layers for t in l.tensors)
+    routed -= mtp_bytes
     n_expert = n_expert_kv or (layers[0].tensors[0].shape[2] if layers else 0)
-    for l in layers:
+    for l in all_layers:
         for t in l.tensors:
             if t.shape[2] != n_expert:
                 raise NotGGUFError(f"{path}: {t.name} has {t.shape[2]} experts but {arch}.expert_count is {n_expert}.")
@@ -569,7 +595,9 @@ def _inspect(path: Path) -> ModelLayout:
         n_expert_used=n_expert_used,
         layers=layers,
         routed_expert_bytes=routed,
-        non_expert_bytes=total - routed,
+        non_expert_bytes=total - routed - mtp_bytes,
+        mtp_layers=mtp_layers,
+        mtp_expert_bytes=mtp_bytes,
         alignment=alignment,
         n_tensors=n_tensors,
         metadata=metadata,

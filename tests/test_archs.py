@@ -138,8 +138,11 @@ def test_tiny_layout_matches_spec(models, name):
     s = tiny_spec(arch, **knobs)
     lay = epqlab.inspect(models(name))
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
-    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer + s.n_nextn))
-    for l in lay.layers:
+    # MTP blocks (nextn_predict_layers) are outside the routed-expert accounting: an ordinary context never
+    # routes them (llama.cpp loads them only for an MTP context)
+    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer))
+    assert lay.mtp_moe_layers == list(range(s.n_layer, s.n_layer + s.n_nextn))
+    for l in lay.layers + lay.mtp_layers:
         g, u, d = s.expert_types_of(l.layer)
         want = [("gate_up", g, (s.n_embd, 2 * s.n_ff_exp))] if s.fused else \
             [("gate", g, (s.n_embd, s.n_ff_exp))] * s.gate_exps + [("up", u, (s.n_embd, s.n_ff_exp))]
@@ -161,3 +164,25 @@ def test_write_tiny_rejects_bad_knobs(tmp_path):
     with pytest.raises(ValueError, match="multiple of 32"):
         write_tiny(tmp_path / "x.gguf", "qwen3moe", n_ff_exp=40)
     assert not list(tmp_path.iterdir())
+
+
+def test_mtp_experts_are_outside_the_arena_figures(models, tmp_path):
+    """The "every expert resident" arena, the routed bytes and the slot classes count the trunk's experts only:
+    hand arithmetic from the spec (Q8_0: 34 bytes per 32 elements; F16: 2 bytes per element)."""
+    name = "deepseek2-fused-mtp"
+    _, arch, knobs = MODELS[name]
+    s = tiny_spec(arch, **knobs)
+    lay = epqlab.inspect(models(name))
+    D, f, E = s.n_embd, s.n_ff_exp, s.n_expert
+    per_expert = D // 32 * 34 * 2 * f + f * 2 * D  # fused gate_up Q8_0 [D, 2f] + down F16 [f, D]
+    trunk = s.n_layer - s.n_dense_lead
+    assert lay.routed_expert_bytes == trunk * E * per_expert
+    assert lay.mtp_expert_bytes == s.n_nextn * E * per_expert
+    assert sum(c.n_experts for c in lay.slot_classes) == trunk * E
+    # the same model without its MTP block sizes every arena figure alike
+    bare = epqlab.inspect(write_tiny(tmp_path / "bare.gguf", arch, **dict(knobs, n_nextn=0)))
+    for f in (epqlab.Pager.all_experts_bytes, epqlab.Pager.min_arena_bytes):
+        assert f(lay) == f(bare), f
+    assert [(c.expert_bytes, c.n_experts) for c in lay.slot_classes] == \
+        [(c.expert_bytes, c.n_experts) for c in bare.slot_classes]
+    assert "MTP experts" in lay.summary()

@@ -153,6 +153,7 @@ class Batcher:
         self.prompt_cache = bool(prompt_cache)
         self.window_s = float(window_s)
         self._cached: dict[int, list[int]] = {}  # free sequence -> the tokens its KV cells still hold
+        self._dirty: set[int] = set()  # free sequences whose cells are unknown (a failed free): cleared at pick
         self.step_log: deque = deque(maxlen=STEP_HISTORY)
         self.steps_total = 0
         self._waiting: deque[Request] = deque()
@@ -256,6 +257,7 @@ class Batcher:
             self._epoch = d.begin_batch()
             self._free = list(range(s.n_seq_max))
             self._cached = {}
+            self._dirty = set()
         for r in [r for r in self._active.values() if r.cancelled]:
             self._finish(r, "cancelled")
         while len(self._active) < self.max_batch and self._free:
@@ -276,7 +278,10 @@ class Batcher:
         the cached sequence with the longest common prefix, if it covers at least
         :data:`MIN_REUSE_FRACTION` of the prompt (llama.cpp's server picks slots by the same similarity,
         ``--slot-prompt-similarity`` 0.5), leaving at least one token to decode for its logits; else an
-        empty sequence, else the oldest cached one."""
+        empty sequence, else the oldest cached one. Where the context's memory cannot keep that prefix
+        (recurrent state, a pruned sliding window: :meth:`~epqlab.engine.decoder.Decoder.trim_seq`) the
+        sequence is cleared whole and nothing is reused. The sequence is taken from the free list only once
+        its cells are in that state; an error leaves it free (and uncached, so the next pick clears it)."""
         best, keep = None, 0
         for q in self._free:
             held = self._cached.get(q)
@@ -285,29 +290,37 @@ class Batcher:
                 if n > keep and n >= MIN_REUSE_FRACTION * len(r.tokens):
                     best, keep = q, n
         if best is None:
-            empty = [q for q in self._free if q not in self._cached]
+            empty = [q for q in self._free if q not in self._cached and q not in self._dirty]
             best = empty[0] if empty else self._free[0]
-        self._free.remove(best)
         held = self._cached.pop(best, None)
-        if held is not None and len(held) > keep:
-            self.session.decoder.free_seq(best, keep)  # drop what the new prompt does not share
+        if best in self._dirty or (held is not None and len(held) > keep) or (held is not None and keep == 0):
+            self._dirty.add(best)  # until its cells are known again
+            keep = self.session.decoder.trim_seq(best, len(held) if held is not None else 0,
+                                                 keep if held is not None else 0)
+            self._dirty.discard(best)
+        self._free.remove(best)
         return best, keep
 
     def _admit(self, r: Request) -> None:
+        """Give ``r`` a sequence and prefill its prompt. Any error here ends ``r`` alone, with that error, and
+        returns its sequence (cleared) to the free list: no request is left without an answer and no sequence
+        is lost, whatever failed (docs/DESIGN.md §3d)."""
         s, d = self.session, self.session.decoder
-        r.seq, r.reused = self._pick_sequence(r)
         r.t_prefill0 = time.perf_counter()
         b0 = _bytes_read(s)
         try:
+            r.seq, r.reused = self._pick_sequence(r)
             r.sampler.accept(r.tokens)
             r.kv_tokens = list(r.tokens[:r.reused])
             logits = d.decode_seq(r.seq, r.tokens[r.reused:], r.reused, self._epoch)
         except BaseException as e:
             r.error = e
+            r.kv_tokens = []
             self._finish(r, "error")
-            if isinstance(e, (ValueError, TypeError)):
-                return  # this request's own fault (too long, bad ids): the others go on
-            raise
+            if not isinstance(e, Exception):
+                raise  # KeyboardInterrupt, SystemExit: the caller's to handle, after r has its answer
+            self._resync(e)
+            return
         r.prefill_bytes = _bytes_read(s) - b0
         r.t_prefill1 = time.perf_counter()
         r.pos = len(r.tokens)
@@ -317,10 +330,12 @@ class Batcher:
             return self._finish(r, "length")
         try:
             tok = self._sample(r, logits)
-        except ValueError as e:  # its grammar admits nothing: this request ends, the others go on
+            self._accept(r, tok)
+        except BaseException as e:  # its grammar admits nothing, or its piece failed: it ends, the others go on
             r.error = e
-            return self._finish(r, "error")
-        self._accept(r, tok)
+            self._finish(r, "error")
+            if not isinstance(e, Exception):
+                raise
 
     def _decode_step(self) -> None:
         s, d = self.session, self.session.decoder
@@ -396,22 +411,35 @@ class Batcher:
         r.next_token = tok
 
     def _finish(self, r: Request, reason: str) -> None:
-        if r.seq is not None:
+        """End ``r``: its sequence goes back to the free list (its cells cached for a later prompt, or freed;
+        if freeing fails the sequence is marked to be cleared at its next pick), then its Generation and
+        ``done`` event. Never raises before ``r`` has its answer."""
+        if r.done.is_set():
+            return
+        if r.seq is not None and (self._active.get(r.seq) is r or r.seq not in self._free):
             self._active.pop(r.seq, None)
             d = self.session.decoder
             if not d.closed and self._epoch == d.epoch:
                 if self.prompt_cache and reason != "error" and r.kv_tokens:
                     self._cached[r.seq] = r.kv_tokens  # kept for a prompt that extends them
                 else:
-                    d.free_seq(r.seq)
-            self._free.append(r.seq)
-            self._free.sort()
+                    self._cached.pop(r.seq, None)
+                    try:
+                        d.free_seq(r.seq)
+                    except Exception:  # noqa: BLE001 - cleared at its next pick instead (_pick_sequence)
+                        self._dirty.add(r.seq)
+            if r.seq not in self._free:
+                self._free.append(r.seq)
+                self._free.sort()
         r.t_end = time.perf_counter()
-        full = r._text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
-        text = full[:r._emitted] if r.stops else full
-        r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
         try:
+            full = r._text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
+            text = full[:r._emitted] if r.stops else full
+            r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
             r.sampler.free()
+        except Exception as e:  # noqa: BLE001 - the request still gets its answer: this error
+            if r.error is None:
+                r.error = e
         finally:
             r.events.put(("done", r.index, None))
             r.done.set()
@@ -429,6 +457,22 @@ class Batcher:
                 "mean_batch": r.step_tokens / r.steps if r.steps else 0.0,
                 "queue_s": (r.t_prefill0 or r.t_end) - r.t_submit}
 
+    def _resync(self, e: BaseException) -> None:
+        """After a failed forward pass: llama.cpp's memory may have been cleared under every sequence (a failed
+        decode clears the context, native/engine/engine.cpp), so each running request whose sequence no longer
+        holds its cells ends with an error naming the cause, and cached prompts no longer held are forgotten
+        (their sequences are cleared at their next pick). Never lets a sequence decode on cells it lost."""
+        d = self.session.decoder
+        for r in list(self._active.values()):
+            if d.seq_pos_max(r.seq) != r.pos - 1:
+                r.error = EpqlabError(f"sequence {r.seq} lost its KV cells when a forward pass for another request "
+                                      f"failed ({type(e).__name__}: {e}); retry the request")
+                self._finish(r, "error")
+        for q, held in list(self._cached.items()):
+            if d.seq_pos_max(q) != len(held) - 1:
+                del self._cached[q]
+                self._dirty.add(q)
+
     def fail_all(self, e: BaseException, waiting: bool = True) -> None:
         """End every active request (and, with ``waiting``, every queued one) with error ``e``: their
         sequences are freed and their waiters wake. For a caller driving the batcher whose own loop
@@ -436,6 +480,9 @@ class Batcher:
         for r in list(self._active.values()):
             r.error = e
             self._finish(r, "error")
+        # what the failed step left in the cache is unknown: every free sequence is cleared at its next pick
+        self._dirty.update(self._cached)
+        self._cached.clear()
         if waiting:
             with self._cv:
                 pending, self._waiting = list(self._waiting), deque()

@@ -266,9 +266,44 @@ class Decoder:
 
     def free_seq(self, seq: int, p0: int = 0) -> None:
         """Free the KV cells of sequence ``seq`` from position ``p0`` on (0: all; the other sequences keep
-        theirs)."""
+        theirs). Raises RuntimeError where the memory cannot drop a tail (recurrent state: use :meth:`trim_seq`)."""
         with self.lock:
             self.engine.seq_rm(int(seq), int(p0))
+
+    def seq_pos_max(self, seq: int) -> int:
+        """The last position sequence ``seq`` holds, -1 when it holds none."""
+        with self.lock:
+            return int(self.engine.seq_pos_max(int(seq)))
+
+    def trim_seq(self, seq: int, held: int, keep: int) -> int:
+        """Keep the first ``keep`` of the ``held`` positions sequence ``seq`` holds, for a prompt that shares
+        them, and drop the rest; returns how many positions it kept: ``keep``, or 0 where the context's memory
+        cannot keep exactly those (the sequence is then cleared whole and the prompt is evaluated from its
+        start, as llama.cpp's server does, tools/server/server-context.cpp):
+
+        - recurrent and hybrid memory (Mamba, Gated-DeltaNet: qwen35moe, qwen3next, lfm2moe, nemotron_h_moe)
+          hold one state per sequence, the state after its last token, not one per position: a prefix is
+          kept only when it is all the sequence holds (``keep == held``);
+        - a sliding-window cache (gpt-oss, gemma4, laguna's SWA layers) prunes cells older than the window as
+          it decodes: a prefix is kept only while the cells the next token attends to, the last ``n_swa``
+          before ``keep``, are still there (llama-server's ``pos_min > n_past - n_swa`` test).
+
+        Raises:
+            EpqlabError: the context is closed.
+        """
+        keep, held = int(keep), int(held)
+        with self.lock:
+            self.check_open()
+            e = self.engine
+            if keep <= 0 or (e.memory_is_recurrent and keep != held):
+                e.seq_rm(int(seq), -1)
+                return 0
+            if keep < held:
+                e.seq_rm(int(seq), keep)
+            if e.n_swa > 0 and e.seq_pos_min(int(seq)) > max(0, keep - e.n_swa):
+                e.seq_rm(int(seq), -1)
+                return 0
+            return keep
 
     def layer_unions(self):
         """int64 ``[n_moe_layers]``: distinct experts routed per MoE layer, summed over forward passes since

@@ -241,6 +241,15 @@ int32_t engine::seq_pos_max(int32_t seq) const {
     return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq);
 }
 
+int32_t engine::seq_pos_min(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    return llama_memory_seq_pos_min(llama_get_memory(ctx_), seq);
+}
+
+bool engine::memory_is_recurrent() const { return llama_model_is_recurrent(model_) || llama_model_is_hybrid(model_); }
+
+int32_t engine::n_swa() const { return llama_model_n_swa(model_); }
+
 void engine::run(llama_batch & b) {
     if (hook_) hook_->begin_decode();
     const int rc = llama_decode(ctx_, b);

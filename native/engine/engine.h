@@ -88,6 +88,9 @@ public:
     // Frees the KV cells of one sequence from position p0 on (p0 <= 0: all of them); the others keep theirs.
     void seq_rm(int32_t seq, int32_t p0 = -1);
     int32_t seq_pos_max(int32_t seq) const;  // the last position sequence seq holds, -1 when empty
+    int32_t seq_pos_min(int32_t seq) const;  // the first position sequence seq still holds (SWA prunes), -1 when empty
+    bool memory_is_recurrent() const;  // recurrent or hybrid memory: a sequence's tail cannot be removed
+    int32_t n_swa() const;              // sliding-window size of the model's SWA layers, 0 when none
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;
 
     int32_t n_vocab() const;
