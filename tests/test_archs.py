@@ -1,7 +1,7 @@
 """Every MoE architecture we support pages bit-identically: prompt logits and 8 greedy steps of
 ``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equal plain llama.cpp's
 (``pager=False``: stock mmap load) exactly, for tiny random models of llama, deepseek, deepseek2
-(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss and dots1 (epqlab.models.archs) and shrunk
+(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss, dots1, qwen35moe (split and fused gate_up) and laguna (epqlab.models.archs) and shrunk
 synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u in {1: every
 token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import epqlab
 from epqlab.models import synthesize
-from epqlab.models.archs import tiny_spec, write_tiny
+from epqlab.models.archs import ArchSpec, arch_kv, arch_tensors, tiny_spec, write_tiny
 from ggufs import BLOCK  # ggml block size (elements) and bytes per block, from ggml's type table
 
 N_STEPS = 8
@@ -39,6 +39,13 @@ MODELS = {
     "qwen3moe": ("tiny", "qwen3moe", {}),
     "gpt-oss": ("tiny", "gpt-oss", {}),
     "dots1": ("tiny", "dots1", {}),
+    # hybrid Gated-DeltaNet / full attention, gated shared expert, a trailing MTP block
+    "qwen35moe": ("tiny", "qwen35moe", {}),
+    # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
+    "qwen35moe-fused": ("tiny", "qwen35moe", dict(fused=True, expert_types=("BF16",) * 3,
+                                                  late_expert_types=("F32",) * 3, n_late_layers=1)),
+    # sigmoid + bias routing, routed scaling, sliding-window blocks, a leading dense block, F16 + BF16 experts
+    "laguna": ("tiny", "laguna", {}),
     "synth-tiny": ("synth", "tiny", {}),
     "synth-tiny-unaligned": ("synth", "tiny", dict(unaligned=True)),
     # n_layer 3 (not 2): block 0 is dense, so blocks 1 (Q4_K) and 2 (BF16) give two slot classes
@@ -160,4 +167,43 @@ def test_write_tiny_rejects_bad_knobs(tmp_path):
         write_tiny(tmp_path / "x.gguf", "qwen3moe", fused=True)
     with pytest.raises(ValueError, match="multiple of 32"):
         write_tiny(tmp_path / "x.gguf", "qwen3moe", n_ff_exp=40)
+    with pytest.raises(ValueError, match="rope_sections"):
+        write_tiny(tmp_path / "x.gguf", "qwen35moe", rope_sections=(4, 4, 4, 0))
+    with pytest.raises(ValueError, match="n_vocab"):
+        write_tiny(tmp_path / "x.gguf", "laguna", n_vocab=1000)
     assert not list(tmp_path.iterdir())
+
+
+def test_arch_tables_at_real_size():
+    """The tables hold expressions of the spec, not tiny numbers: Qwen3.6-35B-A3B's published shape
+    (hidden 2048, 40 layers, 3:1 DeltaNet:attention, 16 q / 2 kv heads of 256, DeltaNet 16 key heads and
+    32 value heads of 128, conv 4, 256 experts of 512, shared 512, 248,320 tokens) and Laguna's dims give the
+    tensor shapes worked out by hand here."""
+    q = ArchSpec("qwen35moe", n_layer=40, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
+                 rope_sections=(11, 11, 10, 0), n_vocab=248320, n_expert=256, n_expert_used=8, n_ff_exp=512,
+                 n_ff_shexp=512, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32)
+    t = {n: (shape, typ) for n, shape, typ, _ in arch_tensors(q)}
+    assert t["token_embd.weight"][0] == (2048, 248320) and t["output.weight"][0] == (2048, 248320)
+    assert t["blk.0.attn_qkv.weight"][0] == (2048, 2 * 16 * 128 + 32 * 128)   # q, k of 16 heads, v of 32 heads
+    assert t["blk.0.ssm_conv1d.weight"][0] == (4, 8192) and t["blk.0.ssm_out.weight"][0] == (4096, 2048)
+    assert t["blk.3.attn_q.weight"][0] == (2048, 2 * 16 * 256) and t["blk.3.attn_k.weight"][0] == (2048, 512)
+    assert "blk.3.attn_qkv.weight" not in t and "blk.4.attn_q.weight" not in t   # 3 is full attention, 4 not
+    assert t["blk.39.attn_q.weight"][0] == (2048, 8192) and t["blk.40.attn_q.weight"][0] == (2048, 8192)  # MTP
+    assert t["blk.40.ffn_gate_exps.weight"][0] == (2048, 512, 256) and t["blk.40.nextn.eh_proj.weight"][0] == (4096, 2048)
+    assert sum(n.endswith("ffn_down_exps.weight") for n in t) == 41
+    assert sum(n.endswith("ssm_a") for n in t) == 30    # 3 of every 4 trunk blocks are recurrent
+    kv = {k: v for k, _, v in arch_kv(q)}
+    assert kv["qwen35moe.block_count"] == 41 and kv["qwen35moe.nextn_predict_layers"] == 1
+    assert kv["qwen35moe.ssm.inner_size"] == 4096 and kv["qwen35moe.rope.dimension_sections"] == [11, 11, 10, 0]
+    lg = ArchSpec("laguna", n_layer=48, n_dense_lead=1, n_embd=3072, n_head=24, n_head_kv=8, head_dim=128,
+                  n_vocab=100352, n_expert=256, n_expert_used=10, n_ff_exp=1024, n_ff_shexp=1024, n_ff_dense=8192,
+                  sliding_window=512, gating="sigmoid", weights_scale=2.5, weights_norm=True,
+                  expert_types=("Q4_K",) * 3, late_expert_types=("BF16",) * 3, n_late_layers=8)
+    t = {n: (shape, typ) for n, shape, typ, _ in arch_tensors(lg)}
+    assert t["blk.0.ffn_up.weight"][0] == (3072, 8192) and "blk.0.ffn_up_exps.weight" not in t
+    assert t["blk.1.ffn_up_exps.weight"] == ((3072, 1024, 256), "Q4_K")
+    assert t["blk.40.ffn_up_exps.weight"] == ((3072, 1024, 256), "BF16") and t["blk.39.ffn_up_exps.weight"][1] == "Q4_K"
+    assert t["blk.5.attn_gate.weight"][0] == (3072, 24) and t["blk.5.exp_probs_b.bias"][0] == (256,)
+    kv = {k: v for k, _, v in arch_kv(lg)}
+    assert kv["laguna.expert_gating_func"] == 2 and kv["laguna.expert_weights_scale"] == 2.5
+    assert kv["laguna.leading_dense_block_count"] == 1 and kv["laguna.feed_forward_length"] == 8192
