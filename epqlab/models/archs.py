@@ -71,6 +71,8 @@ class ArchSpec:
         sliding_window: sliding-window size (tokens) of the SWA blocks (``gpt-oss``, ``laguna``).
         n_nextn: trailing multi-token-prediction blocks (``nextn_predict_layers``): written after
             the ``n_layer`` trunk blocks, with routed experts; llama.cpp skips them unless asked for MTP.
+        moe_layer_step: every this-many-th block has routed experts, the others a dense FFN
+            (``interleave_moe_layer_step``: ``llama4``, ``ernie4_5-moe``).
         full_attn_interval: every this-many-th block is full attention, the others recurrent
             (``full_attention_interval``: ``qwen35moe``).
         ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank: Gated-DeltaNet shapes (``ssm.conv_kernel``,
@@ -119,6 +121,7 @@ class ArchSpec:
     sliding_window: int = 0
     n_nextn: int = 0
     full_attn_interval: int = 4
+    moe_layer_step: int = 1
     ssm_d_conv: int = 4
     ssm_d_state: int = 16
     ssm_n_group: int = 2
@@ -359,6 +362,64 @@ ARCH_TABLES: dict[str, ArchTable] = {
         source="laguna.cpp", flags={}, caps=frozenset({"dense_lead", "tied"}),
         block=ATTN_NORM + ATTN_QKVO + QK_NORM + (("attn_gate.weight", "D, H", "ot", "w", "True"),) + FFN_NORM
         + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_FS + DENSE_FFN),
+    # src/models/olmoe.cpp: q/k RMS norms over the whole projection (n_embd wide: K has n_head heads)
+    "olmoe": ArchTable(
+        kv=(), source="olmoe.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight"), _norm("attn_k_norm.weight")) + FFN_NORM
+        + ROUTER + EXPERTS),
+    # src/models/granite.cpp (LLM_ARCH_GRANITE_MOE): mu-P scales (embedding, residual, attention, logits),
+    # experts n_ff (feed_forward_length) wide, optional shared expert
+    "granitemoe": ArchTable(
+        kv=(("logit_scale", "f32", "4.0"), ("residual_scale", "f32", "0.5"), ("embedding_scale", "f32", "2.0"),
+            ("attention.scale", "f32", "1.0 / Dh"), ("expert_shared_feed_forward_length", "u32", "Fs", "n_shared")),
+        source="granite.cpp", flags={}, caps=frozenset({"tied", "shared"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + _when(SHEXP_FS, "n_shared")),
+    # src/models/ernie4-5.cpp (load) / ernie4-5-moe.cpp (graph): every moe_layer_step-th block past the dense
+    # lead is MoE, optional selection bias, one shared expert of n_ff_shexp
+    "ernie4_5-moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHEXP_FF + (("interleave_moe_layer_step", "u32", "moe_layer_step"),),
+        source="ernie4-5.cpp", flags={"moe": "il >= n_dense_lead and (il + 1) % moe_layer_step == 0"},
+        caps=frozenset({"tied", "dense_lead"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_FS
+        + DENSE_FFN),
+    # src/models/hunyuan-moe.cpp: q/k norms, experts n_ff wide, one shared expert of n_ff_shexp
+    "hunyuan-moe": ArchTable(
+        kv=KV_SHEXP_FF, source="hunyuan-moe.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS + SHEXP_FS),
+    # src/models/glm4-moe.cpp: q/k/v biases, q/k norms, post-attention norm, leading dense blocks,
+    # sigmoid + exp_probs_b, n_shared shared experts, optional MTP blocks
+    "glm4moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING, source="glm4-moe.cpp", flags={},
+        caps=frozenset({"tied", "dense_lead", "shared", "nextn"}),
+        block=ATTN_NORM + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + QK_NORM
+        + (_norm("post_attention_norm.weight"),) + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + NEXTN),
+    # src/models/minimax-m2.cpp: q/k norms over all heads, sigmoid + exp_probs_b, experts n_ff wide
+    "minimax-m2": ArchTable(
+        kv=KV_GATING, source="minimax-m2.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight", "H*Dh"), _norm("attn_k_norm.weight", "Hkv*Dh"))
+        + FFN_NORM + ROUTER + PROBS_BIAS + EXPERTS),
+    # src/models/llama4.cpp: every moe_layer_step-th block MoE (experts + one shared expert of n_ff_exp),
+    # the others dense; chunked attention on 3 of 4 blocks
+    "llama4": ArchTable(
+        kv=(("interleave_moe_layer_step", "u32", "moe_layer_step"), ("feed_forward_length", "u32", "Fd")),
+        source="llama4.cpp",
+        flags={"moe": "(il + 1) % moe_layer_step == 0"}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + (
+            ("ffn_gate_shexp.weight", "D, F", "ot", "w", "moe"),
+            ("ffn_down_shexp.weight", "F, D", "ot", "w", "moe"),
+            ("ffn_up_shexp.weight", "D, F", "ot", "w", "moe"),
+        ) + DENSE_FFN),
+    # src/models/bailingmoe2.cpp: fused attn_qkv, q/k norms, leading dense blocks, sigmoid + optional
+    # exp_probs_b, n_shared shared experts of n_ff_shexp, optional MTP blocks (skipped by the loader)
+    "bailingmoe2": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF, source="bailingmoe2.cpp", flags={},
+        caps=frozenset({"dense_lead", "shared", "nextn"}), output_required=True,
+        block=ATTN_NORM + (("attn_qkv.weight", "D, H*Dh + 2*Hkv*Dh", "ot", "w", "True"),) + ATTN_QKVO[3:]
+        + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + (
+            ("ffn_gate_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
+            ("ffn_down_shexp.weight", "Fs*n_shared, D", "ot", "w", "moe"),
+            ("ffn_up_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
+        ) + NEXTN + (_norm("layer_output_norm.weight", when="mtp"),)),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -398,6 +459,29 @@ DEFAULTS: dict[str, dict] = {
     "laguna": dict(n_layer=5, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
                    weights_scale=2.5, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16"),
                    late_expert_types=("BF16", "BF16", "BF16"), n_late_layers=1),
+    # OLMoE: 8 experts top-2, q/k norms; BF16 experts
+    "olmoe": dict(n_layer=3, n_head_kv=4, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Granite-MoE with a shared expert: mu-P scales; F16 experts
+    "granitemoe": dict(n_layer=3, n_shared=1, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # ERNIE-4.5-MoE: block 0 dense, selection bias, one shared expert; Q8_0 experts
+    "ernie4_5-moe": dict(n_layer=3, n_dense_lead=1, probs_bias=True, weights_norm=True),
+    # Hunyuan-A13B-style: q/k norms, one shared expert; F16 gate/up, Q8_0 down
+    "hunyuan-moe": dict(n_layer=3, weights_norm=True, expert_types=("F16", "F16", "Q8_0")),
+    # GLM-4.5-style: block 0 dense, q/k/v biases, sigmoid + bias, 1 shared expert, top-3 normalised and
+    # scaled, one MTP block; F32 experts
+    "glm4moe": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, attn_bias=True,
+                    gating="sigmoid", weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=32,
+                    expert_types=("F32", "F32", "F32")),
+    # MiniMax-M2-style: sigmoid + bias, top-3 normalised; F16 experts
+    "minimax-m2": dict(n_layer=3, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True, n_ff_exp=64,
+                       expert_types=("F16", "F16", "F16")),
+    # Llama-4-style: blocks 1 and 3 MoE (step 2, top-1 + shared expert), 0 and 2 dense; BF16 experts
+    "llama4": dict(n_layer=4, moe_layer_step=2, n_expert_used=1, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Ling-2.0-style: block 0 dense, sigmoid + bias, 1 shared expert, top-3 normalised and scaled, one MTP block;
+    # F16 experts
+    "bailingmoe2": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                        probs_bias=True, weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=64,
+                        expert_types=("F16", "F16", "F16")),
 }
 
 
@@ -465,7 +549,11 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"n_head={s.n_head} must be a multiple of n_head_kv={s.n_head_kv}")
     if s.arch == "dots1" and s.n_head_kv != s.n_head:
         raise ValueError("dots1 keys and values have n_head heads: set n_head_kv = n_head")
-    if s.arch in ("llama", "deepseek", "qwen2moe") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch == "olmoe" and s.n_head_kv != s.n_head:
+        raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
+    if s.moe_layer_step < 1:
+        raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch in ("gpt-oss",) and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
