@@ -6,14 +6,18 @@ synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u
 token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import epqlab
 from epqlab.models import synthesize
-from epqlab.models.archs import ArchSpec, arch_kv, arch_tensors, tiny_spec, write_tiny
+from epqlab.models.archs import ARCHS, ArchSpec, arch_kv, arch_tensors, tiny_spec, write_tiny
 from ggufs import BLOCK  # ggml block size (elements) and bytes per block, from ggml's type table
 
 N_STEPS = 8
@@ -39,13 +43,6 @@ MODELS = {
     "qwen3moe": ("tiny", "qwen3moe", {}),
     "gpt-oss": ("tiny", "gpt-oss", {}),
     "dots1": ("tiny", "dots1", {}),
-    # hybrid Gated-DeltaNet / full attention, gated shared expert, a trailing MTP block
-    "qwen35moe": ("tiny", "qwen35moe", {}),
-    # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
-    "qwen35moe-fused": ("tiny", "qwen35moe", dict(fused=True, expert_types=("BF16",) * 3,
-                                                  late_expert_types=("F32",) * 3, n_late_layers=1)),
-    # sigmoid + bias routing, routed scaling, sliding-window blocks, a leading dense block, F16 + BF16 experts
-    "laguna": ("tiny", "laguna", {}),
     "synth-tiny": ("synth", "tiny", {}),
     "synth-tiny-unaligned": ("synth", "tiny", dict(unaligned=True)),
     # n_layer 3 (not 2): block 0 is dense, so blocks 1 (Q4_K) and 2 (BF16) give two slot classes
@@ -53,6 +50,23 @@ MODELS = {
     "synth-qwen3-30b-a3b": ("synth", "qwen3-30b-a3b", dict(SHRINK, n_layer=2, n_head_kv=2)),
 }
 XFAIL: dict[str, str] = {}
+
+# The arch table: every architecture of epqlab.models.archs (its DEFAULTS) plus variants, each run by
+# tests/arch_child.py in a child process (a llama.cpp abort fails that row only). Columns: prompt logits + 8
+# greedy steps at three arenas (half of all experts, the minimum at n_ubatch 1, the minimum at n_ubatch 512:
+# the prompt stages) x expert_addressing slots / region; batched decode (n_seq_max 2, batch_trace); prefix
+# reuse (reuse_kv); teacher forcing (forced=); perplexity. Each equals pager=False bit for bit or is a named
+# refusal from REFUSALS.
+ARCH_ROWS = {a: (a, {}) for a in ARCHS}
+ARCH_ROWS.update({
+    "llama-nogate": ("llama", dict(gate_exps=False, tied_output=True, alignment=4096)),
+    "deepseek2-fused-mtp": MODELS["deepseek2-fused-mtp"][1:],
+    # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
+    "qwen35moe-fused": ("qwen35moe", dict(fused=True, expert_types=("BF16",) * 3, late_expert_types=("F32",) * 3,
+                                          n_late_layers=1)),
+})
+# why slot addressing may be refused (epqlab/paging: slices not whole pages; a class below top-k slots)
+REFUSALS = ("expert_addressing='slots' is not possible",)
 
 
 def _param(name):
@@ -139,13 +153,16 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
             assert stats["staged_layers"] == 0, key
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if MODELS[n][0] == "tiny"])
-def test_tiny_layout_matches_spec(models, name):
-    _, arch, knobs = MODELS[name]
+@pytest.mark.parametrize("name", list(ARCH_ROWS))
+def test_tiny_layout_matches_spec(tmp_path, name):
+    arch, knobs = ARCH_ROWS[name]
     s = tiny_spec(arch, **knobs)
-    lay = epqlab.inspect(models(name))
+    lay = epqlab.inspect(write_tiny(tmp_path / "m.gguf", arch, **knobs))
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
-    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer + s.n_nextn))
+    # the blocks with routed experts: past the dense lead, every moe_layer_step-th where the table says so
+    moe = [il for il in range(s.n_dense_lead, s.n_layer + s.n_nextn)
+           if arch not in ("llama4", "ernie4_5-moe") or (il + 1) % s.moe_layer_step == 0]
+    assert lay.moe_layers == moe
     for l in lay.layers:
         g, u, d = s.expert_types_of(l.layer)
         want = [("gate_up", g, (s.n_embd, 2 * s.n_ff_exp))] if s.fused else \
@@ -207,3 +224,18 @@ def test_arch_tables_at_real_size():
     kv = {k: v for k, _, v in arch_kv(lg)}
     assert kv["laguna.expert_gating_func"] == 2 and kv["laguna.expert_weights_scale"] == 2.5
     assert kv["laguna.leading_dense_block_count"] == 1 and kv["laguna.feed_forward_length"] == 8192
+
+
+@pytest.mark.parametrize("name", list(ARCH_ROWS))
+def test_arch_table(tmp_path, name):
+    arch, knobs = ARCH_ROWS[name]
+    child = Path(__file__).with_name("arch_child.py")
+    r = subprocess.run([sys.executable, str(child), arch, json.dumps(knobs), str(tmp_path / f"{name}.gguf")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{name}: child exited {r.returncode}\n{r.stderr[-3000:]}"
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    cols = [f"{a}/{m}" for a in ("half", "min_ub1", "min_ub512") for m in ("slots", "region")]
+    assert list(row) == cols + ["batch", "prefix_reuse", "forced", "perplexity"]
+    bad = {c: v for c, v in row.items() if v != "exact" and not (c.endswith("/slots") and v.startswith(
+        tuple(f"refused: {x}" for x in REFUSALS)))}
+    assert not bad, f"{name}: {bad}"

@@ -255,6 +255,34 @@ def _when(rows, cond):
     return tuple((n, s, t, i, f"({cond}) and ({w})") for n, s, t, i, w in rows)
 
 
+# Gated-DeltaNet hybrids (qwen35moe.cpp, qwen3next.cpp): key/value heads of ssm_d_state, ssm_n_group key
+# heads, ssm_dt_rank value heads; q, k, v of the recurrent blocks in one attn_qkv (its conv1d is as wide)
+_GDN_QKV = "2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state"
+KV_GDN = KV_SHEXP_FF + (
+    ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+    ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
+    ("ssm.state_size", "u32", "ssm_d_state"),
+    ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
+    ("ssm.group_count", "u32", "ssm_n_group"),
+    ("full_attention_interval", "u32", "full_attn_interval"),
+    ("feed_forward_length", "u32", "F"),
+)
+GDN_FLAGS = {"recr": "not mtp and (il + 1) % full_attn_interval != 0"}
+GDN_BLOCK_HEAD = ATTN_NORM + (_norm("post_attention_norm.weight"),) + _when((
+    ("attn_q.weight", "D, 2*H*Dh", "ot", "w", "True"),
+) + ATTN_QKVO[1:] + QK_NORM, "not recr")
+GDN_RECR = (
+    ("attn_qkv.weight", f"D, {_GDN_QKV}", "ot", "w", "True"),
+    ("attn_gate.weight", "D, ssm_dt_rank*ssm_d_state", "ot", "w", "True"),
+    ("ssm_conv1d.weight", f"ssm_d_conv, {_GDN_QKV}", "F32", "w", "True"),
+    ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
+    ("ssm_a", "ssm_dt_rank", "F32", "neg", "True"),
+    _norm("ssm_norm.weight", "ssm_d_state"),
+    ("ssm_out.weight", "ssm_dt_rank*ssm_d_state, D", "ot", "w", "True"),
+)
+GDN_BLOCK_TAIL = ROUTER + EXPERTS + SHEXP_GATE + SHEXP_FS + NEXTN
+
+
 # ---- the tables ------------------------------------------------------------------------------------
 
 ARCH_TABLES: dict[str, ArchTable] = {
@@ -324,32 +352,17 @@ ARCH_TABLES: dict[str, ArchTable] = {
     # trailing MTP block with its own experts. Full attention: q and its output gate in one attn_q of
     # 2*H*Dh rows, q/k norms, multi-section RoPE.
     "qwen35moe": ArchTable(
-        kv=KV_SHEXP_FF + (
-            ("rope.dimension_sections", "i32s", "rope_sections"),
-            ("ssm.conv_kernel", "u32", "ssm_d_conv"),
-            ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
-            ("ssm.state_size", "u32", "ssm_d_state"),
-            ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
-            ("ssm.group_count", "u32", "ssm_n_group"),
-            ("full_attention_interval", "u32", "full_attn_interval"),
-            ("feed_forward_length", "u32", "F"),
-        ),
-        source="qwen35moe.cpp", caps=frozenset({"tied", "fused", "nextn"}),
-        flags={"recr": "not mtp and (il + 1) % full_attn_interval != 0"},
-        block=ATTN_NORM + (_norm("post_attention_norm.weight"),) + _when((
-            ("attn_q.weight", "D, 2*H*Dh", "ot", "w", "True"),
-        ) + ATTN_QKVO[1:] + QK_NORM, "not recr") + _when((
-            ("attn_qkv.weight", "D, 2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state", "ot", "w", "True"),
-            ("attn_gate.weight", "D, ssm_dt_rank*ssm_d_state", "ot", "w", "True"),
-            ("ssm_conv1d.weight", "ssm_d_conv, 2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state", "F32", "w",
-             "True"),
-            ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
-            ("ssm_a", "ssm_dt_rank", "F32", "neg", "True"),
+        kv=KV_GDN + (("rope.dimension_sections", "i32s", "rope_sections"),),
+        source="qwen35moe.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
+        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (
             ("ssm_beta.weight", "D, ssm_dt_rank", "ot", "w", "True"),
             ("ssm_alpha.weight", "D, ssm_dt_rank", "ot", "w", "True"),
-            _norm("ssm_norm.weight", "ssm_d_state"),
-            ("ssm_out.weight", "ssm_dt_rank*ssm_d_state, D", "ot", "w", "True"),
-        ), "recr") + ROUTER + EXPERTS + SHEXP_GATE + SHEXP_FS + NEXTN),
+        ), "recr") + GDN_BLOCK_TAIL),
+    # src/models/qwen3next.cpp: as qwen35moe with beta and alpha in one ssm_ba matrix and plain RoPE
+    "qwen3next": ArchTable(
+        kv=KV_GDN, source="qwen3next.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
+        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (("ssm_ba.weight", "D, 2*ssm_dt_rank", "ot", "w", "True"),), "recr")
+        + GDN_BLOCK_TAIL),
     # src/models/laguna.cpp: q/k norms, a softplus per-head attention output gate, sliding-window blocks
     # (pattern 4, full first), leading dense blocks, sigmoid routing with exp_probs_b, routed scaling,
     # one shared expert
@@ -453,6 +466,10 @@ DEFAULTS: dict[str, dict] = {
     # in sections 2+1+1; F16 experts of 64 neurons (8 KiB slices: slot addressing applies)
     "qwen35moe": dict(n_layer=4, n_nextn=1, n_expert=16, n_expert_used=3, weights_norm=True, n_rot=8,
                       rope_sections=(2, 1, 1, 0), n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Qwen3-Next-style: blocks 0-2 Gated-DeltaNet, block 3 full attention, 16 experts top-3 + a gated shared
+    # expert; BF16 experts of 64 neurons
+    "qwen3next": dict(n_layer=4, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
+                      expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -557,10 +574,10 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch in ("gpt-oss",) and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
-    if s.arch == "qwen35moe":
-        if 2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4:
-            raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
-                             f"got {s.rope_sections}")
+    if s.arch == "qwen35moe" and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
+        raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
+                         f"got {s.rope_sections}")
+    if s.arch in ("qwen35moe", "qwen3next"):
         if s.ssm_dt_rank % s.ssm_n_group:
             raise ValueError(f"ssm_dt_rank={s.ssm_dt_rank} (value heads) must be a multiple of ssm_n_group="
                              f"{s.ssm_n_group} (key heads)")
