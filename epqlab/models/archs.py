@@ -161,6 +161,7 @@ class ArchTable:
         caps: optional knobs this architecture's loader accepts: ``dense_lead``, ``fused``, ``tied``,
             ``nogate``, ``nextn``, ``shared`` (n_shared > 0), ``groups``.
         output_required: llama.cpp requires ``output.weight`` (no tied embedding fallback).
+        output_norm: name of the final norm's tensor (lfm2moe's is ``token_embd_norm.weight``).
         source: the llama.cpp file the rows come from.
     """
 
@@ -170,6 +171,7 @@ class ArchTable:
     caps: frozenset
     output_required: bool = False
     source: str = ""
+    output_norm: str = "output_norm.weight"
 
 
 # ---- shared rows -----------------------------------------------------------------------------------
@@ -433,6 +435,23 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("ffn_down_shexp.weight", "Fs*n_shared, D", "ot", "w", "moe"),
             ("ffn_up_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
         ) + NEXTN + (_norm("layer_output_norm.weight", when="mtp"),)),
+    # src/models/lfm2moe.cpp: short-convolution (recurrent) blocks and attention blocks (those with
+    # head_count_kv > 0: every full_attn_interval-th here), leading dense blocks, sigmoid + exp_probs_b
+    "lfm2moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_GATING + (
+            ("shortconv.l_cache", "u32", "ssm_d_conv"),
+            ("feed_forward_length", "u32", "Fd"),
+            ("attention.head_count_kv", "u32s",
+             "[Hkv if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+        ),
+        source="lfm2moe.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
+        caps=frozenset({"tied", "dense_lead"}), output_norm="token_embd_norm.weight",
+        block=FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + PROBS_BIAS + ATTN_NORM + _when(QK_NORM + ATTN_QKVO, "not recr")
+        + _when((
+            ("shortconv.conv.weight", "ssm_d_conv, D", "F32", "w", "True"),
+            ("shortconv.in_proj.weight", "D, 3*D", "ot", "w", "True"),
+            ("shortconv.out_proj.weight", "D, D", "ot", "w", "True"),
+        ), "recr")),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -470,6 +489,10 @@ DEFAULTS: dict[str, dict] = {
     # expert; BF16 experts of 64 neurons
     "qwen3next": dict(n_layer=4, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
                       expert_types=("BF16", "BF16", "BF16")),
+    # LFM2-8B-A1B-style: block 0 dense, blocks 0-2 short convolution, block 3 attention, sigmoid + bias
+    # top-3 normalised; F16 experts
+    "lfm2moe": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
+                    ssm_d_conv=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -570,7 +593,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch in ("gpt-oss",) and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
@@ -589,7 +612,12 @@ def validate(s: ArchSpec) -> None:
 
 # ---- evaluating the table --------------------------------------------------------------------------
 
-_SAFE = {"__builtins__": {}, "min": min, "max": max}
+_SAFE = {"__builtins__": {}, "min": min, "max": max, "range": range}
+
+
+def _eval(expr: str, ns: dict):
+    """Value of a table expression (our own constant text) over the spec's names ``ns``."""
+    return eval(expr, {**_SAFE, **ns})  # noqa: S307
 
 
 def _names(s: ArchSpec) -> dict:
@@ -604,11 +632,11 @@ def _block_flags(s: ArchSpec, il: int) -> dict:
     ns = _names(s)
     ns.update(il=il, mtp=il >= s.n_layer)
     table = ARCH_TABLES[s.arch]
-    ns["moe"] = bool(eval(table.flags.get("moe", "il >= n_dense_lead"), _SAFE, ns))  # noqa: S307 (table text)
+    ns["moe"] = bool(_eval(table.flags.get("moe", "il >= n_dense_lead"), ns))
     ns["dense"] = not ns["moe"]
     for k, expr in table.flags.items():
         if k != "moe":
-            ns[k] = bool(eval(expr, _SAFE, ns))  # noqa: S307
+            ns[k] = bool(_eval(expr, ns))
     return ns
 
 
@@ -634,16 +662,16 @@ def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
     table = ARCH_TABLES[spec.arch]
     ns = _names(spec)
     out = [("token_embd.weight", (spec.n_embd, ns["V"]), spec.other_type, "emb"),
-           ("output_norm.weight", (spec.n_embd,), "F32", "one")]
+           (table.output_norm, (spec.n_embd,), "F32", "one")]
     if not spec.tied_output:
         out.append(("output.weight", (spec.n_embd, ns["V"]), spec.other_type, "w"))
     for il in range(spec.n_layer + spec.n_nextn):
         flags = _block_flags(spec, il)
         et = spec.expert_types_of(il)
         for name, shape, typ, init, when in table.block:
-            if not eval(when, _SAFE, flags):  # noqa: S307
+            if not _eval(when, flags):
                 continue
-            dims = eval(f"({shape},)", _SAFE, flags)  # noqa: S307
+            dims = _eval(f"({shape},)", flags)
             if typ == "ot":
                 typ = spec.other_type
             elif typ.startswith("exp."):
@@ -668,7 +696,7 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
     rows: dict[str, tuple] = {}
     for row in COMMON_KV + ARCH_TABLES[spec.arch].kv:
         key, kind, expr, *cond = row
-        if cond and not eval(cond[0], _SAFE, ns):  # noqa: S307
+        if cond and not _eval(cond[0], ns):
             rows.pop(key, None)
             continue
         rows[key] = (kind, expr)
@@ -676,7 +704,7 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
     for key, (kind, expr) in rows.items():
         if expr is None:
             continue
-        v = eval(expr, _SAFE, ns)  # noqa: S307
+        v = _eval(expr, ns)
         v = {"u32": int, "f32": float, "bool": bool}.get(kind, lambda x: [int(e) for e in x])(v)
         out.append((f"{spec.arch}.{key}", kind, v))
     return out
