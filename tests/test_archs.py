@@ -1,19 +1,23 @@
 """Every MoE architecture we support pages bit-identically: prompt logits and 8 greedy steps of
 ``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equal plain llama.cpp's
 (``pager=False``: stock mmap load) exactly, for tiny random models of llama, deepseek, deepseek2
-(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss and dots1 (epqlab.models.archs) and shrunk
+(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss, dots1, qwen35moe (split and fused gate_up) and laguna (epqlab.models.archs) and shrunk
 synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u in {1: every
 token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import epqlab
 from epqlab.models import synthesize
-from epqlab.models.archs import tiny_spec, write_tiny
+from epqlab.models.archs import ARCHS, ArchSpec, arch_kv, arch_tensors, tiny_spec, write_tiny
 from ggufs import BLOCK  # ggml block size (elements) and bytes per block, from ggml's type table
 
 N_STEPS = 8
@@ -46,6 +50,23 @@ MODELS = {
     "synth-qwen3-30b-a3b": ("synth", "qwen3-30b-a3b", dict(SHRINK, n_layer=2, n_head_kv=2)),
 }
 XFAIL: dict[str, str] = {}
+
+# The arch table: every architecture of epqlab.models.archs (its DEFAULTS) plus variants, each run by
+# tests/arch_child.py in a child process (a llama.cpp abort fails that row only). Columns: prompt logits + 8
+# greedy steps at three arenas (half of all experts, the minimum at n_ubatch 1, the minimum at n_ubatch 512:
+# the prompt stages) x expert_addressing slots / region; batched decode (n_seq_max 2, batch_trace); prefix
+# reuse (reuse_kv); teacher forcing (forced=); perplexity. Each equals pager=False bit for bit or is a named
+# refusal from REFUSALS.
+ARCH_ROWS = {a: (a, {}) for a in ARCHS}
+ARCH_ROWS.update({
+    "llama-nogate": ("llama", dict(gate_exps=False, tied_output=True, alignment=4096)),
+    "deepseek2-fused-mtp": MODELS["deepseek2-fused-mtp"][1:],
+    # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
+    "qwen35moe-fused": ("qwen35moe", dict(fused=True, expert_types=("BF16",) * 3, late_expert_types=("F32",) * 3,
+                                          n_late_layers=1)),
+})
+# why slot addressing may be refused (epqlab/paging: slices not whole pages; a class below top-k slots)
+REFUSALS = ("expert_addressing='slots' is not possible",)
 
 
 def _param(name):
@@ -132,16 +153,19 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
             assert stats["staged_layers"] == 0, key
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if MODELS[n][0] == "tiny"])
-def test_tiny_layout_matches_spec(models, name):
-    _, arch, knobs = MODELS[name]
+@pytest.mark.parametrize("name", list(ARCH_ROWS))
+def test_tiny_layout_matches_spec(tmp_path, name):
+    arch, knobs = ARCH_ROWS[name]
     s = tiny_spec(arch, **knobs)
-    lay = epqlab.inspect(models(name))
+    lay = epqlab.inspect(write_tiny(tmp_path / "m.gguf", arch, **knobs))
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
+    # the blocks with routed experts: past the dense lead, every moe_layer_step-th where the table says so;
     # MTP blocks (nextn_predict_layers) are outside the routed-expert accounting: an ordinary context never
     # routes them (llama.cpp loads them only for an MTP context)
-    assert lay.moe_layers == list(range(s.n_dense_lead, s.n_layer))
-    assert lay.mtp_moe_layers == list(range(s.n_layer, s.n_layer + s.n_nextn))
+    moe = [il for il in range(s.n_dense_lead, s.n_layer + s.n_nextn)
+           if arch not in ("llama4", "ernie4_5-moe") or (il + 1) % s.moe_layer_step == 0]
+    assert lay.moe_layers == [il for il in moe if il < s.n_layer]
+    assert lay.mtp_moe_layers == [il for il in moe if il >= s.n_layer]
     for l in lay.layers + lay.mtp_layers:
         g, u, d = s.expert_types_of(l.layer)
         want = [("gate_up", g, (s.n_embd, 2 * s.n_ff_exp))] if s.fused else \
@@ -163,6 +187,10 @@ def test_write_tiny_rejects_bad_knobs(tmp_path):
         write_tiny(tmp_path / "x.gguf", "qwen3moe", fused=True)
     with pytest.raises(ValueError, match="multiple of 32"):
         write_tiny(tmp_path / "x.gguf", "qwen3moe", n_ff_exp=40)
+    with pytest.raises(ValueError, match="rope_sections"):
+        write_tiny(tmp_path / "x.gguf", "qwen35moe", rope_sections=(4, 4, 4, 0))
+    with pytest.raises(ValueError, match="n_vocab"):
+        write_tiny(tmp_path / "x.gguf", "laguna", n_vocab=1000)
     assert not list(tmp_path.iterdir())
 
 
@@ -186,3 +214,53 @@ def test_mtp_experts_are_outside_the_arena_figures(models, tmp_path):
     assert [(c.expert_bytes, c.n_experts) for c in lay.slot_classes] == \
         [(c.expert_bytes, c.n_experts) for c in bare.slot_classes]
     assert "MTP experts" in lay.summary()
+
+
+def test_arch_tables_at_real_size():
+    """The tables hold expressions of the spec, not tiny numbers: Qwen3.6-35B-A3B's published shape
+    (hidden 2048, 40 layers, 3:1 DeltaNet:attention, 16 q / 2 kv heads of 256, DeltaNet 16 key heads and
+    32 value heads of 128, conv 4, 256 experts of 512, shared 512, 248,320 tokens) and Laguna's dims give the
+    tensor shapes worked out by hand here."""
+    q = ArchSpec("qwen35moe", n_layer=40, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
+                 rope_sections=(11, 11, 10, 0), n_vocab=248320, n_expert=256, n_expert_used=8, n_ff_exp=512,
+                 n_ff_shexp=512, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32)
+    t = {n: (shape, typ) for n, shape, typ, _ in arch_tensors(q)}
+    assert t["token_embd.weight"][0] == (2048, 248320) and t["output.weight"][0] == (2048, 248320)
+    assert t["blk.0.attn_qkv.weight"][0] == (2048, 2 * 16 * 128 + 32 * 128)   # q, k of 16 heads, v of 32 heads
+    assert t["blk.0.ssm_conv1d.weight"][0] == (4, 8192) and t["blk.0.ssm_out.weight"][0] == (4096, 2048)
+    assert t["blk.3.attn_q.weight"][0] == (2048, 2 * 16 * 256) and t["blk.3.attn_k.weight"][0] == (2048, 512)
+    assert "blk.3.attn_qkv.weight" not in t and "blk.4.attn_q.weight" not in t   # 3 is full attention, 4 not
+    assert t["blk.39.attn_q.weight"][0] == (2048, 8192) and t["blk.40.attn_q.weight"][0] == (2048, 8192)  # MTP
+    assert t["blk.40.ffn_gate_exps.weight"][0] == (2048, 512, 256) and t["blk.40.nextn.eh_proj.weight"][0] == (4096, 2048)
+    assert sum(n.endswith("ffn_down_exps.weight") for n in t) == 41
+    assert sum(n.endswith("ssm_a") for n in t) == 30    # 3 of every 4 trunk blocks are recurrent
+    kv = {k: v for k, _, v in arch_kv(q)}
+    assert kv["qwen35moe.block_count"] == 41 and kv["qwen35moe.nextn_predict_layers"] == 1
+    assert kv["qwen35moe.ssm.inner_size"] == 4096 and kv["qwen35moe.rope.dimension_sections"] == [11, 11, 10, 0]
+    lg = ArchSpec("laguna", n_layer=48, n_dense_lead=1, n_embd=3072, n_head=24, n_head_kv=8, head_dim=128,
+                  n_vocab=100352, n_expert=256, n_expert_used=10, n_ff_exp=1024, n_ff_shexp=1024, n_ff_dense=8192,
+                  sliding_window=512, gating="sigmoid", weights_scale=2.5, weights_norm=True,
+                  expert_types=("Q4_K",) * 3, late_expert_types=("BF16",) * 3, n_late_layers=8)
+    t = {n: (shape, typ) for n, shape, typ, _ in arch_tensors(lg)}
+    assert t["blk.0.ffn_up.weight"][0] == (3072, 8192) and "blk.0.ffn_up_exps.weight" not in t
+    assert t["blk.1.ffn_up_exps.weight"] == ((3072, 1024, 256), "Q4_K")
+    assert t["blk.40.ffn_up_exps.weight"] == ((3072, 1024, 256), "BF16") and t["blk.39.ffn_up_exps.weight"][1] == "Q4_K"
+    assert t["blk.5.attn_gate.weight"][0] == (3072, 24) and t["blk.5.exp_probs_b.bias"][0] == (256,)
+    kv = {k: v for k, _, v in arch_kv(lg)}
+    assert kv["laguna.expert_gating_func"] == 2 and kv["laguna.expert_weights_scale"] == 2.5
+    assert kv["laguna.leading_dense_block_count"] == 1 and kv["laguna.feed_forward_length"] == 8192
+
+
+@pytest.mark.parametrize("name", list(ARCH_ROWS))
+def test_arch_table(tmp_path, name):
+    arch, knobs = ARCH_ROWS[name]
+    child = Path(__file__).with_name("arch_child.py")
+    r = subprocess.run([sys.executable, str(child), arch, json.dumps(knobs), str(tmp_path / f"{name}.gguf")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{name}: child exited {r.returncode}\n{r.stderr[-3000:]}"
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    cols = [f"{a}/{m}" for a in ("half", "min_ub1", "min_ub512") for m in ("slots", "region")]
+    assert list(row) == cols + ["batch", "prefix_reuse", "forced", "perplexity"]
+    bad = {c: v for c, v in row.items() if v != "exact" and not (c.endswith("/slots") and v.startswith(
+        tuple(f"refused: {x}" for x in REFUSALS)))}
+    assert not bad, f"{name}: {bad}"

@@ -1,21 +1,26 @@
-"""Tiny random-weight MoE GGUFs, one per llama.cpp MoE architecture, for bit-identity tests.
+"""MoE GGUF writers for every llama.cpp MoE architecture, from one table of tensor specs per architecture.
 
-:func:`write_tiny` writes a model of a few hundred KiB to a few MiB (2-4 blocks, 8-16 experts,
-top-2/3) whose keys and tensors are exactly what llama.cpp's loader asks for in that architecture
-(``src/models/<arch>.cpp`` of the llama.cpp vendored by llama-cpp-python 0.3.36:
-``load_arch_hparams`` / ``load_arch_tensors``), so the file loads and runs the real graph of the
-architecture: Mixtral-style ``llama``, ``deepseek`` (leading dense block, shared experts),
-``deepseek2`` (MLA attention, sigmoid routing with ``exp_probs_b``, group-limited top-k, weight
-norm and scale, optionally fused ``ffn_gate_up_exps``), ``qwen2moe`` (sigmoid-gated shared expert,
-q/k/v biases), ``qwen3moe`` (q/k norms), ``gpt-oss`` (expert and router biases, attention sinks,
-sliding-window layers, MXFP4 experts) and ``dots1`` (leading dense block, shared expert, sigmoid
-routing with ``exp_probs_b``).
+:data:`ARCH_TABLES` holds, per architecture, the GGUF keys and the tensors that llama.cpp's loader asks
+for (``src/models/<arch>.cpp`` of the llama.cpp vendored by llama-cpp-python 0.3.36:
+``load_arch_hparams`` / ``load_arch_tensors``; tensor and key names from ``src/llama-arch.cpp``). The
+table is data: each tensor row gives its name, its ggml shape as expressions of the :class:`ArchSpec`
+fields, its type, its initialisation and the blocks it belongs to (an expression of the block's flags).
+:func:`arch_tensors` and :func:`arch_kv` evaluate the table for a spec of any size (the tiny test models
+here, or the real-size synthetic presets); :func:`write_tiny` writes a model of a few hundred KiB to a
+few MiB whose keys and tensors are exactly what llama.cpp loads, so the file runs the real graph of the
+architecture.
 
 Weights are seeded normal draws scaled by ``1/sqrt(fan_in)`` and quantized with gguf-py
 (``gguf.quants.quantize``), so logits are finite and the routing varies from token to token; the
-text is noise. The tokenizer is a 355-token SentencePiece vocabulary (``<unk>``, ``<s>``,
+text is noise. The tiny tokenizer is a 355-token SentencePiece vocabulary (``<unk>``, ``<s>``,
 ``</s>``, 256 byte tokens, ``▁`` and printable ASCII), so any text tokenizes (through byte
 fallback) without a download.
+
+Expressions may use every :class:`ArchSpec` field by name and these short names: ``D`` n_embd,
+``V`` vocabulary size, ``E`` n_expert, ``F`` n_ff_exp, ``Fd`` n_ff_dense, ``Fs`` n_ff_shexp, ``H``
+n_head, ``Hkv`` n_head_kv, ``Dh`` head_dim, ``R`` rope dimensions (n_rot or head_dim); block conditions
+also ``il`` (block index), ``moe`` (block has routed experts), ``dense``, ``mtp`` (a trailing
+``nextn_predict_layers`` block) and the architecture's own flags (e.g. ``recr``: a recurrent block).
 """
 from __future__ import annotations
 
@@ -24,35 +29,38 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
-from .synth import per_block
 
-ARCHS = ("llama", "deepseek", "deepseek2", "qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3}  # llama_expert_gating_func_type
 
 
 @dataclass(frozen=True)
-class TinySpec:
-    """Shape, types and routing knobs of a tiny model. :data:`DEFAULTS` holds each architecture's.
+class ArchSpec:
+    """Shape, types and routing knobs of a model of one architecture. :data:`DEFAULTS` holds each
+    architecture's tiny test values; any field may be set to real sizes (nothing in the tables assumes
+    tiny dims or the tiny vocabulary).
 
     Attributes:
-        arch: one of :data:`ARCHS`.
+        arch: a key of :data:`ARCH_TABLES`.
         n_layer, n_embd, n_head, n_head_kv, head_dim: transformer shapes (``head_dim`` unused by
             ``deepseek2``, whose heads are set by the MLA fields).
+        n_vocab: vocabulary size (rows of ``token_embd`` / ``output``); 0 = the tiny tokenizer's 355.
+        n_rot: rotary dimensions per head (``rope.dimension_count``); 0 = ``head_dim``.
+        rope_sections: ``rope.dimension_sections`` (qwen35moe's multi-section RoPE; 2x their sum = n_rot).
         n_expert, n_expert_used: routed experts per MoE block, top-k.
-        n_ff_exp: neurons per routed expert; n_ff_dense: neurons of the leading dense blocks' FFN.
-        n_dense_lead: leading dense blocks (``deepseek``, ``deepseek2``, ``dots1``).
-        n_shared: shared experts (``deepseek``, ``deepseek2``, ``dots1``; each ``n_ff_exp`` wide);
-            ``qwen2moe`` always has one sigmoid-gated shared expert of ``n_ff_shexp`` neurons.
-        n_ff_shexp: ``qwen2moe`` shared-expert width.
+        n_ff_exp: neurons per routed expert; n_ff_dense: neurons of the dense blocks' FFN.
+        n_dense_lead: leading dense blocks (architectures whose table reads ``leading_dense_block_count``).
+        n_shared: shared experts (``deepseek``, ``deepseek2``, ``dots1``: each ``n_ff_exp`` wide).
+        n_ff_shexp: width of the single shared expert of ``qwen2moe``, ``qwen35moe``, ``laguna``.
         expert_types: ggml types of the (gate, up, down) expert matrices; with ``fused`` the gate
             type is the fused ``gate_up`` matrix's and the up type is ignored.
         late_expert_types / n_late_layers: other expert types for the last ``n_late_layers``
-            blocks (a second slot class), or None.
-        fused: ``ffn_gate_up_exps`` instead of separate gate and up (``deepseek2`` only).
+            blocks (a second slot class; trailing MTP blocks count among them), or None.
+        fused: ``ffn_gate_up_exps`` instead of separate gate and up (architectures loading it through
+            ``create_tensor_gate_up_exps`` or a fused row of their own).
         other_type: ggml type of attention, dense-FFN and shared-expert matrices.
-        gating: router function ``softmax`` | ``sigmoid`` | ``softmax_weight``
-            (``deepseek2`` / ``dots1`` read it from the file; the others fix it in their graph).
-        probs_bias: write ``exp_probs_b.bias`` (selection bias, ``deepseek2`` / ``dots1``).
+        gating: router function ``softmax`` | ``sigmoid`` | ``softmax_weight`` (written where the
+            architecture reads ``expert_gating_func``; the others fix it in their graph).
+        probs_bias: write ``exp_probs_b.bias`` (selection bias) where the architecture makes it optional.
         weights_norm, weights_scale: normalise the top-k weights / scale them
             (``expert_weights_norm`` / ``expert_weights_scale``; 0 = not written).
         n_group, n_group_used: group-limited routing (``expert_group_count`` /
@@ -60,14 +68,20 @@ class TinySpec:
         q_lora_rank, kv_lora_rank, qk_rope, qk_nope, v_head_dim: ``deepseek2`` MLA shapes
             (``q_lora_rank`` 0 = a plain ``attn_q``).
         attn_bias: q/k/v biases (``qwen2moe``, ``gpt-oss``).
-        sliding_window: ``gpt-oss`` sliding-window size (tokens) of its SWA layers.
-        n_nextn: ``deepseek2`` trailing multi-token-prediction blocks (``nextn_predict_layers``,
-            GLM-4.7-Flash style): written after the ``n_layer`` trunk blocks, with routed experts,
-            and skipped by llama.cpp's loader (it loads them only when asked for MTP).
-        tied_output: no ``output.weight``; llama.cpp reuses ``token_embd`` (not for ``qwen2moe``,
-            ``gpt-oss``, ``dots1``, which require it).
+        sliding_window: sliding-window size (tokens) of the SWA blocks (``gpt-oss``, ``laguna``).
+        n_nextn: trailing multi-token-prediction blocks (``nextn_predict_layers``): written after
+            the ``n_layer`` trunk blocks, with routed experts; llama.cpp skips them unless asked for MTP.
+        moe_layer_step: every this-many-th block has routed experts, the others a dense FFN
+            (``interleave_moe_layer_step``: ``llama4``, ``ernie4_5-moe``).
+        full_attn_interval: every this-many-th block is full attention, the others recurrent
+            (``full_attention_interval``: ``qwen35moe``).
+        ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank: Gated-DeltaNet shapes (``ssm.conv_kernel``,
+            ``ssm.state_size`` = key/value head dim, ``ssm.group_count`` = key heads,
+            ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank).
+        tied_output: no ``output.weight``; llama.cpp reuses ``token_embd``.
         gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
             ``down(silu(up x))``).
+        context_length: ``context_length`` (training context, tokens).
         alignment: ``general.alignment`` of tensor data, bytes (a multiple of 32).
     """
 
@@ -77,6 +91,9 @@ class TinySpec:
     n_head: int = 4
     n_head_kv: int = 2
     head_dim: int = 16
+    n_vocab: int = 0
+    n_rot: int = 0
+    rope_sections: tuple[int, ...] = (0, 0, 0, 0)
     n_expert: int = 8
     n_expert_used: int = 2
     n_ff_exp: int = 96
@@ -103,15 +120,340 @@ class TinySpec:
     attn_bias: bool = False
     sliding_window: int = 0
     n_nextn: int = 0
+    full_attn_interval: int = 4
+    moe_layer_step: int = 1
+    ssm_d_conv: int = 4
+    ssm_d_state: int = 16
+    ssm_n_group: int = 2
+    ssm_dt_rank: int = 4
     tied_output: bool = False
     gate_exps: bool = True
+    context_length: int = 4096
     alignment: int = 32
 
     def expert_types_of(self, il: int) -> tuple[str, str, str] | None:
         """(gate, up, down) ggml types of block ``il``'s routed experts; None for a dense block."""
-        return per_block(il, self.n_layer, self.n_dense_lead, self.n_late_layers, self.expert_types,
-                         self.late_expert_types)
+        if not _block_flags(self, il)["moe"]:
+            return None
+        if self.late_expert_types and il >= self.n_layer - self.n_late_layers:
+            return self.late_expert_types
+        return self.expert_types
 
+
+TinySpec = ArchSpec  # the name tests and older callers use
+
+
+@dataclass(frozen=True)
+class ArchTable:
+    """One architecture's GGUF keys and tensors, as data.
+
+    Attributes:
+        kv: rows ``(key, kind, value expression[, condition])`` added to / replacing :data:`COMMON_KV`
+            (same key: replaced; value None: the key is dropped). kind: ``u32`` | ``f32`` | ``bool`` |
+            ``i32s`` (array) | ``u32s``.
+        block: rows ``(name, shape expressions, type, init, condition)`` for each block ``blk.N.``;
+            type: a ggml type name, ``ot`` (``other_type``) or ``exp.gate`` / ``exp.up`` / ``exp.down``
+            (the block's expert types); init: ``one`` (norm weights), ``bias`` (small normal), ``w``
+            (normal / sqrt(ne0)), ``emb`` (normal), ``router`` (normal x 2 / sqrt(ne0)), ``neg``
+            (negative decay rates, -(0.1 + |normal|/2)).
+        flags: the architecture's own block flags, name -> expression (``moe`` overrides the default
+            ``il >= n_dense_lead``).
+        caps: optional knobs this architecture's loader accepts: ``dense_lead``, ``fused``, ``tied``,
+            ``nogate``, ``nextn``, ``shared`` (n_shared > 0), ``groups``.
+        output_required: llama.cpp requires ``output.weight`` (no tied embedding fallback).
+        output_norm: name of the final norm's tensor (lfm2moe's is ``token_embd_norm.weight``).
+        source: the llama.cpp file the rows come from.
+    """
+
+    kv: tuple
+    block: tuple
+    flags: dict
+    caps: frozenset
+    output_required: bool = False
+    source: str = ""
+    output_norm: str = "output_norm.weight"
+
+
+# ---- shared rows -----------------------------------------------------------------------------------
+
+def _norm(name, shape="D", when="True"):
+    return (name, shape, "F32", "one", when)
+
+
+COMMON_KV = (
+    ("block_count", "u32", "n_layer + n_nextn"),
+    ("nextn_predict_layers", "u32", "n_nextn", "n_nextn"),
+    ("context_length", "u32", "context_length"),
+    ("embedding_length", "u32", "D"),
+    ("feed_forward_length", "u32", "Fd if n_dense_lead else F"),
+    ("expert_feed_forward_length", "u32", "F"),
+    ("expert_count", "u32", "E"),
+    ("expert_used_count", "u32", "n_expert_used"),
+    ("attention.head_count", "u32", "H"),
+    ("attention.head_count_kv", "u32", "Hkv"),
+    ("attention.key_length", "u32", "Dh"),
+    ("attention.value_length", "u32", "Dh"),
+    ("attention.layer_norm_rms_epsilon", "f32", "1e-6"),
+    ("rope.freq_base", "f32", "10000.0"),
+    ("rope.dimension_count", "u32", "R"),
+    ("expert_weights_norm", "bool", "True", "weights_norm"),
+    ("expert_weights_scale", "f32", "weights_scale", "weights_scale"),
+    ("expert_group_count", "u32", "n_group", "n_group"),
+    ("expert_group_used_count", "u32", "n_group_used", "n_group"),
+)
+KV_DENSE_LEAD = (("leading_dense_block_count", "u32", "n_dense_lead"),)
+KV_SHARED = (("expert_shared_count", "u32", "n_shared"),)
+KV_GATING = (("expert_gating_func", "u32", "GATING"),)
+KV_SHEXP_FF = (("expert_shared_feed_forward_length", "u32", "Fs"),)
+
+ATTN_QKVO = (
+    ("attn_q.weight", "D, H*Dh", "ot", "w", "True"),
+    ("attn_k.weight", "D, Hkv*Dh", "ot", "w", "True"),
+    ("attn_v.weight", "D, Hkv*Dh", "ot", "w", "True"),
+    ("attn_output.weight", "H*Dh, D", "ot", "w", "True"),
+)
+ATTN_QKV_BIAS = (
+    ("attn_q.bias", "H*Dh", "F32", "bias", "attn_bias"),
+    ("attn_k.bias", "Hkv*Dh", "F32", "bias", "attn_bias"),
+    ("attn_v.bias", "Hkv*Dh", "F32", "bias", "attn_bias"),
+)
+QK_NORM = (_norm("attn_k_norm.weight", "Dh"), _norm("attn_q_norm.weight", "Dh"))
+DENSE_FFN = (
+    ("ffn_gate.weight", "D, Fd", "ot", "w", "dense"),
+    ("ffn_down.weight", "Fd, D", "ot", "w", "dense"),
+    ("ffn_up.weight", "D, Fd", "ot", "w", "dense"),
+)
+ROUTER = (("ffn_gate_inp.weight", "D, E", "F32", "router", "moe"),)
+PROBS_BIAS = (("exp_probs_b.bias", "E", "F32", "bias", "moe"),)
+EXPERTS = (
+    ("ffn_gate_up_exps.weight", "D, 2*F, E", "exp.gate", "w", "moe and fused"),
+    ("ffn_gate_exps.weight", "D, F, E", "exp.gate", "w", "moe and not fused and gate_exps"),
+    ("ffn_up_exps.weight", "D, F, E", "exp.up", "w", "moe and not fused"),
+    ("ffn_down_exps.weight", "F, D, E", "exp.down", "w", "moe"),
+)
+SHEXP_N = (  # n_shared experts of n_ff_exp neurons each, fused into one FFN
+    ("ffn_gate_shexp.weight", "D, F*n_shared", "ot", "w", "moe and n_shared"),
+    ("ffn_down_shexp.weight", "F*n_shared, D", "ot", "w", "moe and n_shared"),
+    ("ffn_up_shexp.weight", "D, F*n_shared", "ot", "w", "moe and n_shared"),
+)
+SHEXP_FS = (  # one shared expert of n_ff_shexp neurons
+    ("ffn_gate_shexp.weight", "D, Fs", "ot", "w", "moe"),
+    ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
+    ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
+)
+SHEXP_GATE = (("ffn_gate_inp_shexp.weight", "D", "F32", "router", "moe"),)
+NEXTN = (
+    ("nextn.eh_proj.weight", "2*D, D", "ot", "w", "mtp"),
+    _norm("nextn.enorm.weight", when="mtp"),
+    _norm("nextn.hnorm.weight", when="mtp"),
+    _norm("nextn.shared_head_norm.weight", when="mtp"),
+)
+ATTN_NORM = (_norm("attn_norm.weight"),)
+FFN_NORM = (_norm("ffn_norm.weight"),)
+
+
+def _when(rows, cond):
+    """``rows`` with ``cond`` and-ed into each row's condition."""
+    return tuple((n, s, t, i, f"({cond}) and ({w})") for n, s, t, i, w in rows)
+
+
+# Gated-DeltaNet hybrids (qwen35moe.cpp, qwen3next.cpp): key/value heads of ssm_d_state, ssm_n_group key
+# heads, ssm_dt_rank value heads; q, k, v of the recurrent blocks in one attn_qkv (its conv1d is as wide)
+_GDN_QKV = "2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state"
+KV_GDN = KV_SHEXP_FF + (
+    ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+    ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
+    ("ssm.state_size", "u32", "ssm_d_state"),
+    ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
+    ("ssm.group_count", "u32", "ssm_n_group"),
+    ("full_attention_interval", "u32", "full_attn_interval"),
+    ("feed_forward_length", "u32", "F"),
+)
+GDN_FLAGS = {"recr": "not mtp and (il + 1) % full_attn_interval != 0"}
+GDN_BLOCK_HEAD = ATTN_NORM + (_norm("post_attention_norm.weight"),) + _when((
+    ("attn_q.weight", "D, 2*H*Dh", "ot", "w", "True"),
+) + ATTN_QKVO[1:] + QK_NORM, "not recr")
+GDN_RECR = (
+    ("attn_qkv.weight", f"D, {_GDN_QKV}", "ot", "w", "True"),
+    ("attn_gate.weight", "D, ssm_dt_rank*ssm_d_state", "ot", "w", "True"),
+    ("ssm_conv1d.weight", f"ssm_d_conv, {_GDN_QKV}", "F32", "w", "True"),
+    ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
+    ("ssm_a", "ssm_dt_rank", "F32", "neg", "True"),
+    _norm("ssm_norm.weight", "ssm_d_state"),
+    ("ssm_out.weight", "ssm_dt_rank*ssm_d_state, D", "ot", "w", "True"),
+)
+GDN_BLOCK_TAIL = ROUTER + EXPERTS + SHEXP_GATE + SHEXP_FS + NEXTN
+
+
+# ---- the tables ------------------------------------------------------------------------------------
+
+ARCH_TABLES: dict[str, ArchTable] = {
+    # src/models/llama.cpp: Mixtral-style, every block MoE
+    "llama": ArchTable(
+        kv=(), source="llama.cpp", caps=frozenset({"tied", "nogate"}), flags={},
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/deepseek.cpp: leading dense blocks, n_shared shared experts
+    "deepseek": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED, source="deepseek.cpp", flags={},
+        caps=frozenset({"dense_lead", "shared", "tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N),
+    # src/models/deepseek2.cpp: MLA (one KV head of kv_lora_rank + rope dims, as the converter writes it),
+    # sigmoid routing with exp_probs_b, groups, optional fused gate_up, optional MTP blocks
+    "deepseek2": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
+            ("attention.head_count_kv", "u32", "1"),
+            ("attention.q_lora_rank", "u32", "q_lora_rank"),
+            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
+            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
+            ("attention.value_length", "u32", "kv_lora_rank"),
+            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
+            ("attention.value_length_mla", "u32", "v_head_dim"),
+            ("rope.dimension_count", "u32", "qk_rope"),
+        ),
+        source="deepseek2.cpp", flags={}, caps=frozenset({"dense_lead", "shared", "tied", "fused", "nextn", "groups"}),
+        block=ATTN_NORM + (
+            _norm("attn_q_a_norm.weight", "q_lora_rank", "q_lora_rank"),
+            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
+            ("attn_q_a.weight", "D, q_lora_rank", "ot", "w", "q_lora_rank"),
+            ("attn_q_b.weight", "q_lora_rank, H*(qk_nope+qk_rope)", "ot", "w", "q_lora_rank"),
+            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "not q_lora_rank"),
+            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
+            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
+            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
+            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
+        ) + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N + NEXTN),
+    # src/models/qwen2moe.cpp: q/k/v biases, one sigmoid-gated shared expert
+    "qwen2moe": ArchTable(
+        kv=KV_SHEXP_FF, source="qwen2moe.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + FFN_NORM + ROUTER + EXPERTS
+        + SHEXP_GATE + SHEXP_FS),
+    # src/models/qwen3moe.cpp: q/k RMS norms
+    "qwen3moe": ArchTable(
+        kv=(), source="qwen3moe.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/openai-moe.cpp: router and expert biases, attention sinks, sliding-window blocks
+    "gpt-oss": ArchTable(
+        kv=(("attention.sliding_window", "u32", "sliding_window"),), source="openai-moe.cpp", flags={},
+        caps=frozenset(), output_required=True,
+        block=ATTN_NORM + (_norm("post_attention_norm.weight"),) + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + (
+            ("attn_output.bias", "D", "F32", "bias", "True"),
+            ("attn_sinks.weight", "H", "F32", "bias", "True"),
+        ) + ROUTER + (("ffn_gate_inp.bias", "E", "F32", "bias", "moe"),) + EXPERTS + (
+            ("ffn_gate_exps.bias", "F, E", "F32", "bias", "moe"),
+            ("ffn_up_exps.bias", "F, E", "F32", "bias", "moe"),
+            ("ffn_down_exps.bias", "D, E", "F32", "bias", "moe"),
+        )),
+    # src/models/dots1.cpp: leading dense blocks, shared experts, sigmoid + exp_probs_b, K/V of n_head heads
+    "dots1": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING, source="dots1.cpp", flags={},
+        caps=frozenset({"dense_lead", "shared"}), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias")
+        + EXPERTS + SHEXP_N),
+    # src/models/qwen35moe.cpp: Gated-DeltaNet (recurrent) blocks and full-attention blocks (every
+    # full_attn_interval-th), routed experts + a sigmoid-gated shared expert in every block, an optional
+    # trailing MTP block with its own experts. Full attention: q and its output gate in one attn_q of
+    # 2*H*Dh rows, q/k norms, multi-section RoPE.
+    "qwen35moe": ArchTable(
+        kv=KV_GDN + (("rope.dimension_sections", "i32s", "rope_sections"),),
+        source="qwen35moe.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
+        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (
+            ("ssm_beta.weight", "D, ssm_dt_rank", "ot", "w", "True"),
+            ("ssm_alpha.weight", "D, ssm_dt_rank", "ot", "w", "True"),
+        ), "recr") + GDN_BLOCK_TAIL),
+    # src/models/qwen3next.cpp: as qwen35moe with beta and alpha in one ssm_ba matrix and plain RoPE
+    "qwen3next": ArchTable(
+        kv=KV_GDN, source="qwen3next.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
+        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (("ssm_ba.weight", "D, 2*ssm_dt_rank", "ot", "w", "True"),), "recr")
+        + GDN_BLOCK_TAIL),
+    # src/models/laguna.cpp: q/k norms, a softplus per-head attention output gate, sliding-window blocks
+    # (pattern 4, full first), leading dense blocks, sigmoid routing with exp_probs_b, routed scaling,
+    # one shared expert
+    "laguna": ArchTable(
+        kv=KV_DENSE_LEAD + KV_GATING + KV_SHEXP_FF + (
+            ("expert_shared_count", "u32", "1"),
+            ("attention.sliding_window", "u32", "sliding_window", "sliding_window"),
+            ("attention.sliding_window_pattern", "u32", "4", "sliding_window"),
+        ),
+        source="laguna.cpp", flags={}, caps=frozenset({"dense_lead", "tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + (("attn_gate.weight", "D, H", "ot", "w", "True"),) + FFN_NORM
+        + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_FS + DENSE_FFN),
+    # src/models/olmoe.cpp: q/k RMS norms over the whole projection (n_embd wide: K has n_head heads)
+    "olmoe": ArchTable(
+        kv=(), source="olmoe.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight"), _norm("attn_k_norm.weight")) + FFN_NORM
+        + ROUTER + EXPERTS),
+    # src/models/granite.cpp (LLM_ARCH_GRANITE_MOE): mu-P scales (embedding, residual, attention, logits),
+    # experts n_ff (feed_forward_length) wide, optional shared expert
+    "granitemoe": ArchTable(
+        kv=(("logit_scale", "f32", "4.0"), ("residual_scale", "f32", "0.5"), ("embedding_scale", "f32", "2.0"),
+            ("attention.scale", "f32", "1.0 / Dh"), ("expert_shared_feed_forward_length", "u32", "Fs", "n_shared")),
+        source="granite.cpp", flags={}, caps=frozenset({"tied", "shared"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + _when(SHEXP_FS, "n_shared")),
+    # src/models/ernie4-5.cpp (load) / ernie4-5-moe.cpp (graph): every moe_layer_step-th block past the dense
+    # lead is MoE, optional selection bias, one shared expert of n_ff_shexp
+    "ernie4_5-moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHEXP_FF + (("interleave_moe_layer_step", "u32", "moe_layer_step"),),
+        source="ernie4-5.cpp", flags={"moe": "il >= n_dense_lead and (il + 1) % moe_layer_step == 0"},
+        caps=frozenset({"tied", "dense_lead"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_FS
+        + DENSE_FFN),
+    # src/models/hunyuan-moe.cpp: q/k norms, experts n_ff wide, one shared expert of n_ff_shexp
+    "hunyuan-moe": ArchTable(
+        kv=KV_SHEXP_FF, source="hunyuan-moe.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS + SHEXP_FS),
+    # src/models/glm4-moe.cpp: q/k/v biases, q/k norms, post-attention norm, leading dense blocks,
+    # sigmoid + exp_probs_b, n_shared shared experts, optional MTP blocks
+    "glm4moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING, source="glm4-moe.cpp", flags={},
+        caps=frozenset({"tied", "dense_lead", "shared", "nextn"}),
+        block=ATTN_NORM + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + QK_NORM
+        + (_norm("post_attention_norm.weight"),) + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + NEXTN),
+    # src/models/minimax-m2.cpp: q/k norms over all heads, sigmoid + exp_probs_b, experts n_ff wide
+    "minimax-m2": ArchTable(
+        kv=KV_GATING, source="minimax-m2.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight", "H*Dh"), _norm("attn_k_norm.weight", "Hkv*Dh"))
+        + FFN_NORM + ROUTER + PROBS_BIAS + EXPERTS),
+    # src/models/llama4.cpp: every moe_layer_step-th block MoE (experts + one shared expert of n_ff_exp),
+    # the others dense; chunked attention on 3 of 4 blocks
+    "llama4": ArchTable(
+        kv=(("interleave_moe_layer_step", "u32", "moe_layer_step"), ("feed_forward_length", "u32", "Fd")),
+        source="llama4.cpp",
+        flags={"moe": "(il + 1) % moe_layer_step == 0"}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + (
+            ("ffn_gate_shexp.weight", "D, F", "ot", "w", "moe"),
+            ("ffn_down_shexp.weight", "F, D", "ot", "w", "moe"),
+            ("ffn_up_shexp.weight", "D, F", "ot", "w", "moe"),
+        ) + DENSE_FFN),
+    # src/models/bailingmoe2.cpp: fused attn_qkv, q/k norms, leading dense blocks, sigmoid + optional
+    # exp_probs_b, n_shared shared experts of n_ff_shexp, optional MTP blocks (skipped by the loader)
+    "bailingmoe2": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF, source="bailingmoe2.cpp", flags={},
+        caps=frozenset({"dense_lead", "shared", "nextn"}), output_required=True,
+        block=ATTN_NORM + (("attn_qkv.weight", "D, H*Dh + 2*Hkv*Dh", "ot", "w", "True"),) + ATTN_QKVO[3:]
+        + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + (
+            ("ffn_gate_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
+            ("ffn_down_shexp.weight", "Fs*n_shared, D", "ot", "w", "moe"),
+            ("ffn_up_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
+        ) + NEXTN + (_norm("layer_output_norm.weight", when="mtp"),)),
+    # src/models/lfm2moe.cpp: short-convolution (recurrent) blocks and attention blocks (those with
+    # head_count_kv > 0: every full_attn_interval-th here), leading dense blocks, sigmoid + exp_probs_b
+    "lfm2moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_GATING + (
+            ("shortconv.l_cache", "u32", "ssm_d_conv"),
+            ("feed_forward_length", "u32", "Fd"),
+            ("attention.head_count_kv", "u32s",
+             "[Hkv if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+        ),
+        source="lfm2moe.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
+        caps=frozenset({"tied", "dense_lead"}), output_norm="token_embd_norm.weight",
+        block=FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + PROBS_BIAS + ATTN_NORM + _when(QK_NORM + ATTN_QKVO, "not recr")
+        + _when((
+            ("shortconv.conv.weight", "ssm_d_conv, D", "F32", "w", "True"),
+            ("shortconv.in_proj.weight", "D, 3*D", "ot", "w", "True"),
+            ("shortconv.out_proj.weight", "D, D", "ot", "w", "True"),
+        ), "recr")),
+}
+ARCHS = tuple(ARCH_TABLES)
 
 DEFAULTS: dict[str, dict] = {
     # Mixtral-style: every block MoE, softmax top-2 with weights normalised; Q8_0 gate/up, F16 down
@@ -138,42 +480,101 @@ DEFAULTS: dict[str, dict] = {
     # top-2 normalised; F16 gate/up, Q8_0 down
     "dots1": dict(n_layer=3, n_head_kv=4, n_dense_lead=1, n_shared=1, gating="sigmoid", probs_bias=True,
                   weights_norm=True, expert_types=("F16", "F16", "Q8_0")),
+    # Qwen3.5/3.6-MoE-style: blocks 0-2 Gated-DeltaNet, block 3 full attention (interval 4), 16 experts
+    # top-3 + a gated shared expert, one MTP block with its own experts, partial rotary (8 of 16 dims)
+    # in sections 2+1+1; F16 experts of 64 neurons (8 KiB slices: slot addressing applies)
+    "qwen35moe": dict(n_layer=4, n_nextn=1, n_expert=16, n_expert_used=3, weights_norm=True, n_rot=8,
+                      rope_sections=(2, 1, 1, 0), n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Qwen3-Next-style: blocks 0-2 Gated-DeltaNet, block 3 full attention, 16 experts top-3 + a gated shared
+    # expert; BF16 experts of 64 neurons
+    "qwen3next": dict(n_layer=4, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
+                      expert_types=("BF16", "BF16", "BF16")),
+    # LFM2-8B-A1B-style: block 0 dense, blocks 0-2 short convolution, block 3 attention, sigmoid + bias
+    # top-3 normalised; F16 experts
+    "lfm2moe": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
+                    ssm_d_conv=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
+    # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
+    # (two types of one slice size, 8 KiB: slot addressing applies)
+    "laguna": dict(n_layer=5, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
+                   weights_scale=2.5, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16"),
+                   late_expert_types=("BF16", "BF16", "BF16"), n_late_layers=1),
+    # OLMoE: 8 experts top-2, q/k norms; BF16 experts
+    "olmoe": dict(n_layer=3, n_head_kv=4, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Granite-MoE with a shared expert: mu-P scales; F16 experts
+    "granitemoe": dict(n_layer=3, n_shared=1, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # ERNIE-4.5-MoE: block 0 dense, selection bias, one shared expert; Q8_0 experts
+    "ernie4_5-moe": dict(n_layer=3, n_dense_lead=1, probs_bias=True, weights_norm=True),
+    # Hunyuan-A13B-style: q/k norms, one shared expert; F16 gate/up, Q8_0 down
+    "hunyuan-moe": dict(n_layer=3, weights_norm=True, expert_types=("F16", "F16", "Q8_0")),
+    # GLM-4.5-style: block 0 dense, q/k/v biases, sigmoid + bias, 1 shared expert, top-3 normalised and
+    # scaled, one MTP block; F32 experts
+    "glm4moe": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, attn_bias=True,
+                    gating="sigmoid", weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=32,
+                    expert_types=("F32", "F32", "F32")),
+    # MiniMax-M2-style: sigmoid + bias, top-3 normalised; F16 experts
+    "minimax-m2": dict(n_layer=3, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True, n_ff_exp=64,
+                       expert_types=("F16", "F16", "F16")),
+    # Llama-4-style: blocks 1 and 3 MoE (step 2, top-1 + shared expert), 0 and 2 dense; BF16 experts
+    "llama4": dict(n_layer=4, moe_layer_step=2, n_expert_used=1, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Ling-2.0-style: block 0 dense, sigmoid + bias, 1 shared expert, top-3 normalised and scaled, one MTP block;
+    # F16 experts
+    "bailingmoe2": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                        probs_bias=True, weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=64,
+                        expert_types=("F16", "F16", "F16")),
 }
 
 
-def tiny_spec(arch: str, **knobs) -> TinySpec:
-    """The :class:`TinySpec` :func:`write_tiny` uses: ``arch``'s :data:`DEFAULTS` with ``knobs`` applied.
+def tiny_spec(arch: str, **knobs) -> ArchSpec:
+    """The :class:`ArchSpec` :func:`write_tiny` uses: ``arch``'s :data:`DEFAULTS` with ``knobs`` applied.
 
     Raises:
         ValueError: unknown architecture, unknown knob, or a combination llama.cpp cannot load
             (the message names it).
     """
-    if arch not in DEFAULTS:
+    if arch not in ARCH_TABLES:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
-    names = {f.name for f in fields(TinySpec)} - {"arch"}
+    names = {f.name for f in fields(ArchSpec)} - {"arch"}
     bad = sorted(set(knobs) - names)
     if bad:
         raise ValueError(f"unknown knob(s) {', '.join(bad)} for write_tiny; known: {', '.join(sorted(names))}")
-    s = replace(TinySpec(arch, **DEFAULTS[arch]), **knobs)
-    _validate(s)
+    s = replace(ArchSpec(arch, **DEFAULTS[arch]), **knobs)
+    validate(s)
     return s
 
 
-def _validate(s: TinySpec) -> None:
+def _with(cap: str) -> str:
+    return ", ".join(a for a, t in ARCH_TABLES.items() if cap in t.caps) or "none"
+
+
+def validate(s: ArchSpec) -> None:
+    """Check ``s`` against what its architecture's llama.cpp loader accepts.
+
+    Raises:
+        ValueError: naming the field and the fix (unknown architecture, top-k outside 1..n_expert,
+            a knob the architecture does not read, bad groups or head counts, bad alignment).
+    """
+    if s.arch not in ARCH_TABLES:
+        raise ValueError(f"unknown architecture {s.arch!r}; choose one of {', '.join(ARCHS)}")
+    t = ARCH_TABLES[s.arch]
     if not 1 <= s.n_expert_used <= s.n_expert:
         raise ValueError(f"n_expert_used={s.n_expert_used} must be in 1..n_expert={s.n_expert}")
-    if s.n_dense_lead and s.arch not in ("deepseek", "deepseek2", "dots1"):
+    if s.n_dense_lead and "dense_lead" not in t.caps:
         raise ValueError(f"{s.arch} has no leading dense blocks in llama.cpp; n_dense_lead must be 0")
     if not 0 <= s.n_dense_lead < s.n_layer:
         raise ValueError(f"n_dense_lead={s.n_dense_lead} must leave at least one MoE block of n_layer={s.n_layer}")
-    if s.fused and s.arch != "deepseek2":
-        raise ValueError(f"llama.cpp reads ffn_gate_up_exps for deepseek2 among {', '.join(ARCHS)}, not {s.arch}")
-    if s.tied_output and s.arch in ("qwen2moe", "gpt-oss", "dots1"):
+    if s.fused and "fused" not in t.caps:
+        raise ValueError(f"llama.cpp reads ffn_gate_up_exps for {_with('fused')}, not {s.arch}")
+    if s.tied_output and "tied" not in t.caps:
         raise ValueError(f"llama.cpp requires output.weight for {s.arch}; tied_output must be False")
-    if not s.gate_exps and (s.arch != "llama" or s.fused):
-        raise ValueError("only llama loads routed experts without ffn_gate_exps; gate_exps must be True")
-    if s.n_nextn and s.arch != "deepseek2":
-        raise ValueError("n_nextn (MTP blocks) is written for deepseek2 only")
+    if not s.gate_exps and ("nogate" not in t.caps or s.fused):
+        raise ValueError(f"only {_with('nogate')} load routed experts without ffn_gate_exps; gate_exps must be True")
+    if s.n_nextn and "nextn" not in t.caps:
+        raise ValueError(f"n_nextn (MTP blocks) is written for {_with('nextn')} only, not {s.arch}")
+    if s.n_shared and "shared" not in t.caps:
+        raise ValueError(f"{s.arch} does not read expert_shared_count; n_shared must be 0")
+    if s.n_group and "groups" not in t.caps:
+        raise ValueError(f"{s.arch} has no group-limited routing in llama.cpp; n_group must be 0")
     if s.alignment < 32 or s.alignment % 32:
         raise ValueError(f"alignment must be a positive multiple of 32 bytes, got {s.alignment}")
     if s.gating not in _GATING:
@@ -188,10 +589,125 @@ def _validate(s: TinySpec) -> None:
         raise ValueError(f"n_head={s.n_head} must be a multiple of n_head_kv={s.n_head_kv}")
     if s.arch == "dots1" and s.n_head_kv != s.n_head:
         raise ValueError("dots1 keys and values have n_head heads: set n_head_kv = n_head")
-    if s.arch in ("llama", "deepseek", "qwen2moe") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch == "olmoe" and s.n_head_kv != s.n_head:
+        raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
+    if s.moe_layer_step < 1:
+        raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
-    if s.arch == "gpt-oss" and s.sliding_window < 1:
-        raise ValueError("gpt-oss needs sliding_window >= 1")
+    if s.arch in ("gpt-oss",) and s.sliding_window < 1:
+        raise ValueError(f"{s.arch} needs sliding_window >= 1")
+    if s.arch == "qwen35moe" and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
+        raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
+                         f"got {s.rope_sections}")
+    if s.arch in ("qwen35moe", "qwen3next"):
+        if s.ssm_dt_rank % s.ssm_n_group:
+            raise ValueError(f"ssm_dt_rank={s.ssm_dt_rank} (value heads) must be a multiple of ssm_n_group="
+                             f"{s.ssm_n_group} (key heads)")
+        if s.full_attn_interval < 1:
+            raise ValueError("full_attn_interval must be >= 1")
+    if s.late_expert_types is not None and not 0 < s.n_late_layers <= s.n_layer + s.n_nextn:
+        raise ValueError(f"late_expert_types needs 0 < n_late_layers <= {s.n_layer + s.n_nextn}")
+
+
+# ---- evaluating the table --------------------------------------------------------------------------
+
+_SAFE = {"__builtins__": {}, "min": min, "max": max, "range": range}
+
+
+def _eval(expr: str, ns: dict):
+    """Value of a table expression (our own constant text) over the spec's names ``ns``."""
+    return eval(expr, {**_SAFE, **ns})  # noqa: S307
+
+
+def _names(s: ArchSpec) -> dict:
+    """Spec fields and the short names of the module docstring."""
+    ns = {f.name: getattr(s, f.name) for f in fields(ArchSpec)}
+    ns.update(D=s.n_embd, V=vocab_size(s), E=s.n_expert, F=s.n_ff_exp, Fd=s.n_ff_dense, Fs=s.n_ff_shexp,
+              H=s.n_head, Hkv=s.n_head_kv, Dh=s.head_dim, R=s.n_rot or s.head_dim, GATING=_GATING[s.gating])
+    return ns
+
+
+def _block_flags(s: ArchSpec, il: int) -> dict:
+    ns = _names(s)
+    ns.update(il=il, mtp=il >= s.n_layer)
+    table = ARCH_TABLES[s.arch]
+    ns["moe"] = bool(_eval(table.flags.get("moe", "il >= n_dense_lead"), ns))
+    ns["dense"] = not ns["moe"]
+    for k, expr in table.flags.items():
+        if k != "moe":
+            ns[k] = bool(_eval(expr, ns))
+    return ns
+
+
+def vocab_size(s: ArchSpec) -> int:
+    """Rows of the embedding and output matrices: ``s.n_vocab``, or the tiny tokenizer's size when 0."""
+    return s.n_vocab or len(_vocab()[0])
+
+
+def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
+    """Every tensor llama.cpp loads for ``spec.arch``, in file order, from :data:`ARCH_TABLES`.
+
+    Args:
+        spec: an :class:`ArchSpec` (of any size; :func:`validate` is called).
+
+    Returns:
+        ``(name, ggml shape (ne0, ne1, ...), ggml type name, init)`` per tensor; init as in
+        :class:`ArchTable` (``one`` | ``bias`` | ``w`` | ``emb`` | ``router`` | ``neg``).
+
+    Raises:
+        ValueError: as :func:`validate`.
+    """
+    validate(spec)
+    table = ARCH_TABLES[spec.arch]
+    ns = _names(spec)
+    out = [("token_embd.weight", (spec.n_embd, ns["V"]), spec.other_type, "emb"),
+           (table.output_norm, (spec.n_embd,), "F32", "one")]
+    if not spec.tied_output:
+        out.append(("output.weight", (spec.n_embd, ns["V"]), spec.other_type, "w"))
+    for il in range(spec.n_layer + spec.n_nextn):
+        flags = _block_flags(spec, il)
+        et = spec.expert_types_of(il)
+        for name, shape, typ, init, when in table.block:
+            if not _eval(when, flags):
+                continue
+            dims = _eval(f"({shape},)", flags)
+            if typ == "ot":
+                typ = spec.other_type
+            elif typ.startswith("exp."):
+                typ = et[("exp.gate", "exp.up", "exp.down").index(typ)]
+            out.append((f"blk.{il}.{name}", tuple(int(d) for d in dims), typ, init))
+    return out
+
+
+def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
+    """The architecture's GGUF key/values for ``spec`` (no tokenizer keys), from :data:`COMMON_KV` and
+    the architecture's :class:`ArchTable` ``kv`` rows.
+
+    Returns:
+        ``(key with the "<arch>." prefix, kind, value)``; kind ``u32`` | ``f32`` | ``bool`` | ``i32s`` |
+        ``u32s`` (values of the arrays are lists).
+
+    Raises:
+        ValueError: as :func:`validate`.
+    """
+    validate(spec)
+    ns = _names(spec)
+    rows: dict[str, tuple] = {}
+    for row in COMMON_KV + ARCH_TABLES[spec.arch].kv:
+        key, kind, expr, *cond = row
+        if cond and not _eval(cond[0], ns):
+            rows.pop(key, None)
+            continue
+        rows[key] = (kind, expr)
+    out = []
+    for key, (kind, expr) in rows.items():
+        if expr is None:
+            continue
+        v = _eval(expr, ns)
+        v = {"u32": int, "f32": float, "bool": bool}.get(kind, lambda x: [int(e) for e in x])(v)
+        out.append((f"{spec.arch}.{key}", kind, v))
+    return out
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------
@@ -204,99 +720,7 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
     return toks, scores, types
 
 
-# ---- tensors -------------------------------------------------------------------------------------
-
-def _tensors(s: TinySpec) -> list[tuple[str, tuple[int, ...], str, str]]:
-    """(name, ggml shape (ne0, ne1, ...), ggml type, init) of every tensor llama.cpp loads for
-    ``s.arch``, in file order. init: ``one`` (norm weights), ``bias`` (small normal), ``w``
-    (normal / sqrt(ne0)), ``emb`` (normal), ``router``."""
-    D, V, ot, E = s.n_embd, len(_vocab()[0]), s.other_type, s.n_expert
-    out = [("token_embd.weight", (D, V), ot, "emb"), ("output_norm.weight", (D,), "F32", "one")]
-    if not s.tied_output:
-        out.append(("output.weight", (D, V), ot, "w"))
-    for il in range(s.n_layer + s.n_nextn):
-        p = f"blk.{il}."
-
-        def add(name, shape, t=ot, init="w"):
-            out.append((p + name, tuple(shape), t, init))
-
-        add("attn_norm.weight", (D,), "F32", "one")
-        if s.arch == "deepseek2":
-            H, hk = s.n_head, s.qk_nope + s.qk_rope
-            if s.q_lora_rank:
-                add("attn_q_a_norm.weight", (s.q_lora_rank,), "F32", "one")
-            add("attn_kv_a_norm.weight", (s.kv_lora_rank,), "F32", "one")
-            if s.q_lora_rank:
-                add("attn_q_a.weight", (D, s.q_lora_rank))
-                add("attn_q_b.weight", (s.q_lora_rank, H * hk))
-            else:
-                add("attn_q.weight", (D, H * hk))
-            add("attn_kv_a_mqa.weight", (D, s.kv_lora_rank + s.qk_rope))
-            add("attn_k_b.weight", (s.qk_nope, s.kv_lora_rank, H))
-            add("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, H))
-            add("attn_output.weight", (H * s.v_head_dim, D))
-        else:
-            q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-            if s.arch == "gpt-oss":
-                add("post_attention_norm.weight", (D,), "F32", "one")
-            add("attn_q.weight", (D, q))
-            add("attn_k.weight", (D, kv))
-            add("attn_v.weight", (D, kv))
-            if s.attn_bias:
-                add("attn_q.bias", (q,), "F32", "bias")
-                add("attn_k.bias", (kv,), "F32", "bias")
-                add("attn_v.bias", (kv,), "F32", "bias")
-            add("attn_output.weight", (q, D))
-            if s.arch == "gpt-oss":
-                add("attn_output.bias", (D,), "F32", "bias")
-                add("attn_sinks.weight", (s.n_head,), "F32", "bias")
-            if s.arch in ("qwen3moe", "dots1"):
-                add("attn_k_norm.weight", (s.head_dim,), "F32", "one")
-                add("attn_q_norm.weight", (s.head_dim,), "F32", "one")
-        if s.arch != "gpt-oss":
-            add("ffn_norm.weight", (D,), "F32", "one")
-        et = s.expert_types_of(il)
-        if et is None:
-            f = s.n_ff_dense
-            add("ffn_gate.weight", (D, f))
-            add("ffn_down.weight", (f, D))
-            add("ffn_up.weight", (D, f))
-            continue
-        f = s.n_ff_exp
-        add("ffn_gate_inp.weight", (D, E), "F32", "router")
-        if s.arch == "gpt-oss":
-            add("ffn_gate_inp.bias", (E,), "F32", "bias")
-        if s.probs_bias:
-            add("exp_probs_b.bias", (E,), "F32", "bias")
-        if s.fused:
-            add("ffn_gate_up_exps.weight", (D, 2 * f, E), et[0])
-        else:
-            if s.gate_exps:
-                add("ffn_gate_exps.weight", (D, f, E), et[0])
-            add("ffn_up_exps.weight", (D, f, E), et[1])
-        add("ffn_down_exps.weight", (f, D, E), et[2])
-        if s.arch == "gpt-oss":
-            add("ffn_gate_exps.bias", (f, E), "F32", "bias")
-            add("ffn_up_exps.bias", (f, E), "F32", "bias")
-            add("ffn_down_exps.bias", (D, E), "F32", "bias")
-        if s.arch == "qwen2moe":
-            g = s.n_ff_shexp
-            add("ffn_gate_inp_shexp.weight", (D,), "F32", "router")
-            add("ffn_gate_shexp.weight", (D, g))
-            add("ffn_down_shexp.weight", (g, D))
-            add("ffn_up_shexp.weight", (D, g))
-        elif s.n_shared:
-            g = f * s.n_shared
-            add("ffn_gate_shexp.weight", (D, g))
-            add("ffn_down_shexp.weight", (g, D))
-            add("ffn_up_shexp.weight", (D, g))
-        if il >= s.n_layer:  # MTP block
-            add("nextn.eh_proj.weight", (2 * D, D))
-            add("nextn.enorm.weight", (D,), "F32", "one")
-            add("nextn.hnorm.weight", (D,), "F32", "one")
-            add("nextn.shared_head_norm.weight", (D,), "F32", "one")
-    return out
-
+# ---- writing -------------------------------------------------------------------------------------
 
 def _values(shape: tuple[int, ...], init: str, rng: np.random.Generator) -> np.ndarray:
     """float32 values, numpy shape = reversed ggml shape."""
@@ -308,6 +732,8 @@ def _values(shape: tuple[int, ...], init: str, rng: np.random.Generator) -> np.n
         return x
     if init == "bias":
         return x * np.float32(0.1)
+    if init == "neg":
+        return -(np.float32(0.1) + np.abs(x) * np.float32(0.5))
     if init == "router":
         return x * np.float32(2.0 / np.sqrt(shape[0]))
     return x * np.float32(1.0 / np.sqrt(shape[0]))
@@ -321,14 +747,29 @@ def _encode(x: np.ndarray, ggml_type: str) -> np.ndarray:
     return np.ascontiguousarray(quantize(x, QT[ggml_type])).view(np.uint8)
 
 
+def add_kv(writer, spec: ArchSpec) -> None:
+    """Add :func:`arch_kv`'s keys to a ``gguf.GGUFWriter`` (no tokenizer keys)."""
+    from gguf import GGUFValueType as VT
+
+    for key, kind, v in arch_kv(spec):
+        if kind == "u32":
+            writer.add_uint32(key, v)
+        elif kind == "f32":
+            writer.add_float32(key, v)
+        elif kind == "bool":
+            writer.add_bool(key, v)
+        else:
+            writer.add_array(key, v) if kind == "i32s" else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
+
+
 def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) -> Path:
     """Write a tiny random-weight MoE GGUF of architecture ``arch`` to ``path``.
 
     Args:
         path: output file (written to a temporary name in the same folder, then renamed).
-        arch: ``llama`` | ``deepseek`` | ``deepseek2`` | ``qwen2moe`` | ``qwen3moe`` | ``gpt-oss`` | ``dots1``.
+        arch: a key of :data:`ARCH_TABLES` (:data:`ARCHS`).
         seed: seed of every weight (same seed and knobs -> same bytes).
-        **knobs: any :class:`TinySpec` field, e.g. ``fused=True`` (deepseek2),
+        **knobs: any :class:`ArchSpec` field, e.g. ``fused=True`` (deepseek2, qwen35moe),
             ``expert_types=("Q8_0", "Q8_0", "F16")``, ``n_layer=2``.
 
     Returns:
@@ -336,71 +777,29 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
 
     Raises:
         ValueError: unknown architecture or knob, or sizes a type cannot hold (rows of a quantized
-            type need a multiple of its block: 32 elements for Q8_0 / Q4_0 / MXFP4).
+            type need a multiple of its block: 32 elements for Q8_0 / Q4_0 / MXFP4), or ``n_vocab``
+            other than the tiny tokenizer's.
     """
     import gguf
+    from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as QT
 
-    from gguf import GGML_QUANT_SIZES
-
     s = tiny_spec(arch, **knobs)
-    tensors = _tensors(s)
+    toks, scores, types = _vocab()
+    if s.n_vocab not in (0, len(toks)):
+        raise ValueError(f"write_tiny writes its {len(toks)}-token tokenizer; n_vocab must be 0 or {len(toks)}")
+    tensors = arch_tensors(s)
     for name, shape, t, _ in tensors:
         block = GGML_QUANT_SIZES[QT[t]][0]
         if shape[0] % block:
             raise ValueError(f"{name}: {t} rows need a multiple of {block} elements, got {shape[0]}; change the sizes")
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    a = s.arch
-    w = gguf.GGUFWriter(tmp, a)
+    w = gguf.GGUFWriter(tmp, s.arch)
     if s.alignment != 32:
         w.add_custom_alignment(s.alignment)
-    w.add_name(f"tiny {a}")
-    u32 = lambda k, v: w.add_uint32(f"{a}.{k}", int(v))  # noqa: E731
-    u32("block_count", s.n_layer + s.n_nextn)
-    if s.n_nextn:
-        u32("nextn_predict_layers", s.n_nextn)
-    u32("context_length", 4096)
-    u32("embedding_length", s.n_embd)
-    u32("feed_forward_length", s.n_ff_dense if s.n_dense_lead else s.n_ff_exp)
-    u32("expert_feed_forward_length", s.n_ff_exp)
-    u32("expert_count", s.n_expert)
-    u32("expert_used_count", s.n_expert_used)
-    u32("attention.head_count", s.n_head)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(f"{a}.rope.freq_base", 10000.0)
-    if a == "deepseek2":
-        # MLA as llama.cpp's converter writes it: one KV head of kv_lora_rank + rope dims
-        u32("attention.head_count_kv", 1)
-        u32("attention.q_lora_rank", s.q_lora_rank)  # required (0 = plain attn_q) unless n_layer is a "lite" one
-        u32("attention.kv_lora_rank", s.kv_lora_rank)
-        u32("attention.key_length", s.kv_lora_rank + s.qk_rope)
-        u32("attention.value_length", s.kv_lora_rank)
-        u32("attention.key_length_mla", s.qk_nope + s.qk_rope)
-        u32("attention.value_length_mla", s.v_head_dim)
-        u32("rope.dimension_count", s.qk_rope)
-    else:
-        u32("attention.head_count_kv", s.n_head_kv)
-        u32("attention.key_length", s.head_dim)
-        u32("attention.value_length", s.head_dim)
-        u32("rope.dimension_count", s.head_dim)
-    if a in ("deepseek", "deepseek2", "dots1"):
-        u32("leading_dense_block_count", s.n_dense_lead)
-        u32("expert_shared_count", s.n_shared)
-    if a == "qwen2moe":
-        u32("expert_shared_feed_forward_length", s.n_ff_shexp)
-    if a in ("deepseek2", "dots1"):
-        u32("expert_gating_func", _GATING[s.gating])
-    if s.weights_norm:
-        w.add_bool(f"{a}.expert_weights_norm", True)
-    if s.weights_scale:
-        w.add_float32(f"{a}.expert_weights_scale", float(s.weights_scale))
-    if s.n_group:
-        u32("expert_group_count", s.n_group)
-        u32("expert_group_used_count", s.n_group_used)
-    if a == "gpt-oss":
-        u32("attention.sliding_window", s.sliding_window)
-    toks, scores, types = _vocab()
+    w.add_name(f"tiny {s.arch}")
+    add_kv(w, s)
     w.add_tokenizer_model("llama")
     w.add_token_list(toks)
     w.add_token_scores(scores)
@@ -424,4 +823,5 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
     return path
 
 
-__all__ = ["ARCHS", "DEFAULTS", "TinySpec", "tiny_spec", "write_tiny"]
+__all__ = ["ARCHS", "ARCH_TABLES", "ArchSpec", "ArchTable", "COMMON_KV", "DEFAULTS", "TinySpec", "add_kv",
+           "arch_kv", "arch_tensors", "tiny_spec", "validate", "vocab_size", "write_tiny"]
