@@ -48,6 +48,11 @@ MODELS = {
     # n_layer 3 (not 2): block 0 is dense, so blocks 1 (Q4_K) and 2 (BF16) give two slot classes
     "synth-laguna-s": ("synth", "laguna-s", dict(SHRINK, n_layer=3, n_head_kv=4, n_ff_dense=512, n_late_layers=1)),
     "synth-qwen3-30b-a3b": ("synth", "qwen3-30b-a3b", dict(SHRINK, n_layer=2, n_head_kv=2)),
+    # the seed presets at their true architectures, shrunk: qwen35moe (3 DeltaNet + 1 attention block, the MTP
+    # block, Q4_K/Q5_K experts, Q6_K output) and laguna (Q4_K + BF16 experts, SWA)
+    "synth-qwen35-a3b": ("synth", "qwen35-a3b", dict(SHRINK, n_layer=4, n_head_kv=2, n_vocab=0)),
+    "synth-laguna-s-true": ("synth", "laguna-s", dict(SHRINK, n_layer=3, n_head_kv=2, n_ff_dense=512,
+                                                      n_late_layers=1, n_vocab=0)),
 }
 XFAIL: dict[str, str] = {}
 

@@ -415,16 +415,25 @@ def test_seed_presets_sizes_by_hand():
     from epqlab.models.synth import PRESET_ROUTING
 
     q4k = lambda n: n // 256 * 144  # noqa: E731 -- bytes of n Q4_K weights
+    q5k = lambda n: n // 256 * 176  # noqa: E731 -- bytes of n Q5_K weights
     q = planned_sizes("qwen35-a3b")
-    e = 3 * q4k(2048 * 512)  # 1,769,472 B = 1.6875 MiB
-    assert q["expert_bytes"] == [e] * 40 and e == 1_769_472
-    assert q["routed_expert_bytes"] == 40 * 256 * e == 18_119_393_280  # 16.9 GiB
+    # seed 002's block 0 of Qwen3.6-35B-A3B-UD-Q4_K_M: gate 589,824 B, up 589,824 B, down 720,896 B
+    e = 2 * q4k(2048 * 512) + q5k(512 * 2048)
+    assert (q4k(2048 * 512), q5k(512 * 2048)) == (589_824, 720_896) and e == 1_900_544
+    assert q["expert_bytes"] == [e] * 40 and q["n_moe_layers"] == 40
+    assert q["routed_expert_bytes"] == 40 * 256 * e == 19_461_570_560  # 18.1 GiB
+    assert q["mtp_expert_bytes"] == 256 * e  # the MTP block's experts, outside the routed figure
+    # the stand-in it replaced: Qwen3-MoE with Q4_K down
+    old = planned_sizes("qwen3moe-35b-shape")
+    assert old["expert_bytes"] == [3 * q4k(2048 * 512)] * 40 and old["routed_expert_bytes"] == 18_119_393_280
     lg = planned_sizes("laguna-s")
     small, big = 3 * q4k(3072 * 1024), 3 * 3072 * 1024 * 2  # 5.06 MiB (Q4_K), 18 MiB (BF16)
     assert lg["expert_bytes"] == [small] * 39 + [big] * 8 and lg["n_moe_layers"] == 47
     # seed 000 lists Laguna-S-2.1 Q4_K_M's routed experts as 91,653,931,008 B
     assert lg["routed_expert_bytes"] == 256 * (39 * small + 8 * big) == 91_653_931_008
+    assert planned_sizes("dots1-laguna-shape")["routed_expert_bytes"] == 91_653_931_008
     assert PRESETS["laguna-s"].n_layer == 48 and PRESET_ROUTING["laguna-s"] == PRESET_ROUTING["qwen35-a3b"] == "skewed"
+    assert (PRESETS["qwen35-a3b"].arch, PRESETS["laguna-s"].arch) == ("qwen35moe", "laguna")
     assert planned_sizes("laguna-s", n_layer=24)["n_moe_layers"] == 23  # --n-layer cuts the depth
 
 

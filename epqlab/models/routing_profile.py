@@ -113,7 +113,8 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 
 def encode(x: np.ndarray, t: str) -> np.ndarray:
-    """float32 array -> bytes of ggml type ``t`` (``Q8_0``, ``F16``, ``BF16``, ``F32``), as uint8."""
+    """float32 array -> bytes of ggml type ``t`` (``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``F16``, ``BF16``,
+    ``F32``), as uint8."""
     if t == "Q8_0":
         return quantize_q8_0(x).reshape(-1)
     if t == "F16":
@@ -122,4 +123,10 @@ def encode(x: np.ndarray, t: str) -> np.ndarray:
         return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
     if t == "F32":
         return x.astype(np.float32).view(np.uint8).reshape(-1)
-    raise ValueError(f"routing='skewed' needs token_embd of type Q8_0, F16, BF16 or F32, got {t}")
+    if t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # gguf-py's reference quantizers (no K-quants there)
+        from gguf import GGMLQuantizationType as QT
+        from gguf.quants import quantize
+
+        return np.ascontiguousarray(quantize(x.astype(np.float32), QT[t])).view(np.uint8).reshape(-1)
+    raise ValueError(f"routing='skewed' needs token_embd and routers of type Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16 "
+                     f"or F32, got {t}")
