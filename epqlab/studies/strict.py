@@ -161,7 +161,8 @@ def run(model=None, levels="2GiB,4GiB,8GiB", *, prompt: str = DEFAULT_PROMPT, n_
         ``decode_tok_s`` (median) with ``decode_tok_s_min`` / ``_max``, ``prefill_tok_s``,
         ``ssd_mb_per_token`` (pager reads per decoded token, MB), ``io_mb_per_token`` (all storage
         reads of the process per decoded token, /proc/self/io, MB -- includes page-cache misses
-        of mmapped weights), ``hit_rate``, ``evictions``, ``dense_weights`` (where the Session
+        of mmapped weights), ``hit_rate`` (the whole run: prefill and decode), ``decode_hit_rate`` (decode
+        passes only, beside ``ssd_mb_per_token``), ``evictions``, ``dense_weights`` (where the Session
         kept the non-expert weights), ``used_before_arena`` (bytes the Session measured before
         sizing the arena), ``stage_reserve``, ``staged_layers``, ``load_s``, ``load_bytes_read``
         (Session stat when it has one), ``load_io_bytes`` (/proc/self/io during the load),
@@ -281,6 +282,7 @@ def _aggregate(rs: list[dict]) -> dict:
         if rs[0]["pager"] and stats else None,
         "io_mb_per_token": per_tok("decode_read_bytes"),
         "hit_rate": _median(s.get("hit_rate") for s in stats) if rs[0]["pager"] else None,
+        "decode_hit_rate": _median(s.get("decode_hit_rate") for s in stats) if rs[0]["pager"] else None,
         "evictions": _median(s.get("evictions") for s in stats) if rs[0]["pager"] else None,
         "sim_lru_hit_rate": _median((x["child"].get("sim") or {}).get("lru_hit_rate") for x in ok),
         "sim_belady_hit_rate": _median((x["child"].get("sim") or {}).get("belady_hit_rate") for x in ok),
