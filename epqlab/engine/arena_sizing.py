@@ -22,20 +22,37 @@ KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type, f16 (llama_context_
 
 
 def kv_cache_bytes(lay: ModelLayout, n_ctx: int, n_seq: int = 1) -> int | None:
-    """Bytes of llama.cpp's KV cache for ``n_seq`` sequences of ``n_ctx`` cells each (f16 K and V):
-    sum over layers of ``n_ctx * n_seq * (head_count_kv * (key_length + value_length)) * 2``, from the
-    GGUF's ``<arch>.attention.*`` keys (key/value length default ``embedding_length / head_count``).
-    None when the metadata lacks them."""
+    """Bytes of llama.cpp's sequence memory for ``n_seq`` sequences of ``n_ctx`` cells each: the KV cache (f16 K
+    and V, ``n_ctx * n_seq * head_count_kv * (key_length + value_length) * 2`` per attention layer) plus, on
+    Gated-DeltaNet hybrids (``<arch>.full_attention_interval`` with ``ssm.*`` keys: qwen35moe, qwen3next), each
+    recurrent layer's f32 state per sequence, ``(conv_kernel - 1) * (inner + 2 * group_count * state_size) +
+    state_size * inner`` values (llama.cpp's ``llama_hparams::n_embd_r`` / ``n_embd_s``). Only the trunk's
+    layers count (an ordinary context allocates nothing for ``nextn_predict_layers`` MTP blocks), and only
+    attention layers hold KV (every ``full_attention_interval``-th there; a per-layer ``head_count_kv`` array
+    with zeros, as lfm2moe and nemotron_h_moe write, marks the others). Sliding-window layers are counted at
+    ``n_ctx`` (an upper bound). From the GGUF's keys (key/value length default ``embedding_length /
+    head_count``); None when the metadata lacks them."""
     md, a = lay.metadata or {}, lay.architecture
     n_layer, n_embd, n_head = md.get(f"{a}.block_count"), md.get(f"{a}.embedding_length"), md.get(f"{a}.attention.head_count")
     kv_heads = md.get(f"{a}.attention.head_count_kv", n_head)
     if not n_layer or not n_embd or not n_head:
         return None
+    n_trunk = int(n_layer) - int(md.get(f"{a}.nextn_predict_layers") or 0)
     heads = list(kv_heads) if isinstance(kv_heads, (list, tuple)) else [kv_heads] * int(n_layer)
+    heads = [int(h) for h in heads[:n_trunk]]
     head_dim = int(n_embd) // int(n_head[0] if isinstance(n_head, (list, tuple)) else n_head)
     k_len = int(md.get(f"{a}.attention.key_length", head_dim))
     v_len = int(md.get(f"{a}.attention.value_length", head_dim))
-    return int(sum(int(h) * (k_len + v_len) for h in heads) * n_ctx * n_seq * KV_BYTES_PER_VALUE)
+    interval = int(md.get(f"{a}.full_attention_interval") or 0)
+    recurrent = 0
+    if interval and md.get(f"{a}.ssm.inner_size"):
+        attn = [il for il in range(n_trunk) if (il + 1) % interval == 0]
+        heads = [h if il in attn else 0 for il, h in enumerate(heads)]
+        inner, state = int(md[f"{a}.ssm.inner_size"]), int(md.get(f"{a}.ssm.state_size") or 0)
+        conv, groups = int(md.get(f"{a}.ssm.conv_kernel") or 0), int(md.get(f"{a}.ssm.group_count") or 0)
+        per_layer = (max(conv - 1, 0) * (inner + 2 * groups * state) + state * inner) * 4
+        recurrent = per_layer * (n_trunk - len(attn)) * n_seq
+    return int(sum(heads) * (k_len + v_len) * n_ctx * n_seq * KV_BYTES_PER_VALUE) + recurrent
 
 
 @dataclass(frozen=True)
