@@ -8,7 +8,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
   ``logprobs`` included: :mod:`epqlab.engine.completion`).
-  Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
+  Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``);
+  ``"stream_options": {"include_usage": true}`` adds OpenAI's last chunk with ``usage`` and ``"choices": []``.
 - ``POST /tokenize`` and ``/extras/tokenize`` (``{"input": str}`` -> ``{"tokens": [int]}``),
   ``/extras/tokenize/count`` (-> ``{"count": int}``), ``POST /detokenize`` and ``/extras/detokenize``
   (``{"tokens": [int]}`` -> ``{"text": str}``): llama-cpp-python's server's shapes.
@@ -123,6 +124,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         stop: Union[str, list[str], None] = None
         seed: Optional[int] = None
         stream: bool = False
+        stream_options: Any = None  # {"include_usage": true}: usage in a last chunk of its own (OpenAI's)
         n: int = 1
         # checked by epqlab.engine (a bad value is a 400 naming it, not a 422)
         frequency_penalty: Any = 0.0
@@ -194,7 +196,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                   presence_penalty=req.presence_penalty, typical_p=req.typical_p,
                   logit_bias=bias_of(req.logit_bias, req.logit_bias_type), mirostat_mode=req.mirostat_mode,
                   mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta, grammar=req.grammar,
-                  response_format=req.response_format)
+                  response_format=req.response_format, stream_options=req.stream_options)
         kw.update({k: getattr(req, k) for k in fields})
         return kw
 

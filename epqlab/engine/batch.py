@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import EpqlabError
 from .generation import Generation
+from .stop_text import StopText
 
 STEP_HISTORY = 4096  # per-step records kept by a Batcher (the oldest are dropped first)
 MIN_REUSE_FRACTION = 0.5  # share of a prompt a cached sequence must hold for the prompt cache to reuse it
@@ -78,8 +79,7 @@ class Request:
         self.error: BaseException | None = None
         self._cancel = threading.Event()
         self.out: list[int] = []
-        self._text = b""
-        self._emitted = 0
+        self._text = StopText(self.stops)  # the text, cut at a stop, and what may be streamed (stop_text.py)
         self._reason = "length"
         self.seq: int | None = None
         self.pos = 0  # next KV position of its sequence
@@ -94,6 +94,11 @@ class Request:
         self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
         self.piece_ends: list[int] = []  # len(out) when each "piece" event was queued (appended before it)
+
+    def _put_piece(self, text: str) -> None:
+        if text:
+            self.piece_ends.append(len(self.out))
+            self.events.put(("piece", self.index, text))
 
     def cancel(self) -> None:
         """Stop this request at the next step (its sequence is freed; the others go on)."""
@@ -378,19 +383,9 @@ class Batcher:
         if r.forced is None and d.is_eog(tok):
             return self._finish(r, "stop")
         r.out.append(tok)
-        r._text += d.piece(tok)
-        txt = r._text.decode("utf-8", "ignore")
-        cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
-        if cut >= 0:
-            if cut > r._emitted:
-                r.piece_ends.append(len(r.out))
-                r.events.put(("piece", r.index, txt[r._emitted:cut]))
-            r._emitted = cut
+        r._put_piece(r._text.add(d.piece(tok)))
+        if r._text.stopped:
             return self._finish(r, "stop")
-        if len(txt) > r._emitted:
-            r.piece_ends.append(len(r.out))
-            r.events.put(("piece", r.index, txt[r._emitted:]))
-            r._emitted = len(txt)
         if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:
             return self._finish(r, "length")  # n_predict reached, or no KV cell left for the next token
         r.next_token = tok
@@ -407,9 +402,9 @@ class Batcher:
             self._free.append(r.seq)
             self._free.sort()
         r.t_end = time.perf_counter()
-        full = r._text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
-        text = full[:r._emitted] if r.stops else full
-        r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
+        r._put_piece(r._text.flush())  # held back in case it began a stop string; it ends here
+        # a character cut by the last token is dropped, as llama-cpp-python does
+        r.result = Generation(r._text.text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
         try:
             r.sampler.free()
         finally:
