@@ -8,13 +8,15 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
   ``logprobs`` included: :mod:`epqlab.engine.completion`).
-  Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``).
+  Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``);
+  ``"stream_options": {"include_usage": true}`` adds OpenAI's last chunk with ``usage`` and ``"choices": []``.
 - ``POST /tokenize`` and ``/extras/tokenize`` (``{"input": str}`` -> ``{"tokens": [int]}``),
   ``/extras/tokenize/count`` (-> ``{"count": int}``), ``POST /detokenize`` and ``/extras/detokenize``
   (``{"tokens": [int]}`` -> ``{"text": str}``): llama-cpp-python's server's shapes.
 - ``POST /v1/embeddings``: 400, naming why (a causal MoE language model's hidden states are not embeddings).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`),
-  ``batch``: the continuous batcher's figures (:meth:`epqlab.engine.batch.Batcher.summary`: steps, batch
+  ``batch``: the continuous batcher's figures (:meth:`epqlab.engine.batch.Batcher.summary`: prompt tokens
+  and the prompt-cache cells reused for them, steps, batch
   sizes, mean union of experts per layer per step, SSD bytes per token) and its last steps; with a pager,
   ``time_split``: the mean milliseconds per part of its decode calls
   (:func:`epqlab.engine.time_split.decode_summary`).
@@ -29,7 +31,11 @@ Scheduling: continuous batching (:mod:`epqlab.engine.batch`) on one Session open
 ``n_seq_max = max_batch``: a request joins the running batch at its next step (prefilled alone first),
 advances one token per step with every other active request in one forward pass, and leaves when it
 ends; ``n`` > 1 and several prompts are several sequences. A finished sequence keeps its KV cells, so a
-request whose prompt extends one (a chat's next turn) decodes only the new tokens. A bad request
+request whose prompt extends one (a chat's next turn) decodes only the rest: by default (``--prompt-cache
+exact``) only whole ubatches of the earlier prompt's evaluation are reused, so an answer never depends on
+what was cached; ``--prompt-cache fast`` reuses the whole common prefix (llama.cpp's server's
+``cache_prompt``: answers may differ from uncached ones by llama.cpp's rounding), ``off`` nothing; the
+``batch`` figures of ``/v1/epqlab/stats`` count the reused cells. A bad request
 (malformed JSON, a field of the wrong type, a value out of range, messages that are not
 ``[{"role", "content": str}]``, a prompt longer than the context) gets HTTP 400 (422 for JSON that
 does not match the schema) with an OpenAI-style ``{"error": {"message", "type"}}`` body; the server
@@ -75,13 +81,16 @@ def _require():
 
 
 def create_app(session, *, model_name: str | None = None, max_batch: int | None = None, batch_window_s: float = 0.0,
-               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, prompt_cache: str = "exact"):
     """A FastAPI app serving ``session`` (see the module docstring) with continuous batching of up to
     ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
     that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
     batcher's thread; it is stopped with the app (lifespan). ``api_key``: every endpoint but ``GET /health``
     answers 401 without ``Authorization: Bearer <api_key>`` (compared in constant time, never logged);
-    ``max_body_bytes``: larger request bodies get 413 before they are parsed."""
+    ``max_body_bytes``: larger request bodies get 413 before they are parsed; ``prompt_cache``: ``"exact"``
+    (default: a cached prefix is reused only where the answer stays the uncached one bit for bit),
+    ``"fast"`` (llama.cpp's server's ``cache_prompt``: the whole common prefix) or ``"off"``
+    (:func:`epqlab.engine.batch.reusable_prefix`). Raises ValueError for another value."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     _require()
@@ -95,7 +104,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     from sse_starlette.sse import EventSourceResponse
 
     name = model_name or session.model_name
-    batcher = Batcher(session, max_batch, prompt_cache=True, window_s=batch_window_s).start()
+    batcher = Batcher(session, max_batch, prompt_cache=prompt_cache, window_s=batch_window_s).start()
     # requests wait (and streams read their queues) on their own pool; the stats endpoint has its own thread,
     # so neither a crowd of queued streams nor a busy one delays it
     waiters = ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="epqlab-request")
@@ -123,6 +132,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         stop: Union[str, list[str], None] = None
         seed: Optional[int] = None
         stream: bool = False
+        stream_options: Any = None  # {"include_usage": true}: usage in a last chunk of its own (OpenAI's)
         n: int = 1
         # checked by epqlab.engine (a bad value is a 400 naming it, not a 422)
         frequency_penalty: Any = 0.0
@@ -194,7 +204,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                   presence_penalty=req.presence_penalty, typical_p=req.typical_p,
                   logit_bias=bias_of(req.logit_bias, req.logit_bias_type), mirostat_mode=req.mirostat_mode,
                   mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta, grammar=req.grammar,
-                  response_format=req.response_format)
+                  response_format=req.response_format, stream_options=req.stream_options)
         kw.update({k: getattr(req, k) for k in fields})
         return kw
 
@@ -404,14 +414,14 @@ class _Guard:
 
 def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
           log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0,
-          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching, ``api_key`` and ``max_body_bytes``
-    as :func:`create_app`."""
+          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, prompt_cache: str = "exact") -> None:
+    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching, ``api_key``, ``max_body_bytes`` and
+    ``prompt_cache`` as :func:`create_app`."""
     _require()
     import uvicorn
 
     uvicorn.run(create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s,
-                           api_key=api_key, max_body_bytes=max_body_bytes),
+                           api_key=api_key, max_body_bytes=max_body_bytes, prompt_cache=prompt_cache),
                 host=host, port=int(port), log_level=log_level)
 
 

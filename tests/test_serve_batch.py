@@ -149,11 +149,14 @@ def test_fields_bodies_usage_and_stats_under_load(server, reference):
     assert 400 <= r.status_code < 500 and "message" in r.json()["error"]
     chunks = []
     with httpx.stream("POST", url + "/v1/completions", timeout=120,
-                      json={"prompt": "Hi", "max_tokens": 4, "n": 2, "stream": True, "temperature": 0}) as resp:
+                      json={"prompt": "Hi", "max_tokens": 4, "n": 2, "stream": True, "temperature": 0,
+                            "stream_options": {"include_usage": True}}) as resp:
         for ln in resp.iter_lines():
             if ln.startswith("data:") and ln != "data: [DONE]":
                 chunks.append(__import__("json").loads(ln[5:]))
-    assert sum("usage" in c for c in chunks) == 1 and chunks[-1]["usage"]["completion_tokens"] == 8
+    # OpenAI's usage chunk: once, last, with no choices; every other chunk says "usage": null
+    assert [c["usage"] is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
     # a long request on every sequence, 6 streams queued behind it: the stats endpoint answers while it decodes.
     # Polled until the big request returns, so no wall-clock guess decides whether a sample lands mid-run.
     big = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", timeout=300, json={

@@ -37,7 +37,8 @@ def model(tmp_path_factory):
 def server(model):
     port = _free_port()
     cmd = [sys.executable, "-m", "epqlab", "serve", str(model), "--port", str(port), "--threads", "1",
-           "--n-ctx", "256", "--max-batch", str(N_SEQ), "--log-level", "warning"]
+           "--n-ctx", "256", "--max-batch", str(N_SEQ), "--log-level", "warning",
+           "--prompt-cache", "fast"]  # llama-server's reuse: the mode that trims cached sequences
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     yield url, p

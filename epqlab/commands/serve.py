@@ -35,6 +35,15 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=int, default=None,
                    help="sequences decoded together (continuous batching); default: the most, up to 8, whose KV "
                         "cache takes at most a quarter of the budget (4 without a budget)")
+    p.add_argument("--prompt-cache", default="exact", choices=["exact", "fast", "off"],
+                   help="reuse a finished sequence's KV cells for a prompt that shares its prefix: exact (default: "
+                        "only whole ubatches of the earlier prompt's evaluation, so every answer equals the "
+                        "uncached one bit for bit), fast (the whole common prefix, generated tokens too, as "
+                        "llama.cpp's server's cache_prompt: an answer may differ from the uncached one by "
+                        "llama.cpp's rounding), off")
+    p.add_argument("--n-ubatch", type=int, default=512,
+                   help="llama.cpp's ubatch, tokens (default 512); --prompt-cache exact reuses whole ubatches, so "
+                        "a smaller one reuses more of a short chat (and re-reads experts more often in prefill)")
     p.add_argument("--batch-window-ms", type=float, default=0.0,
                    help="when a batch starts from idle, wait this long for more requests before its first step")
     p.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -50,6 +59,8 @@ def run(args) -> int:
         raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.batch_window_ms < 0:
         raise ValueError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
+    if args.n_ubatch < 1:
+        raise ValueError(f"--n-ubatch must be >= 1, got {args.n_ubatch}")
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     api_key = args.api_key or os.environ.get("EPQLAB_API_KEY") or None
@@ -59,7 +70,7 @@ def run(args) -> int:
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
     with Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
-                 n_threads=args.threads, pager=args.pager) as s:
+                 n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         kv = kv_cache_bytes(s.layout, s.n_ctx, max_batch)
@@ -67,5 +78,6 @@ def run(args) -> int:
               f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else "")
               + ("; API key required" if api_key else ""), file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
-              batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes)
+              batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes,
+              prompt_cache=args.prompt_cache)
     return 0

@@ -13,7 +13,9 @@ joins the next step, and leaves when it stops (an end-of-generation token, a sto
 tokens, its context full) or is cancelled; the sequence goes to the next waiting request. With
 ``prompt_cache`` (the server's default, as llama.cpp's server caches a slot's prompt) a finished sequence
 keeps its KV cells, and a request whose prompt shares a prefix with them (a chat's next turn) is given that
-sequence and decodes only the rest; otherwise its cells are freed at once. The math is llama.cpp's: each sequence samples from its own logits row with its own
+sequence and decodes only the rest; otherwise its cells are freed at once. How much is reused is
+:func:`reusable_prefix`'s rule: ``"exact"`` (whole ubatches of the cached prompt's evaluation: the answer
+is the uncached one bit for bit), ``"fast"`` (the whole common prefix, as llama.cpp's server) or ``"off"``. The math is llama.cpp's: each sequence samples from its own logits row with its own
 sampler chain (:class:`~epqlab.engine.sampling.Sampler`, its own seed).
 
 Prefetch and skip-cold act on single-token ubatches only (native/engine/hook.h); a step of two or more
@@ -32,9 +34,11 @@ import numpy as np
 
 from ..errors import EpqlabError
 from .generation import Generation
+from .stop_text import StopText
 
 STEP_HISTORY = 4096  # per-step records kept by a Batcher (the oldest are dropped first)
 MIN_REUSE_FRACTION = 0.5  # share of a prompt a cached sequence must hold for the prompt cache to reuse it
+PROMPT_CACHE_MODES = ("exact", "fast", "off")  # reusable_prefix's rules
 
 
 class Request:
@@ -78,8 +82,7 @@ class Request:
         self.error: BaseException | None = None
         self._cancel = threading.Event()
         self.out: list[int] = []
-        self._text = b""
-        self._emitted = 0
+        self._text = StopText(self.stops)  # the text, cut at a stop, and what may be streamed (stop_text.py)
         self._reason = "length"
         self.seq: int | None = None
         self.pos = 0  # next KV position of its sequence
@@ -92,8 +95,14 @@ class Request:
         self.prefill_bytes = 0
         self.reused = 0  # prompt tokens whose KV cells a cached sequence already held
         self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
+        self.ubatch_ends: list[int] = []  # where its prompt's ubatches ended, as a fresh run splits it
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
         self.piece_ends: list[int] = []  # len(out) when each "piece" event was queued (appended before it)
+
+    def _put_piece(self, text: str) -> None:
+        if text:
+            self.piece_ends.append(len(self.out))
+            self.events.put(("piece", self.index, text))
 
     def cancel(self) -> None:
         """Stop this request at the next step (its sequence is freed; the others go on)."""
@@ -129,7 +138,8 @@ class Batcher:
     Use it synchronously (:meth:`run`: every request to its end in the calling thread, as
     :meth:`epqlab.Session.generate_batch` does) or in the background (:meth:`start`, then :meth:`submit`
     from any thread, as ``epqlab serve`` does). ``prompt_cache``: keep a finished sequence's KV cells for a
-    later prompt that extends them (module docstring). ``window_s``: in the background, when a batch starts
+    later prompt that extends them, ``"exact"`` | ``"fast"`` | ``"off"`` (:func:`reusable_prefix`; True is
+    ``"exact"``, False ``"off"``). ``window_s``: in the background, when a batch starts
     from idle, wait up to this long for more requests (until ``max_batch`` wait) before its first step, so
     requests that arrive together decode together from their first token.
 
@@ -139,21 +149,30 @@ class Batcher:
             int list), ``union_mean`` (their mean), ``requests``, ``hits``, ``misses``, ``staged_layers``.
 
     Raises:
-        ValueError: ``max_batch`` < 1.
+        ValueError: ``max_batch`` < 1, an unknown ``prompt_cache``.
     """
 
-    def __init__(self, session, max_batch: int | None = None, *, prompt_cache: bool = False, window_s: float = 0.0):
+    def __init__(self, session, max_batch: int | None = None, *, prompt_cache: bool | str = False,
+                 window_s: float = 0.0):
         n = session.n_seq_max
         if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        mode = {True: "exact", False: "off"}.get(prompt_cache, prompt_cache) if isinstance(prompt_cache, bool) \
+            else prompt_cache
+        if mode not in PROMPT_CACHE_MODES:
+            raise ValueError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)} (or a bool: True is "
+                             f"'exact'), got {prompt_cache!r}")
         if not window_s >= 0:
             raise ValueError(f"window_s must be >= 0 seconds, got {window_s!r}")
         self.session = session
         self.max_batch = min(int(max_batch or n), n)
-        self.prompt_cache = bool(prompt_cache)
+        self.prompt_cache = mode
         self.window_s = float(window_s)
         self._cached: dict[int, list[int]] = {}  # free sequence -> the tokens its KV cells still hold
         self._dirty: set[int] = set()  # free sequences whose cells are unknown (a failed free): cleared at pick
+        self._cached_ends: dict[int, list[int]] = {}  # free sequence -> its prompt's fresh ubatch ends
+        self.prompt_tokens_total = 0  # prompt tokens admitted
+        self.reused_cells_total = 0  # of which a cached sequence's KV cells already held
         self.step_log: deque = deque(maxlen=STEP_HISTORY)
         self.steps_total = 0
         self._waiting: deque[Request] = deque()
@@ -256,7 +275,7 @@ class Batcher:
                                waiting=False)
             self._epoch = d.begin_batch()
             self._free = list(range(s.n_seq_max))
-            self._cached = {}
+            self._cached, self._cached_ends = {}, {}
             self._dirty = set()
         for r in [r for r in self._active.values() if r.cancelled]:
             self._finish(r, "cancelled")
@@ -275,7 +294,7 @@ class Batcher:
 
     def _pick_sequence(self, r: Request) -> tuple[int, int]:
         """A free sequence for ``r`` and how many of its prompt tokens that sequence's cells already hold:
-        the cached sequence with the longest common prefix, if it covers at least
+        the cached sequence with the longest :func:`reusable_prefix`, if it covers at least
         :data:`MIN_REUSE_FRACTION` of the prompt (llama.cpp's server picks slots by the same similarity,
         ``--slot-prompt-similarity`` 0.5), leaving at least one token to decode for its logits; else an
         empty sequence, else the oldest cached one. Where the context's memory cannot keep that prefix
@@ -286,13 +305,14 @@ class Batcher:
         for q in self._free:
             held = self._cached.get(q)
             if held:
-                n = min(_common_prefix(held, r.tokens), len(r.tokens) - 1)
+                n = reusable_prefix(held, self._cached_ends.get(q, []), r.tokens, self.prompt_cache)
                 if n > keep and n >= MIN_REUSE_FRACTION * len(r.tokens):
                     best, keep = q, n
         if best is None:
             empty = [q for q in self._free if q not in self._cached and q not in self._dirty]
             best = empty[0] if empty else self._free[0]
         held = self._cached.pop(best, None)
+        self._cached_ends.pop(best, None)
         if best in self._dirty or (held is not None and len(held) > keep) or (held is not None and keep == 0):
             self._dirty.add(best)  # until its cells are known again
             keep = self.session.decoder.trim_seq(best, len(held) if held is not None else 0,
@@ -323,6 +343,9 @@ class Batcher:
             return
         r.prefill_bytes = _bytes_read(s) - b0
         r.t_prefill1 = time.perf_counter()
+        self.prompt_tokens_total += len(r.tokens)
+        self.reused_cells_total += r.reused
+        r.ubatch_ends = fresh_ubatch_ends(len(r.tokens), d.chunk_tokens(d.record_routes), self._n_ubatch())
         r.pos = len(r.tokens)
         r.kv_tokens = list(r.tokens)
         self._active[r.seq] = r
@@ -336,6 +359,11 @@ class Batcher:
             self._finish(r, "error")
             if not isinstance(e, Exception):
                 raise
+
+    def _n_ubatch(self) -> int:
+        """llama.cpp's ubatch size: n_ubatch, at most n_batch (llama_init_from_model caps it)."""
+        o = getattr(self.session, "options", None)
+        return min(int(getattr(o, "n_ubatch", self.session.n_batch)), int(self.session.n_batch))
 
     def _decode_step(self) -> None:
         s, d = self.session, self.session.decoder
@@ -393,19 +421,9 @@ class Batcher:
         if r.forced is None and d.is_eog(tok):
             return self._finish(r, "stop")
         r.out.append(tok)
-        r._text += d.piece(tok)
-        txt = r._text.decode("utf-8", "ignore")
-        cut = min((txt.find(x) for x in r.stops if x in txt), default=-1)
-        if cut >= 0:
-            if cut > r._emitted:
-                r.piece_ends.append(len(r.out))
-                r.events.put(("piece", r.index, txt[r._emitted:cut]))
-            r._emitted = cut
+        r._put_piece(r._text.add(d.piece(tok)))
+        if r._text.stopped:
             return self._finish(r, "stop")
-        if len(txt) > r._emitted:
-            r.piece_ends.append(len(r.out))
-            r.events.put(("piece", r.index, txt[r._emitted:]))
-            r._emitted = len(txt)
         if len(r.out) >= r.n_predict or r.pos >= self.session.n_ctx:
             return self._finish(r, "length")  # n_predict reached, or no KV cell left for the next token
         r.next_token = tok
@@ -420,8 +438,9 @@ class Batcher:
             self._active.pop(r.seq, None)
             d = self.session.decoder
             if not d.closed and self._epoch == d.epoch:
-                if self.prompt_cache and reason != "error" and r.kv_tokens:
+                if self.prompt_cache != "off" and reason != "error" and r.kv_tokens:
                     self._cached[r.seq] = r.kv_tokens  # kept for a prompt that extends them
+                    self._cached_ends[r.seq] = r.ubatch_ends
                 else:
                     self._cached.pop(r.seq, None)
                     try:
@@ -433,9 +452,9 @@ class Batcher:
                 self._free.sort()
         r.t_end = time.perf_counter()
         try:
-            full = r._text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
-            text = full[:r._emitted] if r.stops else full
-            r.result = Generation(text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
+            r._put_piece(r._text.flush())  # held back in case it began a stop string; it ends here
+            # a character cut by the last token is dropped, as llama-cpp-python does
+            r.result = Generation(r._text.text, list(r.out), list(r.tokens), self._seq_stats(r), reason)
             r.sampler.free()
         except Exception as e:  # noqa: BLE001 - the request still gets its answer: this error
             if r.error is None:
@@ -471,6 +490,7 @@ class Batcher:
         for q, held in list(self._cached.items()):
             if d.seq_pos_max(q) != len(held) - 1:
                 del self._cached[q]
+                self._cached_ends.pop(q, None)
                 self._dirty.add(q)
 
     def fail_all(self, e: BaseException, waiting: bool = True) -> None:
@@ -483,6 +503,7 @@ class Batcher:
         # what the failed step left in the cache is unknown: every free sequence is cleared at its next pick
         self._dirty.update(self._cached)
         self._cached.clear()
+        self._cached_ends.clear()
         if waiting:
             with self._cv:
                 pending, self._waiting = list(self._waiting), deque()
@@ -495,7 +516,9 @@ class Batcher:
         """Aggregates of ``steps`` (default: the whole :attr:`step_log`): ``steps``, ``tokens`` (decoded in
         them), ``decode_s``, ``decode_tok_s`` (aggregate, all sequences), ``mean_batch`` (tokens per step),
         ``batch_sizes`` ({size: steps}), ``union_per_layer`` (mean distinct experts per layer per step),
-        ``ssd_bytes`` and ``ssd_bytes_per_token`` (pager reads in the steps), ``hit_rate``."""
+        ``ssd_bytes`` and ``ssd_bytes_per_token`` (pager reads in the steps), ``hit_rate``; and since the
+        batcher started: ``prompt_cache`` (its mode), ``prompt_tokens`` (admitted) and ``reused_cells`` (of
+        those, the ones a cached sequence's KV cells already held)."""
         steps = list(self.step_log if steps is None else steps)
         tok = sum(x["n_tokens"] for x in steps)
         wall = sum(x["wall_s"] for x in steps)
@@ -504,7 +527,8 @@ class Batcher:
         for x in steps:
             sizes[x["n_tokens"]] = sizes.get(x["n_tokens"], 0) + 1
         byts = sum(x["bytes_read"] for x in steps)
-        return {"steps": len(steps), "tokens": tok, "decode_s": wall, "decode_tok_s": tok / wall if wall > 0 else 0.0,
+        return {"prompt_cache": self.prompt_cache, "prompt_tokens": self.prompt_tokens_total,
+                "reused_cells": self.reused_cells_total, "steps": len(steps), "tokens": tok, "decode_s": wall, "decode_tok_s": tok / wall if wall > 0 else 0.0,
                 "mean_batch": tok / len(steps) if steps else 0.0, "batch_sizes": dict(sorted(sizes.items())),
                 "union_per_layer": float(np.mean([x["union_mean"] for x in steps])) if steps else 0.0,
                 "ssd_bytes": byts, "ssd_bytes_per_token": byts / tok if tok else 0.0,
@@ -575,6 +599,56 @@ class BatchStream:
                 raise r.error
 
 
+def fresh_ubatch_ends(n: int, n_batch: int, n_ubatch: int) -> list[int]:
+    """The ubatch ends, within the first ``n`` tokens, that a fresh evaluation of *any* prompt starting with
+    those ``n`` tokens has: a prompt goes to llama_decode in chunks of ``n_batch`` tokens
+    (:meth:`~epqlab.engine.decoder.Decoder.decode_seq`), each split by llama.cpp into ubatches of ``n_ubatch``
+    (llama_context::decode), so the ends are c + k * n_ubatch inside each chunk [c, c + n_batch) and the
+    chunk's end. A last, shorter ubatch that ends at ``n`` only because the prompt ends there is not listed
+    (a longer prompt fills it). Only ends from which the rest, sent in chunks of ``n_batch`` again, splits
+    as the fresh run does are listed: every one when ``n_ubatch`` divides ``n_batch``, else the chunk ends.
+    Increasing, all <= n."""
+    if n_batch < 1 or n_ubatch < 1:
+        raise ValueError(f"n_batch and n_ubatch must be >= 1, got {n_batch}, {n_ubatch}")
+    inner = n_batch % n_ubatch == 0
+    ends = []
+    for c in range(0, n, n_batch):
+        if inner:
+            ends += [e for e in range(c + n_ubatch, c + n_batch, n_ubatch) if e <= n]
+        if c + n_batch <= n:
+            ends.append(c + n_batch)
+    return ends
+
+
+def reusable_prefix(cached_tokens: Sequence[int], cached_ubatch_ends: Sequence[int], prompt: Sequence[int],
+                    mode: str) -> int:
+    """How many leading KV cells of a cached sequence a new ``prompt`` may reuse (docs/DESIGN.md §3d);
+    ``cached_tokens``: what the sequence's cells hold (its prompt, then what it generated);
+    ``cached_ubatch_ends``: :func:`fresh_ubatch_ends` of its prompt.
+
+    - ``"fast"`` (llama.cpp's server with ``cache_prompt``): the whole common prefix, generated tokens too. The
+      rest of the prompt is then evaluated in other ubatch shapes than a fresh run would use, and llama.cpp's
+      matmuls round differently per shape, so the answer may differ from the uncached one.
+    - ``"exact"``: only up to one of ``cached_ubatch_ends`` inside the common prefix. A fresh run of ``prompt``
+      evaluates those same ubatches (same tokens, same positions) and resumes from that end in the same
+      ubatches the reuse does, so every cell and every logit is the uncached one bit for bit. That holds for
+      the cached cells because exact reuse itself only resumes at such ends. Generated tokens are never
+      reused (they were decoded one per step, beside other sequences).
+    - ``"off"``: nothing.
+
+    At least one prompt token is always left to decode (its logits start the generation). Raises ValueError
+    for another mode.
+    """
+    if mode not in PROMPT_CACHE_MODES:
+        raise ValueError(f"prompt cache mode must be one of {', '.join(PROMPT_CACHE_MODES)}, got {mode!r}")
+    if mode == "off":
+        return 0
+    n = max(min(_common_prefix(cached_tokens, prompt), len(prompt) - 1), 0)
+    if mode == "fast":
+        return n
+    return max((e for e in cached_ubatch_ends if e <= n), default=0)
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -598,4 +672,5 @@ def _step_counters(session) -> dict:
             "staged_layers": int(hs.get("staged_layers", 0)), "union": u}
 
 
-__all__ = ["Batcher", "BatchStream", "Request", "STEP_HISTORY"]
+__all__ = ["Batcher", "BatchStream", "Request", "STEP_HISTORY", "PROMPT_CACHE_MODES", "fresh_ubatch_ends",
+           "reusable_prefix"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .run_stats import append_jsonl, counters, run_stats
+from .stop_text import StopText
 
 
 @dataclass
@@ -92,8 +93,8 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     t_prefill = time.perf_counter() - t0
     c1 = counters(s)
     out: list[int] = holder.tokens
-    text = b""
-    emitted = 0
+    # the text and what may be streamed of it: one rule for streams and results (epqlab/engine/stop_text.py)
+    text = StopText(stops if forced is None else ())
     reason = "length"
     t1 = time.perf_counter()
     pos = len(toks)
@@ -102,10 +103,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         while len(out) < n_predict:
             if forced is not None:  # teacher forcing: same graph, hook and stats; the text's token
                 out.append(forced[len(out)])
-                text += d.piece(out[-1])
-                txt = text.decode("utf-8", "ignore")
-                yield txt[emitted:]  # may be "" (a character cut between tokens): one piece per token
-                emitted = len(txt)
+                yield text.add(d.piece(out[-1]))  # may be "" (a character cut between tokens): one piece per token
                 if len(out) >= n_predict:
                     break
                 logits = d.step(out[-1], pos, epoch)
@@ -116,28 +114,24 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
                 reason = "stop"
                 break
             out.append(tok)
-            text += d.piece(tok)
-            txt = text.decode("utf-8", "ignore")
-            cut = min((txt.find(x) for x in stops if x and x in txt), default=-1)
-            if cut >= 0:
-                if cut > emitted:
-                    yield txt[emitted:cut]
-                emitted = cut
+            piece = text.add(d.piece(tok))
+            if piece:
+                yield piece
+            if text.stopped:
                 reason = "stop"
                 break
-            if len(txt) > emitted:
-                yield txt[emitted:]
-                emitted = len(txt)
             if len(out) >= n_predict:
                 break
             logits = d.step(tok, pos, epoch)
             pos += 1
+        rest = text.flush()  # held back in case it began a stop string; the generation is over
+        if rest:
+            yield rest
         interrupted = False
     finally:
         t_decode = time.perf_counter() - t1
         if d.closed:  # closed from another thread between two steps: no counters left to read
-            full = text.decode("utf-8", "ignore")
-            holder.result = Generation(full[:emitted] if stops else full, out, toks, {}, "closed")
+            holder.result = Generation(text.text, out, toks, {}, "closed")
             sampler.free()
             return
         if s.prefetch == "oracle" and s.pager:
@@ -151,8 +145,8 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         s.runs.append(st)
         if s.stats_file:
             append_jsonl(s.stats_file, st)
-        full = text.decode("utf-8", "ignore")  # a character cut by the last token is dropped, as llama-cpp-python does
-        holder.result = Generation(full[:emitted] if stops and forced is None else full, out, toks, st, reason)
+        # a character cut by the last token is dropped, as llama-cpp-python does
+        holder.result = Generation(text.text, out, toks, st, reason)
         sampler.free()
 
 

@@ -611,8 +611,10 @@ class Session:
         defaults, same OpenAI-schema dict: ``choices[0]["text"]``, ``finish_reason`` ``"stop"`` |
         ``"length"``, ``usage`` token counts), with epqlab's run stats under ``"epqlab"``.
         ``max_tokens`` None or <= 0: until the context is full. ``stream=True`` returns an
-        iterator of ``text_completion`` chunks, the last with ``finish_reason``, ``usage`` and
-        ``"epqlab"``. KV entries of the previous call are reused when its tokens prefix this prompt.
+        iterator of ``text_completion`` chunks, the last with ``finish_reason`` and ``"epqlab"``
+        (``stream_options={"include_usage": True}``: then one more chunk, OpenAI's, with ``"choices": []``
+        and ``usage``); the pieces join to the non-streamed text (a suffix that could begin a ``stop``
+        string is held back until it cannot). KV entries of the previous call are reused when its tokens prefix this prompt.
         ``prompt`` may also be a list (of strings, or of token-id lists: several prompts) and ``n`` > 1 asks
         for several choices per prompt, as the OpenAI completions API reads them; those decode as one batch
         (:meth:`generate_batch`, :mod:`epqlab.engine.completion`), their chunks carry each choice's ``index``.

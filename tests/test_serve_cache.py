@@ -1,0 +1,109 @@
+"""The server's prompt cache never changes an answer (``epqlab serve --prompt-cache exact``, the default;
+epqlab.engine.batch.reusable_prefix): the same chat request three times, and a chat's second turn, through a
+real ``epqlab serve`` each equal a fresh Session's answer (text and every log-probability, bit for bit), while ``/v1/epqlab/stats`` counts the KV cells the
+cache reused (whole 16-token ubatches here: ``--n-ubatch 16``, so a short chat reuses some). Plus the rule
+itself on hand-made token lists: ubatch ends, exact vs fast vs off."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import epqlab
+from epqlab.engine.batch import Batcher, fresh_ubatch_ends, reusable_prefix
+from test_serve import _free_port, _wait_ready
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+U = 16  # --n-ubatch
+SYSTEM = ("You are a terse assistant. You answer questions about computer hardware, caches, memory and "
+          "operating systems in one or two plain sentences.")
+MSGS = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a CPU cache?"}]
+N = 12
+
+
+def test_fresh_ubatch_ends_and_the_reuse_rule():
+    assert fresh_ubatch_ends(40, 512, 16) == [16, 32]  # the short last ubatch [32, 40) is not shared
+    assert fresh_ubatch_ends(48, 512, 16) == [16, 32, 48]
+    assert fresh_ubatch_ends(1100, 512, 512) == [512, 1024]
+    assert fresh_ubatch_ends(1100, 512, 200) == [512, 1024]  # 200 does not divide 512: chunk ends only
+    cached = list(range(100, 140)) + [7, 7, 7]  # a 40-token prompt, then 3 generated tokens
+    ends = fresh_ubatch_ends(40, 512, 16)
+    turn2 = cached + [9, 9]
+    assert reusable_prefix(cached, ends, turn2, "fast") == 43  # generated tokens too (llama.cpp's server)
+    assert reusable_prefix(cached, ends, turn2, "exact") == 32  # whole ubatches of the prompt's evaluation
+    assert reusable_prefix(cached, ends, turn2, "off") == 0
+    assert reusable_prefix(cached, ends, cached[:40], "exact") == 32  # the same prompt again
+    assert reusable_prefix(cached, ends, cached[:32], "exact") == 16  # one token is always left to decode
+    assert reusable_prefix(cached, ends, cached[:20] + [1] * 30, "exact") == 16  # diverges inside a ubatch
+    assert reusable_prefix(cached, ends, cached[:40], "fast") == 39
+    with pytest.raises(ValueError, match="exact, fast, off"):
+        reusable_prefix(cached, ends, turn2, "always")
+
+
+def test_batcher_refuses_an_unknown_mode(default_model_path):
+    with epqlab.Session(default_model_path, pager=False, n_ctx=256, n_threads=1) as s:
+        with pytest.raises(ValueError, match="prompt_cache must be one of exact, fast, off"):
+            Batcher(s, prompt_cache="sometimes")
+        assert Batcher(s, prompt_cache=True).prompt_cache == "exact"
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "epqlab", "serve", str(default_model_path), "--port", str(port), "--threads", "1",
+           "--n-ctx", "512", "--max-batch", "2", "--n-ubatch", str(U), "--log-level", "warning"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield f"http://127.0.0.1:{port}", p
+    p.terminate()
+    try:
+        p.wait(20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def fresh(default_model_path):
+    """A fresh Session's answer to any messages (the KV cache cleared before each: nothing reused)."""
+    with epqlab.Session(default_model_path, pager=False, n_threads=1, n_ctx=512, n_seq_max=2, n_ubatch=U) as s:
+        def answer(msgs):
+            with s.decoder.lock:
+                s.decoder.begin()  # an empty context: the next call decodes its whole prompt
+            r = s.create_chat_completion(msgs, max_tokens=N, temperature=0, logprobs=True)
+            assert r["epqlab"]["n_prompt_reused"] == 0
+            c = r["choices"][0]
+            return (c["message"]["content"], [e["logprob"] for e in c["logprobs"]["content"]]), r["usage"]["prompt_tokens"]
+        yield answer
+
+
+def _answer(r) -> tuple:
+    """The text and every token's log-probability (exact floats: a logit that moved by one rounding shows)."""
+    return r.choices[0].message.content, [e.logprob for e in r.choices[0].logprobs.content]
+
+
+def _reused(url) -> int:
+    b = httpx.get(url + "/v1/epqlab/stats", timeout=60).json()["batch"]
+    assert b["prompt_cache"] == "exact"
+    return b["reused_cells"]
+
+
+def test_cached_answers_equal_fresh_ones(server, fresh):
+    url, proc = server
+    _wait_ready(url, proc)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    want, n_prompt = fresh(MSGS)
+    assert n_prompt > 2 * U
+    turn2 = MSGS + [{"role": "assistant", "content": want[0]}, {"role": "user", "content": "And a TLB?"}]
+    want2, n_prompt2 = fresh(turn2)
+    got, reuse = [], []
+    for msgs in (MSGS, MSGS, MSGS, turn2):  # the second and third find the first one's cells; turn 2 the third's
+        r = client.chat.completions.create(model="x", messages=msgs, max_tokens=N, temperature=0, logprobs=True)
+        got.append(_answer(r))
+        reuse.append(r.model_extra["epqlab"]["n_prompt_reused"])
+    assert got == [want] * 3 + [want2]  # (--prompt-cache fast reuses turn 1's generated cells: its turn 2 differs)
+    assert reuse[0] == 0 and reuse[1] == reuse[2] == (n_prompt - 1) // U * U > 0
+    assert 0 < reuse[3] <= n_prompt < n_prompt2 and reuse[3] % U == 0  # never turn 1's generated tokens
+    assert _reused(url) == sum(reuse)
+    assert proc.poll() is None
