@@ -218,6 +218,28 @@ def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None
                     "mis-converted; re-convert it.")
 
 
+# architectures whose load_arch_tensors makes blk.N.ssm_conv1d.bias optional (TENSOR_NOT_REQUIRED: falcon-h1.cpp,
+# granite-hybrid.cpp, nemotron-h.cpp) while the graph's build_mamba2_layer adds it unconditionally
+# (src/models/mamba-base.cpp: ggml_add(ctx0, xBC, model.layers[il].ssm_conv1d_b)): without it ggml_add reads a
+# null tensor (SIGSEGV building the first graph, when the context is created)
+MAMBA2_CONV_BIAS_ARCHS = frozenset({"falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
+
+
+def check_required_tensors(path: Path, arch: str, names) -> None:
+    """Refuse a tensor llama.cpp loads as optional but computes with unconditionally: a Mamba-2 block's
+    ``blk.N.ssm_conv1d.bias`` (:data:`MAMBA2_CONV_BIAS_ARCHS`). ``names``: every tensor name in the file.
+    Raises NotGGUFError naming the missing tensor."""
+    if arch not in MAMBA2_CONV_BIAS_ARCHS:
+        return
+    names = set(names)
+    for name in sorted(names):
+        if name.endswith(".ssm_conv1d.weight") and name[:-len("weight")] + "bias" not in names:
+            raise NotGGUFError(
+                f"{path}: {name[:-len('weight')]}bias is missing, but llama.cpp's {arch} graph adds it to every "
+                "Mamba-2 block's convolution (it would crash the process creating the context): the file is "
+                "corrupt or mis-converted; re-convert it.")
+
+
 def check_tensor_types(path: Path, tensors) -> None:
     """Refuse a weight (``token_embd``, ``output``, ``blk.N.attn_*`` / ``ffn_*`` ..., see
     :data:`WEIGHT_NAME_RE`) of a type no kernel multiplies with (:data:`NON_WEIGHT_TYPES`): llama.cpp loads it

@@ -110,6 +110,8 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("gating0", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 0))
     make("gating_missing", rewrite, out["dots1"], drop=("dots1.expert_gating_func",))
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
+    out["nemotron_h_moe"] = write_tiny(d / "nemotron_h_moe.gguf", "nemotron_h_moe")
+    out["mamba2_no_conv_bias"] = write_tiny(d / "nb.gguf", "nemotron_h_moe", omit=("blk.3.ssm_conv1d.bias",))
     return out
 
 
@@ -140,7 +142,8 @@ ROWS = [
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("dots1 gating function 0", "gating0", "expert_gating_func is 0"),  # the same GGML_ABORT (deepseek2 maps 0)
     ("dots1 gating function missing", "gating_missing", "expert_gating_func is missing (0)"),  # the same GGML_ABORT
-    ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
+    ("non-causal", "non_causal", "attention.causal is false"),
+    ("Mamba-2 conv bias missing", "mamba2_no_conv_bias", "blk.3.ssm_conv1d.bias is missing"),  # mamba-base.cpp: SIGSEGV in ggml_add  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
 ]
 
 
@@ -153,7 +156,7 @@ def test_refused_before_llama_cpp(files, key, fragment):
         epqlab.Session(files[key], n_threads=1, n_ctx=64, io_threads=1)
 
 
-@pytest.mark.parametrize("key", ["bpe", "spm", "dots1", "gpt-oss", "qwen2moe", "deepseek2"])
+@pytest.mark.parametrize("key", ["bpe", "spm", "dots1", "gpt-oss", "qwen2moe", "deepseek2", "nemotron_h_moe"])
 def test_good_models_pass(files, key):
     lay = epqlab.inspect(files[key])
     assert lay.is_moe

@@ -452,6 +452,40 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("shortconv.in_proj.weight", "D, 3*D", "ot", "w", "True"),
             ("shortconv.out_proj.weight", "D, D", "ot", "w", "True"),
         ), "recr")),
+    # src/models/nemotron-h.cpp (LLM_ARCH_NEMOTRON_H_MOE): three kinds of block, each with only attn_norm:
+    # Mamba-2 (recurrent: head_count_kv and feed_forward_length 0), attention (head_count_kv > 0), MoE
+    # (feed_forward_length > 0: experts with up and down only, relu^2, sigmoid + exp_probs_b, one shared
+    # expert of n_ff_shexp); here in the repeating order Mamba-2, attention, MoE
+    "nemotron_h_moe": ArchTable(
+        kv=KV_SHEXP_FF + (
+            ("attention.head_count_kv", "u32s", "[Hkv if il % 3 == 1 else 0 for il in range(n_layer)]"),
+            ("feed_forward_length", "u32s", "[F if il % 3 == 2 else 0 for il in range(n_layer)]"),
+            ("attention.layer_norm_epsilon", "f32", "1e-5"),
+            ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+            ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
+            ("ssm.state_size", "u32", "ssm_d_state"),
+            ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
+            ("ssm.group_count", "u32", "ssm_n_group"),
+        ),
+        source="nemotron-h.cpp", flags={"moe": "il % 3 == 2", "recr": "il % 3 == 0"}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + _when((
+            ("ssm_in.weight", "D, 2*ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state + ssm_dt_rank", "ot", "w",
+             "True"),
+            ("ssm_conv1d.weight", "ssm_d_conv, ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state", "F32", "w",
+             "True"),
+            # optional in load_arch_tensors, but build_mamba2_layer adds it unconditionally (mamba-base.cpp)
+            ("ssm_conv1d.bias", "ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state", "F32", "bias", "True"),
+            ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
+            ("ssm_a", "1, ssm_dt_rank", "F32", "neg", "True"),
+            ("ssm_d", "1, ssm_dt_rank", "F32", "bias", "True"),
+            ("ssm_norm.weight", "ssm_d_state*ssm_dt_rank // ssm_n_group, ssm_n_group", "F32", "one", "True"),
+            ("ssm_out.weight", "ssm_d_state*ssm_dt_rank, D", "ot", "w", "True"),
+        ), "recr") + _when(ATTN_QKVO, "not recr and not moe") + ROUTER + PROBS_BIAS + (
+            ("ffn_up_exps.weight", "D, F, E", "exp.up", "w", "moe"),
+            ("ffn_down_exps.weight", "F, D, E", "exp.down", "w", "moe"),
+            ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
+            ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
+        )),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -493,6 +527,10 @@ DEFAULTS: dict[str, dict] = {
     # top-3 normalised; F16 experts
     "lfm2moe": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
                     ssm_d_conv=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Nemotron-3-Nano-style: blocks 0/3 Mamba-2, 1/4 attention, 2/5 MoE (16 experts top-3 normalised, a
+    # shared expert); F16 experts
+    "nemotron_h_moe": dict(n_layer=6, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
+                           expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -762,13 +800,14 @@ def add_kv(writer, spec: ArchSpec) -> None:
             writer.add_array(key, v) if kind == "i32s" else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
 
 
-def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) -> Path:
+def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, omit: tuple[str, ...] = (), **knobs) -> Path:
     """Write a tiny random-weight MoE GGUF of architecture ``arch`` to ``path``.
 
     Args:
         path: output file (written to a temporary name in the same folder, then renamed).
         arch: a key of :data:`ARCH_TABLES` (:data:`ARCHS`).
         seed: seed of every weight (same seed and knobs -> same bytes).
+        omit: tensor names left out (to write a damaged file that a loader check must refuse).
         **knobs: any :class:`ArchSpec` field, e.g. ``fused=True`` (deepseek2, qwen35moe),
             ``expert_types=("Q8_0", "Q8_0", "F16")``, ``n_layer=2``.
 
@@ -789,6 +828,10 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
     if s.n_vocab not in (0, len(toks)):
         raise ValueError(f"write_tiny writes its {len(toks)}-token tokenizer; n_vocab must be 0 or {len(toks)}")
     tensors = arch_tensors(s)
+    unknown = sorted(set(omit) - {t[0] for t in tensors})
+    if unknown:
+        raise ValueError(f"omit names tensors {s.arch} does not have: {', '.join(unknown)}")
+    tensors = [t for t in tensors if t[0] not in omit]
     for name, shape, t, _ in tensors:
         block = GGML_QUANT_SIZES[QT[t]][0]
         if shape[0] % block:
