@@ -159,9 +159,9 @@ def test_tiny_layout_matches_spec(tmp_path, name):
     s = tiny_spec(arch, **knobs)
     lay = epqlab.inspect(write_tiny(tmp_path / "m.gguf", arch, **knobs))
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
-    # the blocks with routed experts: past the dense lead, every moe_layer_step-th where the table says so
-    moe = [il for il in range(s.n_dense_lead, s.n_layer + s.n_nextn)
-           if arch not in ("llama4", "ernie4_5-moe") or (il + 1) % s.moe_layer_step == 0]
+    # the blocks with routed experts: past the dense lead (and the MTP blocks), except where written out by hand
+    # from DEFAULTS: llama4 every 2nd block, nemotron_h_moe every 3rd (Mamba-2, attention, MoE)
+    moe = {"llama4": [1, 3], "nemotron_h_moe": [2, 5]}.get(name, list(range(s.n_dense_lead, s.n_layer + s.n_nextn)))
     assert lay.moe_layers == moe
     for l in lay.layers:
         g, u, d = s.expert_types_of(l.layer)
