@@ -467,7 +467,7 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
             ("ssm.group_count", "u32", "ssm_n_group"),
         ),
-        source="nemotron-h.cpp", flags={"moe": "il % 3 == 2", "recr": "il % 3 == 0"}, caps=frozenset({"tied"}),
+        source="nemotron-h.cpp", flags={"moe": "il % 3 == 2", "recr": "il % 3 == 0"}, caps=frozenset({"tied", "nogate"}),
         block=ATTN_NORM + _when((
             ("ssm_in.weight", "D, 2*ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state + ssm_dt_rank", "ot", "w",
              "True"),
@@ -480,9 +480,7 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("ssm_d", "1, ssm_dt_rank", "F32", "bias", "True"),
             ("ssm_norm.weight", "ssm_d_state*ssm_dt_rank // ssm_n_group, ssm_n_group", "F32", "one", "True"),
             ("ssm_out.weight", "ssm_d_state*ssm_dt_rank, D", "ot", "w", "True"),
-        ), "recr") + _when(ATTN_QKVO, "not recr and not moe") + ROUTER + PROBS_BIAS + (
-            ("ffn_up_exps.weight", "D, F, E", "exp.up", "w", "moe"),
-            ("ffn_down_exps.weight", "F, D, E", "exp.down", "w", "moe"),
+        ), "recr") + _when(ATTN_QKVO, "not recr and not moe") + ROUTER + PROBS_BIAS + EXPERTS + (
             ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
             ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
         )),
@@ -529,7 +527,7 @@ DEFAULTS: dict[str, dict] = {
                     ssm_d_conv=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Nemotron-3-Nano-style: blocks 0/3 Mamba-2, 1/4 attention, 2/5 MoE (16 experts top-3 normalised, a
     # shared expert); F16 experts
-    "nemotron_h_moe": dict(n_layer=6, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
+    "nemotron_h_moe": dict(n_layer=6, gate_exps=False, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
                            expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
@@ -613,6 +611,8 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} does not read expert_shared_count; n_shared must be 0")
     if s.n_group and "groups" not in t.caps:
         raise ValueError(f"{s.arch} has no group-limited routing in llama.cpp; n_group must be 0")
+    if s.arch == "nemotron_h_moe" and s.gate_exps:
+        raise ValueError("nemotron_h_moe experts are down(relu(up x)^2) with no ffn_gate_exps: gate_exps must be False")
     if s.alignment < 32 or s.alignment % 32:
         raise ValueError(f"alignment must be a positive multiple of 32 bytes, got {s.alignment}")
     if s.gating not in _GATING:
