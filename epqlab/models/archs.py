@@ -162,6 +162,7 @@ class ArchTable:
             ``nogate``, ``nextn``, ``shared`` (n_shared > 0), ``groups``.
         output_required: llama.cpp requires ``output.weight`` (no tied embedding fallback).
         output_norm: name of the final norm's tensor (lfm2moe's is ``token_embd_norm.weight``).
+        top: rows of further tensors outside the blocks, as ``block`` rows (condition over the spec's names).
         source: the llama.cpp file the rows come from.
     """
 
@@ -172,6 +173,7 @@ class ArchTable:
     output_required: bool = False
     source: str = ""
     output_norm: str = "output_norm.weight"
+    top: tuple = ()
 
 
 # ---- shared rows -----------------------------------------------------------------------------------
@@ -484,6 +486,27 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
             ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
         )),
+    # src/models/gemma4.cpp: every block has a dense FFN and routed experts (router on the attention output,
+    # rms-normed and scaled by ffn_gate_inp.scale), sliding-window blocks from a per-layer bool array, one
+    # shared rope_freqs for the full-attention blocks
+    "gemma4": ArchTable(
+        kv=(
+            ("attention.sliding_window_pattern", "bools", "[(il + 1) % 4 != 0 for il in range(n_layer)]"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("embedding_length_per_layer_input", "u32", "0"),
+            ("attention.key_length_swa", "u32", "Dh"),
+            ("attention.value_length_swa", "u32", "Dh"),
+            ("feed_forward_length", "u32", "Fd"),
+        ),
+        source="gemma4.cpp", flags={"moe": "True"}, caps=frozenset({"tied", "fused"}),
+        top=(_norm("rope_freqs.weight", "Dh // 2", "n_layer >= 4"),),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + (_norm("post_attention_norm.weight"),) + FFN_NORM
+        + tuple((n, sh, t, i, "True") for n, sh, t, i, _ in DENSE_FFN) + (_norm("post_ffw_norm.weight"),) + ROUTER + (
+            _norm("ffn_gate_inp.scale", when="moe"),
+            _norm("pre_ffw_norm_2.weight", when="moe"),
+            _norm("post_ffw_norm_1.weight", when="moe"),
+            _norm("post_ffw_norm_2.weight", when="moe"),
+        ) + EXPERTS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -529,6 +552,10 @@ DEFAULTS: dict[str, dict] = {
     # shared expert); F16 experts
     "nemotron_h_moe": dict(n_layer=6, gate_exps=False, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
                            expert_types=("F16", "F16", "F16")),
+    # Gemma-4-26B-A4B-style: blocks 0-2 sliding-window (8 tokens), block 3 full attention; a dense FFN and
+    # 16 experts top-3 in every block; F16 experts
+    "gemma4": dict(n_layer=4, n_expert=16, n_expert_used=3, sliding_window=8, n_ff_exp=64,
+                   expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -633,7 +660,9 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
     if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
-    if s.arch in ("gpt-oss",) and s.sliding_window < 1:
+    if s.arch == "gemma4" and s.n_layer < 4:
+        raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
+    if s.arch in ("gpt-oss", "gemma4") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch == "qwen35moe" and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
         raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
@@ -703,6 +732,10 @@ def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
            (table.output_norm, (spec.n_embd,), "F32", "one")]
     if not spec.tied_output:
         out.append(("output.weight", (spec.n_embd, ns["V"]), spec.other_type, "w"))
+    for name, shape, typ, init, when in table.top:
+        if _eval(when, ns):
+            out.append((name, tuple(int(d) for d in _eval(f"({shape},)", ns)), spec.other_type if typ == "ot" else typ,
+                        init))
     for il in range(spec.n_layer + spec.n_nextn):
         flags = _block_flags(spec, il)
         et = spec.expert_types_of(il)
@@ -724,7 +757,7 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
 
     Returns:
         ``(key with the "<arch>." prefix, kind, value)``; kind ``u32`` | ``f32`` | ``bool`` | ``i32s`` |
-        ``u32s`` (values of the arrays are lists).
+        ``u32s`` | ``bools`` (values of the arrays are lists).
 
     Raises:
         ValueError: as :func:`validate`.
@@ -743,7 +776,8 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
         if expr is None:
             continue
         v = _eval(expr, ns)
-        v = {"u32": int, "f32": float, "bool": bool}.get(kind, lambda x: [int(e) for e in x])(v)
+        v = {"u32": int, "f32": float, "bool": bool, "bools": lambda x: [bool(e) for e in x]}.get(
+            kind, lambda x: [int(e) for e in x])(v)
         out.append((f"{spec.arch}.{key}", kind, v))
     return out
 
@@ -797,7 +831,7 @@ def add_kv(writer, spec: ArchSpec) -> None:
         elif kind == "bool":
             writer.add_bool(key, v)
         else:
-            writer.add_array(key, v) if kind == "i32s" else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
+            writer.add_array(key, v) if kind in ("i32s", "bools") else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
 
 
 def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, omit: tuple[str, ...] = (), **knobs) -> Path:
