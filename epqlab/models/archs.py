@@ -507,6 +507,28 @@ ARCH_TABLES: dict[str, ArchTable] = {
             _norm("post_ffw_norm_1.weight", when="moe"),
             _norm("post_ffw_norm_2.weight", when="moe"),
         ) + EXPERTS),
+    # src/models/qwen3vlmoe.cpp: qwen3moe with multi-section RoPE (text positions in every section)
+    "qwen3vlmoe": ArchTable(
+        kv=(("rope.dimension_sections", "i32s", "rope_sections"),), source="qwen3vlmoe.cpp", flags={},
+        caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/smallthinker.cpp: no ffn_norm reading beyond the usual, router from the file's gating function
+    "smallthinker": ArchTable(
+        kv=KV_GATING, source="smallthinker.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/dbrx.cpp: fused attn_qkv, LayerNorm eps, clamped q/k/v, attn_output_norm before the experts
+    # (no ffn_norm), experts n_ff wide
+    "dbrx": ArchTable(
+        kv=(("attention.layer_norm_epsilon", "f32", "1e-5"), ("attention.clamp_kqv", "f32", "8.0")),
+        source="dbrx.cpp", flags={}, caps=frozenset(), output_required=True,
+        block=ATTN_NORM + (("attn_qkv.weight", "D, D + 2*Hkv*Dh", "ot", "w", "True"),) + ATTN_QKVO[3:]
+        + (_norm("attn_output_norm.weight"),) + ROUTER + EXPERTS),
+    # src/models/grok.cpp: attn_output_norm and ffn_norm around attention, layer_output_norm after the experts,
+    # built-in logit, embedding and attention-output scales and soft-capping
+    "grok": ArchTable(
+        kv=(), source="grok.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_output_norm.weight"),) + FFN_NORM + ROUTER + EXPERTS
+        + (_norm("layer_output_norm.weight"),)),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -556,6 +578,15 @@ DEFAULTS: dict[str, dict] = {
     # 16 experts top-3 in every block; F16 experts
     "gemma4": dict(n_layer=4, n_expert=16, n_expert_used=3, sliding_window=8, n_ff_exp=64,
                    expert_types=("F16", "F16", "F16")),
+    # Qwen3-VL-30B-A3B-style (text only): sections 3+3+2; F16 gate/up, BF16 down
+    "qwen3vlmoe": dict(n_layer=3, weights_norm=True, rope_sections=(3, 3, 2, 0), n_ff_exp=64,
+                       expert_types=("F16", "F16", "BF16")),
+    # SmallThinker-21B-A3B-style: sigmoid router, top-2 normalised; Q8_0 experts
+    "smallthinker": dict(n_layer=3, gating="sigmoid", weights_norm=True),
+    # DBRX-style: 16 experts top-4; Q8_0 gate/up, F16 down
+    "dbrx": dict(n_layer=3, n_expert=16, n_expert_used=4, expert_types=("Q8_0", "Q8_0", "F16")),
+    # Grok-1-style: 8 experts top-2; BF16 experts
+    "grok": dict(n_layer=3, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -658,14 +689,14 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
     if s.arch in ("gpt-oss", "gemma4") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
-    if s.arch == "qwen35moe" and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
-        raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
+    if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
+        raise ValueError(f"{s.arch} needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
                          f"got {s.rope_sections}")
     if s.arch in ("qwen35moe", "qwen3next"):
         if s.ssm_dt_rank % s.ssm_n_group:
