@@ -93,11 +93,19 @@ GATING_NONE_OK_ARCHS = frozenset({"deepseek2"})  # load_arch_hparams turns 0 int
 GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expert_gating_func unchanged
 
 
+# architectures whose graph always builds the sliding-window KV input (build_attn_inp_kv_iswa) although
+# load_arch_hparams makes the window optional (src/models/afmoe.cpp): without attention.sliding_window > 0 the
+# context holds a plain KV cache and building the first graph reads it as the SWA one (SIGSEGV in
+# llama_kv_cache_context::build_input_k_idxs)
+SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
+
+
 def check_graph_keys(path: Path, arch: str, value) -> None:
     """Refuse graph switches llama.cpp aborts on: an ``expert_gating_func`` outside
     :data:`GATING_FUNCS`, or 0 outside :data:`GATING_NONE_OK_ARCHS` (build_moe_ffn's ``switch`` ends in
     ``GGML_ABORT("fatal error")`` on the first decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
-    ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models).
+    ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models), and a missing
+    or 0 ``attention.sliding_window`` in :data:`SWA_REQUIRED_ARCHS`.
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
     # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
@@ -108,6 +116,11 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in allowed):
         raise _bad(path, f"{arch}.expert_gating_func", g, ("0 (default), " if 0 in allowed else "")
                    + "1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
+    if arch in SWA_REQUIRED_ARCHS:
+        w = value("attention.sliding_window")
+        if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+            raise _bad(path, f"{arch}.attention.sliding_window", "missing" if w is None else w,
+                       "a window of >= 1 token (its graph always builds the sliding-window attention input)")
     if value("attention.causal") is False:
         raise NotGGUFError(f"{path}: {arch}.attention.causal is false: a non-causal (embedding) model, which "
                            "llama.cpp aborts on when a batch spans several ubatches; epqlab runs generative models.")

@@ -529,6 +529,43 @@ ARCH_TABLES: dict[str, ArchTable] = {
         kv=(), source="grok.cpp", flags={}, caps=frozenset({"tied"}),
         block=ATTN_NORM + ATTN_QKVO + (_norm("attn_output_norm.weight"),) + FFN_NORM + ROUTER + EXPERTS
         + (_norm("layer_output_norm.weight"),)),
+    # src/models/arctic.cpp: a dense residual FFN n_embd wide in every block beside the experts (n_ff wide),
+    # with its own ffn_norm_exps
+    "arctic": ArchTable(
+        kv=(), source="arctic.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + (
+            ("ffn_gate.weight", "D, D", "ot", "w", "True"),
+            ("ffn_down.weight", "D, D", "ot", "w", "True"),
+            ("ffn_up.weight", "D, D", "ot", "w", "True"),
+            _norm("ffn_norm_exps.weight"),
+        ) + ROUTER + EXPERTS),
+    # src/models/bailingmoe.cpp: q/k/v of n_rot-wide heads, n_shared shared experts of n_ff_exp each
+    "bailingmoe": ArchTable(
+        kv=KV_SHARED, source="bailingmoe.cpp", flags={}, caps=frozenset({"tied", "shared"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + SHEXP_N),
+    # src/models/exaone-moe.cpp: q/k norms, sliding-window blocks (3 of 4), leading dense blocks, gating from
+    # the file, optional exp_probs_b, one shared expert of n_ff_shexp
+    "exaone-moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_GATING + KV_SHEXP_FF + (
+            ("expert_shared_count", "u32", "1"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("feed_forward_length", "u32", "Fd"),
+        ),
+        source="exaone-moe.cpp", flags={}, caps=frozenset({"tied", "dense_lead"}),
+        block=ATTN_QKVO + ATTN_NORM + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias")
+        + EXPERTS + SHEXP_FS),
+    # src/models/afmoe.cpp: post-attention and post-FFN norms, q/k norms, a sigmoid attention gate, leading
+    # dense blocks, sigmoid + exp_probs_b, n_shared shared experts of n_ff_exp each; sliding-window blocks (3 of
+    # 4; the graph always builds the SWA attention input, so the window is required: loader_checks)
+    "afmoe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
+            ("attention.sliding_window", "u32", "sliding_window", "sliding_window"),
+        ),
+        source="afmoe.cpp", flags={},
+        caps=frozenset({"tied", "dense_lead", "shared"}),
+        block=ATTN_NORM + (_norm("post_attention_norm.weight"),) + ATTN_QKVO + QK_NORM
+        + (("attn_gate.weight", "D, H*Dh", "ot", "w", "True"),) + FFN_NORM + (_norm("post_ffw_norm.weight"),)
+        + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + DENSE_FFN),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -587,6 +624,20 @@ DEFAULTS: dict[str, dict] = {
     "dbrx": dict(n_layer=3, n_expert=16, n_expert_used=4, expert_types=("Q8_0", "Q8_0", "F16")),
     # Grok-1-style: 8 experts top-2; BF16 experts
     "grok": dict(n_layer=3, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Snowflake-Arctic-style: a dense residual FFN beside 8 experts top-2; F16 experts
+    "arctic": dict(n_layer=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Ling-lite-style: 2 shared experts, top-2 normalised; Q8_0 experts
+    "bailingmoe": dict(n_layer=3, n_shared=2, weights_norm=True),
+    # EXAONE-MoE-style: block 0 dense, sigmoid + bias, top-3 normalised and scaled, sliding window 8;
+    # BF16 experts
+    "exaone-moe": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", probs_bias=True,
+                       weights_norm=True, weights_scale=2.5, sliding_window=8, n_ff_exp=64,
+                       expert_types=("BF16", "BF16", "BF16")),
+    # AFMoE (Trinity)-style: block 0 dense, sigmoid + bias, 1 shared expert, top-3 normalised and scaled;
+    # F16 experts
+    "afmoe": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                  weights_norm=True, weights_scale=2.5, sliding_window=8, n_ff_exp=64,
+                  expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -689,11 +740,11 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
-    if s.arch in ("gpt-oss", "gemma4") and s.sliding_window < 1:
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
         raise ValueError(f"{s.arch} needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
