@@ -566,6 +566,28 @@ ARCH_TABLES: dict[str, ArchTable] = {
         block=ATTN_NORM + (_norm("post_attention_norm.weight"),) + ATTN_QKVO + QK_NORM
         + (("attn_gate.weight", "D, H*Dh", "ot", "w", "True"),) + FFN_NORM + (_norm("post_ffw_norm.weight"),)
         + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + DENSE_FFN),
+    # src/models/mimo2.cpp: sliding-window blocks from a per-layer bool array, attention sinks, blocks with a
+    # router are MoE (sigmoid, optional exp_probs_b), the others dense
+    "mimo2": ArchTable(
+        kv=(
+            ("attention.sliding_window_pattern", "bools", "[(il + 1) % 4 != 0 for il in range(n_layer)]"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("feed_forward_length", "u32", "Fd"),
+        ),
+        source="mimo2.cpp", flags={}, caps=frozenset({"tied", "dense_lead"}),
+        block=ATTN_QKVO + ATTN_NORM + (("attn_sinks.weight", "H", "F32", "bias", "True"),) + FFN_NORM + DENSE_FFN
+        + ROUTER + EXPERTS + _when(PROBS_BIAS, "probs_bias")),
+    # src/models/cohere2moe.cpp: attention and FFN in parallel from one norm (no ffn_norm), logit scale,
+    # sliding-window blocks (3 of 4, full first), leading dense blocks, sigmoid, optional shared experts
+    "cohere2moe": ArchTable(
+        kv=KV_DENSE_LEAD + KV_GATING + (
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("logit_scale", "f32", "0.5"),
+            ("expert_shared_count", "u32", "n_shared", "n_shared"),
+            ("feed_forward_length", "u32", "Fd"),
+        ),
+        source="cohere2moe.cpp", flags={}, caps=frozenset({"tied", "dense_lead", "shared", "fused"}),
+        block=ATTN_NORM + ATTN_QKVO + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -638,6 +660,14 @@ DEFAULTS: dict[str, dict] = {
     "afmoe": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                   weights_norm=True, weights_scale=2.5, sliding_window=8, n_ff_exp=64,
                   expert_types=("F16", "F16", "F16")),
+    # MiMo-V2-Flash-style: block 0 dense, sliding window 8 on 3 of 4 blocks, sigmoid + bias top-3
+    # normalised; F16 experts
+    "mimo2": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", probs_bias=True,
+                  weights_norm=True, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Command-A-MoE-style: block 0 dense, parallel attention and FFN, sliding window 8, sigmoid top-3
+    # normalised, 1 shared expert; BF16 experts
+    "cohere2moe": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                       weights_norm=True, sliding_window=8, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -744,7 +774,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
-    if s.arch in ("gpt-oss", "gemma4", "exaone-moe") and s.sliding_window < 1:
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
         raise ValueError(f"{s.arch} needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
