@@ -1,9 +1,14 @@
-"""Every MoE architecture we support pages bit-identically: prompt logits and 8 greedy steps of
-``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equal plain llama.cpp's
-(``pager=False``: stock mmap load) exactly, for tiny random models of llama, deepseek, deepseek2
-(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss, dots1, qwen35moe (split and fused gate_up) and laguna (epqlab.models.archs) and shrunk
-synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u in {1: every
-token pages its experts, 512: the minimum arena stages the prompt}."""
+"""Every MoE architecture we support pages bit-identically.
+
+test_arch_table: every architecture of epqlab.models.archs (ARCH_ROWS), in a child process each
+(tests/arch_child.py): prompt logits + 8 greedy steps at three arenas x both expert addressings, batched
+decode, prefix reuse, teacher forcing and perplexity equal plain llama.cpp's (``pager=False``) bit for bit,
+or slot addressing is refused by name.
+
+test_paged_equals_plain_llama: ``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equals
+``pager=False`` for the first seven tiny architectures (llama, deepseek, deepseek2 split and fused gate_up,
+qwen2moe, qwen3moe, gpt-oss, dots1) and shrunk synth presets; d in anon/mmap (mlock once), A in {minimum
+arena, all experts}, u in {1: every token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
 
 import json
