@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import NotGGUFError
+from .errors import NotGGUFError, UnsupportedArchError
 
 LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024
@@ -229,6 +229,22 @@ def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None
                     f"({size}, attention.key_length / value_length or embedding_length / head_count) is "
                     f"{heads * size}: llama.cpp would abort splitting it into heads. The file is corrupt or "
                     "mis-converted; re-convert it.")
+
+
+# MoE architectures of the bundled llama.cpp that epqlab cannot page, and why: the hook (native/engine/hook.cpp)
+# follows one expert selection (ffn_moe_topk) per layer over the layer's ffn_*_exps tensors
+UNPAGEABLE_ARCHS = {
+    "grovemoe": "its graph selects experts twice in every layer (the routed experts, then the per-group "
+                "'chunk' experts ffn_*_chexps, src/models/grovemoe.cpp), and epqlab follows one top-k per layer",
+}
+
+
+def check_pageable(path: Path, arch: str) -> None:
+    """Refuse an architecture in :data:`UNPAGEABLE_ARCHS`. Raises UnsupportedArchError naming the reason."""
+    if arch in UNPAGEABLE_ARCHS:
+        raise UnsupportedArchError(
+            f"{path}: epqlab cannot page architecture {arch!r}: {UNPAGEABLE_ARCHS[arch]}. Run it with plain "
+            "llama.cpp (llama-cpp-python) instead.")
 
 
 # architectures whose load_arch_tensors makes blk.N.ssm_conv1d.bias optional (TENSOR_NOT_REQUIRED: falcon-h1.cpp,

@@ -5,7 +5,8 @@ Usage: ``python tests/arch_child.py ARCH KNOBS_JSON GGUF_PATH``. Writes the tiny
 (epqlab.models.archs.write_tiny with the knobs), then compares each paged column with plain llama.cpp
 (``pager=False``) bit for bit, and prints one JSON line: column -> ``"exact"``, ``"refused: <message>"``
 (a ValueError epqlab raised before running, e.g. slot addressing on slices that are not whole pages) or
-``"DIFFERS: <what>"``.
+``"DIFFERS: <what>"``; or, for an architecture epqlab.inspect refuses (UnsupportedArchError),
+``{"refused": <message>, "plain_llama_cpp_tokens": n}`` after plain llama.cpp generated from the file.
 """
 from __future__ import annotations
 
@@ -72,7 +73,15 @@ def main() -> None:
         if isinstance(knobs.get(k), list):
             knobs[k] = tuple(knobs[k])
     write_tiny(path, arch, **knobs)
-    lay = epqlab.inspect(path)
+    try:
+        lay = epqlab.inspect(path)
+    except epqlab.UnsupportedArchError as e:  # refused by name: show that plain llama.cpp does run the file
+        from llama_cpp import Llama
+
+        llm = Llama(path, n_ctx=64, n_threads=1, verbose=False)
+        text = llm(TEXT[:40], max_tokens=4, temperature=0)["choices"][0]["text"]
+        print(json.dumps({"refused": str(e), "plain_llama_cpp_tokens": len(llm.tokenize(text.encode(), add_bos=False))}))
+        return
     out: dict[str, str] = {}
     ref = {}
     for ub in (1, 512):

@@ -18,7 +18,8 @@ fallback) without a download.
 
 Expressions may use every :class:`ArchSpec` field by name and these short names: ``D`` n_embd,
 ``V`` vocabulary size, ``E`` n_expert, ``F`` n_ff_exp, ``Fd`` n_ff_dense, ``Fs`` n_ff_shexp, ``H``
-n_head, ``Hkv`` n_head_kv, ``Dh`` head_dim, ``R`` rope dimensions (n_rot or head_dim); block conditions
+n_head, ``Hkv`` n_head_kv, ``Dh`` head_dim, ``R`` rope dimensions (n_rot or head_dim), ``Di`` the Mamba-2
+inner width (ssm_d_inner or ssm_d_state x ssm_dt_rank); block conditions
 also ``il`` (block index), ``moe`` (block has routed experts), ``dense``, ``mtp`` (a trailing
 ``nextn_predict_layers`` block) and the architecture's own flags (e.g. ``recr``: a recurrent block).
 """
@@ -77,7 +78,9 @@ class ArchSpec:
             (``full_attention_interval``: ``qwen35moe``).
         ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank: Gated-DeltaNet shapes (``ssm.conv_kernel``,
             ``ssm.state_size`` = key/value head dim, ``ssm.group_count`` = key heads,
-            ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank).
+            ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank); for
+            Mamba-2 blocks (nemotron_h_moe, granitehybrid) ssm_dt_rank is the head count and ssm_d_inner the
+            inner width (0 = ssm_d_state x ssm_dt_rank).
         tied_output: no ``output.weight``; llama.cpp reuses ``token_embd``.
         gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
             ``down(silu(up x))``).
@@ -126,6 +129,7 @@ class ArchSpec:
     ssm_d_state: int = 16
     ssm_n_group: int = 2
     ssm_dt_rank: int = 4
+    ssm_d_inner: int = 0
     tied_output: bool = False
     gate_exps: bool = True
     context_length: int = 4096
@@ -285,6 +289,26 @@ GDN_RECR = (
     ("ssm_out.weight", "ssm_dt_rank*ssm_d_state, D", "ot", "w", "True"),
 )
 GDN_BLOCK_TAIL = ROUTER + EXPERTS + SHEXP_GATE + SHEXP_FS + NEXTN
+
+# Mamba-2 blocks (mamba-base.cpp build_mamba2_layer): ssm_dt_rank heads, inner width Di, ssm_n_group groups of
+# B/C of ssm_d_state; ssm_conv1d.bias is optional in the loaders but always added in the graph
+MAMBA2 = (
+    ("ssm_in.weight", "D, 2*Di + 2*ssm_n_group*ssm_d_state + ssm_dt_rank", "ot", "w", "True"),
+    ("ssm_conv1d.weight", "ssm_d_conv, Di + 2*ssm_n_group*ssm_d_state", "F32", "w", "True"),
+    ("ssm_conv1d.bias", "Di + 2*ssm_n_group*ssm_d_state", "F32", "bias", "True"),
+    ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
+    ("ssm_a", "1, ssm_dt_rank", "F32", "neg", "True"),
+    ("ssm_d", "1, ssm_dt_rank", "F32", "bias", "True"),
+    ("ssm_norm.weight", "Di // ssm_n_group, ssm_n_group", "F32", "one", "True"),
+    ("ssm_out.weight", "Di, D", "ot", "w", "True"),
+)
+KV_MAMBA2 = (
+    ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+    ("ssm.inner_size", "u32", "Di"),
+    ("ssm.state_size", "u32", "ssm_d_state"),
+    ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
+    ("ssm.group_count", "u32", "ssm_n_group"),
+)
 
 
 # ---- the tables ------------------------------------------------------------------------------------
@@ -464,25 +488,14 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("feed_forward_length", "u32s", "[F if il % 3 == 2 else 0 for il in range(n_layer)]"),
             ("attention.layer_norm_epsilon", "f32", "1e-5"),
             ("ssm.conv_kernel", "u32", "ssm_d_conv"),
-            ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
+            ("ssm.inner_size", "u32", "Di"),
             ("ssm.state_size", "u32", "ssm_d_state"),
             ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
             ("ssm.group_count", "u32", "ssm_n_group"),
         ),
         source="nemotron-h.cpp", flags={"moe": "il % 3 == 2", "recr": "il % 3 == 0"}, caps=frozenset({"tied", "nogate"}),
-        block=ATTN_NORM + _when((
-            ("ssm_in.weight", "D, 2*ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state + ssm_dt_rank", "ot", "w",
-             "True"),
-            ("ssm_conv1d.weight", "ssm_d_conv, ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state", "F32", "w",
-             "True"),
-            # optional in load_arch_tensors, but build_mamba2_layer adds it unconditionally (mamba-base.cpp)
-            ("ssm_conv1d.bias", "ssm_d_state*ssm_dt_rank + 2*ssm_n_group*ssm_d_state", "F32", "bias", "True"),
-            ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
-            ("ssm_a", "1, ssm_dt_rank", "F32", "neg", "True"),
-            ("ssm_d", "1, ssm_dt_rank", "F32", "bias", "True"),
-            ("ssm_norm.weight", "ssm_d_state*ssm_dt_rank // ssm_n_group, ssm_n_group", "F32", "one", "True"),
-            ("ssm_out.weight", "ssm_d_state*ssm_dt_rank, D", "ot", "w", "True"),
-        ), "recr") + _when(ATTN_QKVO, "not recr and not moe") + ROUTER + PROBS_BIAS + EXPERTS + (
+        block=ATTN_NORM + _when(MAMBA2, "recr") + _when(ATTN_QKVO, "not recr and not moe") + ROUTER + PROBS_BIAS
+        + EXPERTS + (
             ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
             ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
         )),
@@ -588,6 +601,37 @@ ARCH_TABLES: dict[str, ArchTable] = {
         ),
         source="cohere2moe.cpp", flags={}, caps=frozenset({"tied", "dense_lead", "shared", "fused"}),
         block=ATTN_NORM + ATTN_QKVO + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N),
+    # src/models/phimoe.cpp: LayerNorm-style biases on every norm, attention output and output head
+    "phimoe": ArchTable(
+        kv=(), source="phimoe.cpp", flags={}, caps=frozenset(), output_required=True,
+        top=(("output_norm.bias", "D", "F32", "bias", "True"), ("output.bias", "V", "F32", "bias", "True")),
+        block=ATTN_NORM + (("attn_norm.bias", "D", "F32", "bias", "True"),) + ATTN_QKVO
+        + (("attn_output.bias", "D", "F32", "bias", "True"),) + FFN_NORM
+        + (("ffn_norm.bias", "D", "F32", "bias", "True"),) + ROUTER + EXPERTS),
+    # src/models/grovemoe.cpp: q/k norms, and beside the routed experts n_expert / n_group "chunk" experts of
+    # expert_chunk_feed_forward_length (one per group of routed experts; not paged: not ffn_*_exps)
+    "grovemoe": ArchTable(
+        kv=(("expert_chunk_feed_forward_length", "u32", "Fs"), ("expert_group_scale", "f32", "0.05"),
+            ("experts_per_group", "u32", "2")),
+        source="grovemoe.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS + (
+            ("ffn_gate_chexps.weight", "D, Fs, E // 2", "ot", "w", "moe"),
+            ("ffn_down_chexps.weight", "Fs, D, E // 2", "ot", "w", "moe"),
+            ("ffn_up_chexps.weight", "D, Fs, E // 2", "ot", "w", "moe"),
+        )),
+    # src/models/granite-hybrid.cpp: Mamba-2 blocks (head_count_kv 0) and attention blocks, every block with
+    # ffn_norm and routed experts (n_ff wide) + an optional shared expert; mu-P scales
+    "granitehybrid": ArchTable(
+        kv=KV_MAMBA2 + (
+            ("attention.head_count_kv", "u32s",
+             "[Hkv if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+            ("logit_scale", "f32", "4.0"), ("residual_scale", "f32", "0.5"), ("embedding_scale", "f32", "2.0"),
+            ("attention.scale", "f32", "1.0 / Dh"), ("expert_shared_feed_forward_length", "u32", "Fs", "n_shared"),
+        ),
+        source="granite-hybrid.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
+        caps=frozenset({"tied", "shared"}),
+        block=ATTN_NORM + _when(MAMBA2, "recr") + _when(ATTN_QKVO, "not recr") + FFN_NORM + ROUTER + EXPERTS
+        + _when(SHEXP_FS, "n_shared")),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -668,6 +712,14 @@ DEFAULTS: dict[str, dict] = {
     # normalised, 1 shared expert; BF16 experts
     "cohere2moe": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                        weights_norm=True, sliding_window=8, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Phi-3.5-MoE-style: 16 experts top-2, biased norms; Q8_0 gate/up, F16 down
+    "phimoe": dict(n_layer=3, n_expert=16, expert_types=("Q8_0", "Q8_0", "F16")),
+    # GroveMoE-style: 8 experts top-2 in groups of 2 with 4 chunk experts of 32; F16 experts
+    "grovemoe": dict(n_layer=3, weights_norm=True, n_ff_exp=64, n_ff_shexp=32, expert_types=("F16", "F16", "F16")),
+    # Granite-4.0-H-style: blocks 0-2 Mamba-2 (8 heads, inner 128 = 2 x n_embd), block 3 attention, every
+    # block 8 experts top-2 + a shared expert; BF16 experts
+    "granitehybrid": dict(n_layer=4, n_shared=1, ssm_dt_rank=8, ssm_d_inner=128, n_ff_exp=64,
+                          expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -768,9 +820,14 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("dots1 keys and values have n_head heads: set n_head_kv = n_head")
     if s.arch == "olmoe" and s.n_head_kv != s.n_head:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
+    if s.arch == "granitehybrid" and (s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank) != 2 * s.n_embd:
+        raise ValueError("granitehybrid's Mamba-2 inner width must be 2 x n_embd (granite-hybrid.cpp asserts it): "
+                         f"set ssm_d_inner = {2 * s.n_embd}")
+    if s.arch == "grovemoe" and s.n_expert % 2:
+        raise ValueError("grovemoe here groups experts in pairs: n_expert must be even")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic") and s.n_head * s.head_dim != s.n_embd:
+    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe") and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
@@ -803,7 +860,8 @@ def _names(s: ArchSpec) -> dict:
     """Spec fields and the short names of the module docstring."""
     ns = {f.name: getattr(s, f.name) for f in fields(ArchSpec)}
     ns.update(D=s.n_embd, V=vocab_size(s), E=s.n_expert, F=s.n_ff_exp, Fd=s.n_ff_dense, Fs=s.n_ff_shexp,
-              H=s.n_head, Hkv=s.n_head_kv, Dh=s.head_dim, R=s.n_rot or s.head_dim, GATING=_GATING[s.gating])
+              H=s.n_head, Hkv=s.n_head_kv, Dh=s.head_dim, R=s.n_rot or s.head_dim, GATING=_GATING[s.gating],
+              Di=s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank)
     return ns
 
 
