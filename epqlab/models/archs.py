@@ -827,13 +827,15 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("grovemoe here groups experts in pairs: n_expert must be even")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe") and s.n_head * s.head_dim != s.n_embd:
+    q_is_n_embd = ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe")
+    if s.arch in q_is_n_embd and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
     if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
-    if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
+    if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim)
+                                                  or len(s.rope_sections) != 4):
         raise ValueError(f"{s.arch} needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
                          f"got {s.rope_sections}")
     if s.arch in ("qwen35moe", "qwen3next"):
