@@ -172,8 +172,8 @@ def test_tiny_layout_matches_spec(tmp_path, name):
     lay = epqlab.inspect(path)
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
     # the blocks with routed experts: past the dense lead (and the MTP blocks), except where written out by hand
-    # from DEFAULTS: llama4 every 2nd block, nemotron_h_moe every 3rd (Mamba-2, attention, MoE)
-    moe = {"llama4": [1, 3], "nemotron_h_moe": [2, 5]}.get(name, list(range(s.n_dense_lead, s.n_layer + s.n_nextn)))
+    # from DEFAULTS: llama4 and jamba every 2nd block, nemotron_h_moe every 3rd (Mamba-2, attention, MoE)
+    moe = {"llama4": [1, 3], "jamba": [1, 3], "nemotron_h_moe": [2, 5]}.get(name, list(range(s.n_dense_lead, s.n_layer + s.n_nextn)))
     assert lay.moe_layers == moe
     for l in lay.layers:
         g, u, d = s.expert_types_of(l.layer)

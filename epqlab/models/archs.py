@@ -632,6 +632,43 @@ ARCH_TABLES: dict[str, ArchTable] = {
         caps=frozenset({"tied", "shared"}),
         block=ATTN_NORM + _when(MAMBA2, "recr") + _when(ATTN_QKVO, "not recr") + FFN_NORM + ROUTER + EXPERTS
         + _when(SHEXP_FS, "n_shared")),
+    # src/models/jamba.cpp: Mamba (1) blocks (head_count_kv 0) and attention blocks; blocks with a router are
+    # MoE (experts n_ff wide), the others a dense FFN of n_ff; here attention every full_attn_interval-th
+    # block and MoE every moe_layer_step-th
+    "jamba": ArchTable(
+        kv=(
+            ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+            ("ssm.inner_size", "u32", "Di"),
+            ("ssm.state_size", "u32", "ssm_d_state"),
+            ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
+            ("attention.head_count_kv", "u32s",
+             "[Hkv if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+        ),
+        source="jamba.cpp", caps=frozenset({"tied"}),
+        flags={"recr": "(il + 1) % full_attn_interval != 0", "moe": "(il + 1) % moe_layer_step == 0"},
+        block=ATTN_NORM + _when((
+            ("ssm_in.weight", "D, 2*Di", "ot", "w", "True"),
+            ("ssm_conv1d.weight", "ssm_d_conv, Di", "F32", "w", "True"),
+            ("ssm_conv1d.bias", "Di", "F32", "bias", "True"),
+            ("ssm_x.weight", "Di, ssm_dt_rank + 2*ssm_d_state", "ot", "w", "True"),
+            _norm("ssm_dt_norm.weight", "ssm_dt_rank"),
+            ("ssm_dt.weight", "ssm_dt_rank, Di", "ot", "w", "True"),
+            ("ssm_dt.bias", "Di", "F32", "bias", "True"),
+            _norm("ssm_b_norm.weight", "ssm_d_state"),
+            _norm("ssm_c_norm.weight", "ssm_d_state"),
+            ("ssm_a", "ssm_d_state, Di", "F32", "neg", "True"),
+            ("ssm_d", "Di", "F32", "bias", "True"),
+            ("ssm_out.weight", "Di, D", "ot", "w", "True"),
+        ), "recr") + _when(ATTN_QKVO, "not recr") + FFN_NORM + ROUTER + EXPERTS + (
+            ("ffn_gate.weight", "D, F", "ot", "w", "dense"),
+            ("ffn_down.weight", "F, D", "ot", "w", "dense"),
+            ("ffn_up.weight", "D, F", "ot", "w", "dense"),
+        )),
+    # src/models/mistral3.cpp (with experts): experts n_ff wide (its shared-expert rows need an n_ff_shexp that
+    # load_arch_hparams never reads, so there is none)
+    "mistral3": ArchTable(
+        kv=(), source="mistral3.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -720,6 +757,11 @@ DEFAULTS: dict[str, dict] = {
     # block 8 experts top-2 + a shared expert; BF16 experts
     "granitehybrid": dict(n_layer=4, n_shared=1, ssm_dt_rank=8, ssm_d_inner=128, n_ff_exp=64,
                           expert_types=("BF16", "BF16", "BF16")),
+    # Jamba-style: blocks 0-2 Mamba (inner 128 = 2 x n_embd, state 16, dt rank 4), block 3 attention; blocks
+    # 1 and 3 MoE (8 experts top-2), 0 and 2 dense; F16 experts
+    "jamba": dict(n_layer=4, moe_layer_step=2, ssm_d_inner=128, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Mistral-3-MoE-style: 8 experts top-2; BF16 experts
+    "mistral3": dict(n_layer=3, weights_norm=True, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -820,8 +862,8 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("dots1 keys and values have n_head heads: set n_head_kv = n_head")
     if s.arch == "olmoe" and s.n_head_kv != s.n_head:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
-    if s.arch == "granitehybrid" and (s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank) != 2 * s.n_embd:
-        raise ValueError("granitehybrid's Mamba-2 inner width must be 2 x n_embd (granite-hybrid.cpp asserts it): "
+    if s.arch in ("granitehybrid", "jamba") and (s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank) != 2 * s.n_embd:
+        raise ValueError(f"{s.arch}'s Mamba inner width must be 2 x n_embd (its load_arch_tensors asserts it): "
                          f"set ssm_d_inner = {2 * s.n_embd}")
     if s.arch == "grovemoe" and s.n_expert % 2:
         raise ValueError("grovemoe here groups experts in pairs: n_expert must be even")
