@@ -669,6 +669,36 @@ ARCH_TABLES: dict[str, ArchTable] = {
     "mistral3": ArchTable(
         kv=(), source="mistral3.cpp", flags={}, caps=frozenset({"tied"}),
         block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/minimax-01.cpp: lightning-attention (linear, recurrent) blocks with a fused attn_qkv, an output
+    # gate and attn_norm_2, and softmax-attention blocks every full_attn_interval-th; experts n_ff wide
+    "minimax-01": ArchTable(
+        kv=(("residual_scale", "f32", "1.0"), ("full_attention_interval", "u32", "full_attn_interval")),
+        source="minimax-01.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + _when(ATTN_QKVO[:3], "not recr") + _when((
+            _norm("attn_norm_2.weight", "H*Dh"),
+            ("attn_qkv.weight", "D, 3*H*Dh", "ot", "w", "True"),
+            ("attn_gate.weight", "D, H*Dh", "ot", "w", "True"),
+        ), "recr") + ATTN_QKVO[3:] + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/hy-v3.cpp: q/k norms, sigmoid + selection bias (blk.N.exp_probs_b, no suffix), one shared
+    # expert of n_ff_shexp, optional fused gate_up
+    "hy_v3": ArchTable(
+        kv=KV_GATING + KV_SHEXP_FF, source="hy-v3.cpp", flags={}, caps=frozenset({"tied", "fused"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + (("exp_probs_b", "E", "F32", "bias", "moe"),)
+        + EXPERTS + SHEXP_FS),
+    # src/models/maple.cpp: q/k norms, sliding-window blocks from a per-layer bool array, clamped SwiGLU experts
+    "maple": ArchTable(
+        kv=(
+            ("attention.sliding_window_pattern", "bools", "[(il + 1) % 4 != 0 for il in range(n_layer)]"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("swiglu_clamp_exp", "f32", "7.0"),
+        ),
+        source="maple.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/mellum.cpp: q/k norms, optional sliding-window blocks (3 of 4)
+    "mellum": ArchTable(
+        kv=(("attention.sliding_window", "u32", "sliding_window", "sliding_window"),), source="mellum.cpp",
+        flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -762,6 +792,15 @@ DEFAULTS: dict[str, dict] = {
     "jamba": dict(n_layer=4, moe_layer_step=2, ssm_d_inner=128, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Mistral-3-MoE-style: 8 experts top-2; BF16 experts
     "mistral3": dict(n_layer=3, weights_norm=True, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # MiniMax-Text-01-style: blocks 0-2 lightning attention, block 3 softmax attention; 8 experts top-2;
+    # F16 experts
+    "minimax-01": dict(n_layer=4, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Hunyuan-v3-style: sigmoid + bias top-3 normalised, a shared expert; Q8_0 experts
+    "hy_v3": dict(n_layer=3, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True),
+    # Maple-style: sliding window 8 on 3 of 4 blocks; BF16 experts
+    "maple": dict(n_layer=4, sliding_window=8, weights_norm=True, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # Mellum-style: sliding window 8 on 3 of 4 blocks; F16 experts
+    "mellum": dict(n_layer=4, sliding_window=8, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -874,7 +913,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
-    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe") and s.sliding_window < 1:
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim)
                                                   or len(s.rope_sections) != 4):
