@@ -699,6 +699,18 @@ ARCH_TABLES: dict[str, ArchTable] = {
         kv=(("attention.sliding_window", "u32", "sliding_window", "sliding_window"),), source="mellum.cpp",
         flags={}, caps=frozenset({"tied"}),
         block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/step35.cpp: q/k norms, a per-head attention gate, sliding-window blocks from a per-layer bool
+    # array, blocks with a router MoE (sigmoid + exp_probs_b, a shared expert of n_ff_shexp), rotary over half
+    # of rope.dimension_count
+    "step35": ArchTable(
+        kv=KV_GATING + KV_SHEXP_FF + (
+            ("attention.sliding_window_pattern", "bools", "[(il + 1) % 4 != 0 for il in range(n_layer)]"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("feed_forward_length", "u32", "Fd"),
+        ),
+        source="step35.cpp", flags={}, caps=frozenset({"tied", "dense_lead"}),
+        block=ATTN_NORM + QK_NORM + ATTN_QKVO + (("attn_gate.weight", "D, H", "ot", "w", "True"),) + FFN_NORM
+        + DENSE_FFN + ROUTER + EXPERTS + PROBS_BIAS + SHEXP_FS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -801,6 +813,10 @@ DEFAULTS: dict[str, dict] = {
     "maple": dict(n_layer=4, sliding_window=8, weights_norm=True, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
     # Mellum-style: sliding window 8 on 3 of 4 blocks; F16 experts
     "mellum": dict(n_layer=4, sliding_window=8, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Step-3.5-Flash-style: block 0 dense, sliding window 8 on 3 of 4 blocks, sigmoid + bias top-3
+    # normalised, a shared expert; F16 experts
+    "step35": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
+                   sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -913,7 +929,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
-    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple") and s.sliding_window < 1:
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple", "step35") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim)
                                                   or len(s.rope_sections) != 4):
