@@ -100,6 +100,10 @@ GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expe
 SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
 
 
+# MLA hybrids: recurrent blocks marked by head_count_kv 0, MLA attention blocks by 1
+MLA_HYBRID_ARCHS = frozenset({"kimi-linear"})
+
+
 def check_graph_keys(path: Path, arch: str, value) -> None:
     """Refuse graph switches llama.cpp aborts on: an ``expert_gating_func`` outside
     :data:`GATING_FUNCS`, or 0 outside :data:`GATING_NONE_OK_ARCHS` (build_moe_ffn's ``switch`` ends in
@@ -179,7 +183,10 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
                 raise _bad(path, f"{arch}.attention.value_length", head_v, f"kv_lora_rank = {rank} (MLA)")
             kv = value("attention.head_count_kv")
             kv = list(kv) if isinstance(kv, (list, tuple)) else [n_head if kv is None else kv]
-            if any(int(x) != 1 for x in kv):
+            # hybrids whose recurrent blocks are the ones with head_count_kv 0 (kimi-linear.cpp:
+            # is_recr_impl[i] = n_head_kv(i) == 0) have 0 there and 1 on their MLA blocks
+            ok = (0, 1) if arch in MLA_HYBRID_ARCHS else (1,)
+            if any(int(x) not in ok for x in kv) or not any(int(x) == 1 for x in kv):
                 raise _bad(path, f"{arch}.attention.head_count_kv", "missing (= head_count)" if value(
                     "attention.head_count_kv") is None else kv[0] if len(kv) == 1 else kv, "1 (MLA caches one key head)")
     elif n_rot % 2 or n_rot > head_k:

@@ -711,6 +711,49 @@ ARCH_TABLES: dict[str, ArchTable] = {
         source="step35.cpp", flags={}, caps=frozenset({"tied", "dense_lead"}),
         block=ATTN_NORM + QK_NORM + ATTN_QKVO + (("attn_gate.weight", "D, H", "ot", "w", "True"),) + FFN_NORM
         + DENSE_FFN + ROUTER + EXPERTS + PROBS_BIAS + SHEXP_FS),
+    # src/models/kimi-linear.cpp: Kimi-Delta-Attention (recurrent) blocks (head_count_kv 0: q/k/v short
+    # convolutions, decay and gate low-rank projections) and MLA attention blocks (one KV head of
+    # kv_lora_rank + rope dims, as deepseek2), leading dense blocks, gating from the file + exp_probs_b,
+    # n_shared shared experts; KDA head dim = head_dim
+    "kimi-linear": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
+            ("attention.head_count_kv", "u32s",
+             "[1 if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
+            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
+            ("attention.value_length", "u32", "kv_lora_rank"),
+            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
+            ("attention.value_length_mla", "u32", "v_head_dim"),
+            ("rope.dimension_count", "u32", "qk_rope"),
+            ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+            ("kda.head_dim", "u32", "Dh"),
+        ),
+        source="kimi-linear.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
+        caps=frozenset({"tied", "dense_lead", "shared"}),
+        block=ATTN_NORM + _when((
+            ("ssm_conv1d_q.weight", "ssm_d_conv, 1, Dh*H", "F32", "w", "True"),
+            ("ssm_conv1d_k.weight", "ssm_d_conv, 1, Dh*H", "F32", "w", "True"),
+            ("ssm_conv1d_v.weight", "ssm_d_conv, 1, Dh*H", "F32", "w", "True"),
+            ("attn_q.weight", "D, Dh*H", "ot", "w", "True"),
+            ("attn_k.weight", "D, Dh*H", "ot", "w", "True"),
+            ("attn_v.weight", "D, Dh*H", "ot", "w", "True"),
+            ("ssm_f_a.weight", "D, Dh", "ot", "w", "True"),
+            ("ssm_f_b.weight", "Dh, Dh*H", "ot", "w", "True"),
+            ("ssm_beta.weight", "D, H", "ot", "w", "True"),
+            ("ssm_a", "1, H", "F32", "neg", "True"),
+            ("ssm_dt.bias", "Dh*H", "F32", "bias", "True"),
+            ("ssm_g_a.weight", "D, Dh", "ot", "w", "True"),
+            ("ssm_g_b.weight", "Dh, Dh*H", "ot", "w", "True"),
+            _norm("ssm_norm.weight", "Dh"),
+            ("attn_output.weight", "Dh*H, D", "ot", "w", "True"),
+        ), "recr") + _when((
+            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
+            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "True"),
+            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
+            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
+            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
+            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
+        ), "not recr") + FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N + PROBS_BIAS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -817,6 +860,11 @@ DEFAULTS: dict[str, dict] = {
     # normalised, a shared expert; F16 experts
     "step35": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
                    sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Kimi-Linear-style: block 0 dense, blocks 0-2 KDA, block 3 MLA attention, sigmoid + bias top-3
+    # normalised and scaled, a shared expert; F16 experts
+    "kimi-linear": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                        weights_norm=True, weights_scale=2.5, ssm_d_conv=4, n_ff_exp=64,
+                        expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
