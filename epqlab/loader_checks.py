@@ -240,7 +240,12 @@ def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None
 
 # MoE architectures of the bundled llama.cpp that epqlab cannot page, and why: the hook (native/engine/hook.cpp)
 # follows one expert selection (ffn_moe_topk) per layer over the layer's ffn_*_exps tensors
+_DIFFUSION = ("a diffusion language model (non-causal attention, set in its load_arch_hparams): it is decoded by "
+              "iterative unmasking (llama.cpp's diffusion example), not by next-token generation, and llama_decode "
+              "aborts the process on a prompt longer than one ubatch")
 UNPAGEABLE_ARCHS = {
+    "llada-moe": _DIFFUSION,
+    "rnd1": _DIFFUSION,
     "grovemoe": "its graph selects experts twice in every layer (the routed experts, then the per-group "
                 "'chunk' experts ffn_*_chexps, src/models/grovemoe.cpp), and epqlab follows one top-k per layer",
 }

@@ -6,7 +6,7 @@ Usage: ``python tests/arch_child.py ARCH KNOBS_JSON GGUF_PATH``. Writes the tiny
 (``pager=False``) bit for bit, and prints one JSON line: column -> ``"exact"``, ``"refused: <message>"``
 (a ValueError epqlab raised before running, e.g. slot addressing on slices that are not whole pages) or
 ``"DIFFERS: <what>"``; or, for an architecture epqlab.inspect refuses (UnsupportedArchError),
-``{"refused": <message>, "plain_llama_cpp_tokens": n}`` after plain llama.cpp generated from the file.
+``{"refused": <message>, "plain_llama_cpp_loads": bool, ...}`` after loading the file with plain llama.cpp.
 """
 from __future__ import annotations
 
@@ -75,12 +75,14 @@ def main() -> None:
     write_tiny(path, arch, **knobs)
     try:
         lay = epqlab.inspect(path)
-    except epqlab.UnsupportedArchError as e:  # refused by name: show that plain llama.cpp does run the file
-        from llama_cpp import Llama
+    except epqlab.UnsupportedArchError as e:  # refused by name: show that plain llama.cpp loads the file
+        import llama_cpp
 
-        llm = Llama(path, n_ctx=64, n_threads=1, verbose=False)
-        text = llm(TEXT[:40], max_tokens=4, temperature=0)["choices"][0]["text"]
-        print(json.dumps({"refused": str(e), "plain_llama_cpp_tokens": len(llm.tokenize(text.encode(), add_bos=False))}))
+        llama_cpp.llama_backend_init()
+        model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+        if model:
+            llama_cpp.llama_model_free(model)
+        print(json.dumps({"refused": str(e), "plain_llama_cpp_loads": bool(model)}))
         return
     out: dict[str, str] = {}
     ref = {}

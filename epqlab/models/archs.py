@@ -754,6 +754,14 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
             ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
         ), "not recr") + FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N + PROBS_BIAS),
+    # src/models/llada-moe.cpp: diffusion LM (non-causal attention set in load_arch_hparams), q/k norms, experts
+    "llada-moe": ArchTable(
+        kv=(), source="llada-moe.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/rnd1.cpp: diffusion LM (non-causal attention set in load_arch_hparams), q/k norms, experts
+    "rnd1": ArchTable(
+        kv=(), source="rnd1.cpp", flags={}, caps=frozenset({"tied"}),
+        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -865,6 +873,9 @@ DEFAULTS: dict[str, dict] = {
     "kimi-linear": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                         weights_norm=True, weights_scale=2.5, ssm_d_conv=4, n_ff_exp=64,
                         expert_types=("F16", "F16", "F16")),
+    # LLaDA-MoE / RND1-style diffusion LMs: 8 experts top-2; F16 experts (epqlab.inspect refuses them)
+    "llada-moe": dict(n_layer=3, n_head_kv=4, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    "rnd1": dict(n_layer=3, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -972,7 +983,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("grovemoe here groups experts in pairs: n_expert must be even")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    q_is_n_embd = ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe")
+    q_is_n_embd = ("llada-moe", "llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe")
     if s.arch in q_is_n_embd and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
