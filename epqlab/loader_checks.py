@@ -100,6 +100,12 @@ GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expe
 SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
 
 
+# DeepSeek-sparse-attention archs whose lightning indexer multiplies its q and k by the KV cache's Hadamard
+# rotation (deepseek32.cpp, glm-dsa.cpp, dots3note.cpp: ggml_mul_mat(self_k_rot_lid, indexer_q)); that rotation is
+# the largest power of two (>= 64) dividing the indexer head (llama_kv_cache::build_input_k_rot), so any other
+# attention.indexer.key_length fails ggml.c's GGML_ASSERT(ggml_can_mul_mat(a, b)) on the first graph
+DSA_INDEXER_ARCHS = frozenset({"deepseek32", "glm-dsa", "dots3note"})
+
 # MLA hybrids: recurrent blocks marked by head_count_kv 0, MLA attention blocks by 1
 MLA_HYBRID_ARCHS = frozenset({"kimi-linear"})
 
@@ -109,7 +115,8 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     :data:`GATING_FUNCS`, or 0 outside :data:`GATING_NONE_OK_ARCHS` (build_moe_ffn's ``switch`` ends in
     ``GGML_ABORT("fatal error")`` on the first decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
     ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models), and a missing
-    or 0 ``attention.sliding_window`` in :data:`SWA_REQUIRED_ARCHS`.
+    or 0 ``attention.sliding_window`` in :data:`SWA_REQUIRED_ARCHS`, an ``attention.indexer.key_length`` other
+    than a power of two >= 64 in :data:`DSA_INDEXER_ARCHS`.
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
     # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
@@ -120,6 +127,11 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in allowed):
         raise _bad(path, f"{arch}.expert_gating_func", g, ("0 (default), " if 0 in allowed else "")
                    + "1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
+    if arch in DSA_INDEXER_ARCHS:
+        h = value("attention.indexer.key_length")
+        if isinstance(h, bool) or not isinstance(h, int) or h < 64 or h & (h - 1):
+            raise _bad(path, f"{arch}.attention.indexer.key_length", "missing" if h is None else h,
+                       "a power of two >= 64 (the indexer's Hadamard rotation is that wide)")
     if arch in SWA_REQUIRED_ARCHS:
         w = value("attention.sliding_window")
         if isinstance(w, bool) or not isinstance(w, int) or w <= 0:

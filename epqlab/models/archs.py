@@ -81,6 +81,8 @@ class ArchSpec:
             ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank); for
             Mamba-2 blocks (nemotron_h_moe, granitehybrid) ssm_dt_rank is the head count and ssm_d_inner the
             inner width (0 = ssm_d_state x ssm_dt_rank).
+        indexer_n_head, indexer_head_size, indexer_top_k: the sparse-attention indexer of ``deepseek32``
+            (``attention.indexer.head_count`` / ``key_length`` / ``top_k``: keys kept per query).
         tied_output: no ``output.weight``; llama.cpp reuses ``token_embd``.
         gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
             ``down(silu(up x))``).
@@ -132,6 +134,9 @@ class ArchSpec:
     ssm_d_inner: int = 0
     tied_output: bool = False
     gate_exps: bool = True
+    indexer_n_head: int = 4
+    indexer_head_size: int = 64
+    indexer_top_k: int = 16
     context_length: int = 4096
     alignment: int = 32
 
@@ -263,6 +268,30 @@ def _when(rows, cond):
     return tuple((n, s, t, i, f"({cond}) and ({w})") for n, s, t, i, w in rows)
 
 
+# MLA attention (deepseek2.cpp, deepseek32.cpp): q through a LoRA (q_lora_rank; 0 = a plain attn_q), keys and
+# values from one compressed kv_lora_rank latent plus qk_rope rotary dims, k_b / v_b per head
+MLA = (
+            _norm("attn_q_a_norm.weight", "q_lora_rank", "q_lora_rank"),
+            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
+            ("attn_q_a.weight", "D, q_lora_rank", "ot", "w", "q_lora_rank"),
+            ("attn_q_b.weight", "q_lora_rank, H*(qk_nope+qk_rope)", "ot", "w", "q_lora_rank"),
+            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "not q_lora_rank"),
+            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
+            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
+            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
+            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
+)
+KV_MLA = (
+    ("attention.head_count_kv", "u32", "1"),
+    ("attention.q_lora_rank", "u32", "q_lora_rank"),
+    ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
+    ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
+    ("attention.value_length", "u32", "kv_lora_rank"),
+    ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
+    ("attention.value_length_mla", "u32", "v_head_dim"),
+    ("rope.dimension_count", "u32", "qk_rope"),
+)
+
 # Gated-DeltaNet hybrids (qwen35moe.cpp, qwen3next.cpp): key/value heads of ssm_d_state, ssm_n_group key
 # heads, ssm_dt_rank value heads; q, k, v of the recurrent blocks in one attn_qkv (its conv1d is as wide)
 _GDN_QKV = "2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state"
@@ -326,28 +355,9 @@ ARCH_TABLES: dict[str, ArchTable] = {
     # src/models/deepseek2.cpp: MLA (one KV head of kv_lora_rank + rope dims, as the converter writes it),
     # sigmoid routing with exp_probs_b, groups, optional fused gate_up, optional MTP blocks
     "deepseek2": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
-            ("attention.head_count_kv", "u32", "1"),
-            ("attention.q_lora_rank", "u32", "q_lora_rank"),
-            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
-            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
-            ("attention.value_length", "u32", "kv_lora_rank"),
-            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
-            ("attention.value_length_mla", "u32", "v_head_dim"),
-            ("rope.dimension_count", "u32", "qk_rope"),
-        ),
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_MLA,
         source="deepseek2.cpp", flags={}, caps=frozenset({"dense_lead", "shared", "tied", "fused", "nextn", "groups"}),
-        block=ATTN_NORM + (
-            _norm("attn_q_a_norm.weight", "q_lora_rank", "q_lora_rank"),
-            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
-            ("attn_q_a.weight", "D, q_lora_rank", "ot", "w", "q_lora_rank"),
-            ("attn_q_b.weight", "q_lora_rank, H*(qk_nope+qk_rope)", "ot", "w", "q_lora_rank"),
-            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "not q_lora_rank"),
-            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
-            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
-            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
-            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
-        ) + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N + NEXTN),
+        block=ATTN_NORM + MLA + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N + NEXTN),
     # src/models/qwen2moe.cpp: q/k/v biases, one sigmoid-gated shared expert
     "qwen2moe": ArchTable(
         kv=KV_SHEXP_FF, source="qwen2moe.cpp", flags={}, caps=frozenset(), output_required=True,
@@ -762,6 +772,22 @@ ARCH_TABLES: dict[str, ArchTable] = {
     "rnd1": ArchTable(
         kv=(), source="rnd1.cpp", flags={}, caps=frozenset({"tied"}),
         block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
+    # src/models/deepseek32.cpp: deepseek2's MLA (q LoRA required) plus a sparse-attention indexer per block
+    # (indexer.*: its own q from the q latent, k, per-head weights), gating from the file
+    "deepseek32": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_MLA + (
+            ("attention.indexer.head_count", "u32", "indexer_n_head"),
+            ("attention.indexer.key_length", "u32", "indexer_head_size"),
+            ("attention.indexer.top_k", "u32", "indexer_top_k"),
+        ),
+        source="deepseek32.cpp", flags={}, caps=frozenset({"dense_lead", "shared", "tied", "groups"}),
+        block=ATTN_NORM + MLA + FFN_NORM + (
+            _norm("indexer.k_norm.weight", "indexer_head_size"),
+            ("indexer.k_norm.bias", "indexer_head_size", "F32", "bias", "True"),
+            ("indexer.proj.weight", "D, indexer_n_head", "ot", "w", "True"),
+            ("indexer.attn_k.weight", "D, indexer_head_size", "ot", "w", "True"),
+            ("indexer.attn_q_b.weight", "q_lora_rank, indexer_n_head*indexer_head_size", "ot", "w", "True"),
+        ) + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N),
 }
 ARCHS = tuple(ARCH_TABLES)
 
@@ -876,6 +902,10 @@ DEFAULTS: dict[str, dict] = {
     # LLaDA-MoE / RND1-style diffusion LMs: 8 experts top-2; F16 experts (epqlab.inspect refuses them)
     "llada-moe": dict(n_layer=3, n_head_kv=4, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     "rnd1": dict(n_layer=3, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # DeepSeek-V3.2-style: MLA + indexer (4 heads of 64, top-16 keys), block 0 dense, 1 shared expert,
+    # sigmoid + bias top-3 normalised and scaled; Q8_0 experts
+    "deepseek32": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                       probs_bias=True, weights_norm=True, weights_scale=2.5),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
