@@ -789,6 +789,9 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("indexer.attn_q_b.weight", "q_lora_rank, indexer_n_head*indexer_head_size", "ot", "w", "True"),
         ) + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N),
 }
+# src/models/glm-dsa.cpp (GLM-5): deepseek32's tensors and keys (sigmoid the default gating; every indexer full
+# below a 1M training context)
+ARCH_TABLES["glm-dsa"] = replace(ARCH_TABLES["deepseek32"], source="glm-dsa.cpp")
 ARCHS = tuple(ARCH_TABLES)
 
 DEFAULTS: dict[str, dict] = {
@@ -906,6 +909,10 @@ DEFAULTS: dict[str, dict] = {
     # sigmoid + bias top-3 normalised and scaled; Q8_0 experts
     "deepseek32": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                        probs_bias=True, weights_norm=True, weights_scale=2.5),
+    # GLM-5-style: as deepseek32's; BF16 experts
+    "glm-dsa": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                    probs_bias=True, weights_norm=True, weights_scale=2.5, n_ff_exp=64,
+                    expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
