@@ -788,7 +788,23 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("indexer.attn_k.weight", "D, indexer_head_size", "ot", "w", "True"),
             ("indexer.attn_q_b.weight", "q_lora_rank, indexer_n_head*indexer_head_size", "ot", "w", "True"),
         ) + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N),
+    # src/models/granite-swa.cpp: attention sinks, sliding-window blocks from a per-layer bool array, mu-P scales,
+    # experts n_ff wide (optional fused gate_up), an optional shared expert with gate and up fused in ffn_up_shexp
+    "granite_swa": ArchTable(
+        kv=(
+            ("attention.sliding_window_pattern", "bools", "[(il + 1) % 4 != 0 for il in range(n_layer)]"),
+            ("attention.sliding_window", "u32", "sliding_window"),
+            ("logit_scale", "f32", "4.0"), ("residual_scale", "f32", "0.5"), ("embedding_scale", "f32", "2.0"),
+            ("attention.scale", "f32", "1.0 / Dh"), ("expert_shared_feed_forward_length", "u32", "Fs", "n_shared"),
+        ),
+        source="granite-swa.cpp", flags={}, caps=frozenset({"tied", "shared", "fused"}),
+        block=ATTN_NORM + ATTN_QKVO + (("attn_sinks.weight", "H", "F32", "bias", "True"),) + FFN_NORM + ROUTER
+        + EXPERTS + (
+            ("ffn_up_shexp.weight", "D, 2*Fs", "ot", "w", "n_shared"),
+            ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "n_shared"),
+        )),
 }
+
 # src/models/glm-dsa.cpp (GLM-5): deepseek32's tensors and keys (sigmoid the default gating; every indexer full
 # below a 1M training context)
 ARCH_TABLES["glm-dsa"] = replace(ARCH_TABLES["deepseek32"], source="glm-dsa.cpp")
@@ -913,6 +929,9 @@ DEFAULTS: dict[str, dict] = {
     "glm-dsa": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                     probs_bias=True, weights_norm=True, weights_scale=2.5, n_ff_exp=64,
                     expert_types=("BF16", "BF16", "BF16")),
+    # Granite-SWA-style: sliding window 8 on 3 of 4 blocks, attention sinks, 8 experts top-2 + a shared
+    # expert; F16 experts
+    "granite_swa": dict(n_layer=4, n_shared=1, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
@@ -1025,7 +1044,7 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
     if s.arch == "gemma4" and s.n_layer < 4:
         raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
-    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple", "step35") and s.sliding_window < 1:
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple", "step35", "granite_swa") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
     if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim)
                                                   or len(s.rope_sections) != 4):
