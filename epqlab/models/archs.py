@@ -10,6 +10,13 @@ here, or the real-size synthetic presets); :func:`write_tiny` writes a model of 
 few MiB whose keys and tensors are exactly what llama.cpp loads, so the file runs the real graph of the
 architecture.
 
+Stable public API (the synthetic presets of :mod:`epqlab.models.synth` build on it): :class:`ArchSpec`
+(construct it directly at any size, e.g. ``ArchSpec("qwen35moe", n_layer=40, n_vocab=248320, ...)``),
+:func:`arch_tensors` ``(spec) -> [(name, ggml shape, ggml type name, init)]``, :func:`arch_kv`
+``(spec) -> [(key, kind, value)]``, :func:`add_kv` ``(gguf.GGUFWriter, spec)``, :func:`validate`,
+:func:`tiny_spec`, :func:`write_tiny`, :data:`ARCHS`, :data:`DEFAULTS`. Both evaluators leave the tokenizer
+keys to the caller.
+
 Weights are seeded normal draws scaled by ``1/sqrt(fan_in)`` and quantized with gguf-py
 (``gguf.quants.quantize``), so logits are finite and the routing varies from token to token; the
 text is noise. The tiny tokenizer is a 355-token SentencePiece vocabulary (``<unk>``, ``<s>``,
