@@ -107,7 +107,7 @@ SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
 DSA_INDEXER_ARCHS = frozenset({"deepseek32", "glm-dsa", "dots3note"})
 
 # MLA hybrids: recurrent blocks marked by head_count_kv 0, MLA attention blocks by 1
-MLA_HYBRID_ARCHS = frozenset({"kimi-linear"})
+MLA_HYBRID_ARCHS = frozenset({"kimi-linear", "bailingmoe3"})
 
 
 def check_graph_keys(path: Path, arch: str, value) -> None:
@@ -195,8 +195,8 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
                 raise _bad(path, f"{arch}.attention.value_length", head_v, f"kv_lora_rank = {rank} (MLA)")
             kv = value("attention.head_count_kv")
             kv = list(kv) if isinstance(kv, (list, tuple)) else [n_head if kv is None else kv]
-            # hybrids whose recurrent blocks are the ones with head_count_kv 0 (kimi-linear.cpp:
-            # is_recr_impl[i] = n_head_kv(i) == 0) have 0 there and 1 on their MLA blocks
+            # hybrids whose recurrent blocks are the ones with head_count_kv 0 (kimi-linear.cpp,
+            # bailingmoe3.cpp: is_recr_impl[i] = n_head_kv(i) == 0) have 0 there and 1 on their MLA blocks
             ok = (0, 1) if arch in MLA_HYBRID_ARCHS else (1,)
             if any(int(x) not in ok for x in kv) or not any(int(x) == 1 for x in kv):
                 raise _bad(path, f"{arch}.attention.head_count_kv", "missing (= head_count)" if value(

@@ -663,6 +663,49 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("ffn_up_shexp.weight", "D, 2*Fs", "ot", "w", "n_shared"),
             ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "n_shared"),
         )),
+    # src/models/bailingmoe3.cpp: Kimi-Delta-Attention (recurrent) blocks (head_count_kv 0; full-rank decay
+    # and gate projections, a bounded gate) and MLA attention blocks with a per-head output gate, leading dense
+    # blocks, sigmoid + exp_probs_b, a shared expert of n_ff_shexp; KDA head dim = head_dim
+    "bailingmoe3": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF + (
+            ("attention.head_count_kv", "u32s",
+             "[1 if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
+            ("attention.q_lora_rank", "u32", "0"),
+            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
+            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
+            ("attention.value_length", "u32", "kv_lora_rank"),
+            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
+            ("attention.value_length_mla", "u32", "v_head_dim"),
+            ("rope.dimension_count", "u32", "qk_rope"),
+            ("ssm.conv_kernel", "u32", "ssm_d_conv"),
+            ("kda.head_dim", "u32", "Dh"),
+            ("kda.gate_lower_bound", "f32", "-5.0"),
+        ),
+        source="bailingmoe3.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
+        caps=frozenset({"tied", "dense_lead", "shared"}),
+        block=ATTN_NORM + _when((
+            ("ssm_conv1d_q.weight", "ssm_d_conv, 1, Dh*H, 1", "F32", "w", "True"),
+            ("ssm_conv1d_k.weight", "ssm_d_conv, 1, Dh*H, 1", "F32", "w", "True"),
+            ("ssm_conv1d_v.weight", "ssm_d_conv, 1, Dh*H, 1", "F32", "w", "True"),
+            ("attn_q.weight", "D, Dh*H", "ot", "w", "True"),
+            ("attn_k.weight", "D, Dh*H", "ot", "w", "True"),
+            ("attn_v.weight", "D, Dh*H", "ot", "w", "True"),
+            ("ssm_f_a.weight", "D, Dh*H", "ot", "w", "True"),
+            ("ssm_beta.weight", "D, H", "ot", "w", "True"),
+            ("ssm_a", "1, H", "F32", "neg", "True"),
+            ("ssm_dt.bias", "Dh*H", "F32", "bias", "True"),
+            ("ssm_g_a.weight", "D, Dh*H", "ot", "w", "True"),
+            _norm("ssm_norm.weight", "Dh"),
+            ("attn_output.weight", "Dh*H, D", "ot", "w", "True"),
+        ), "recr") + _when((
+            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "True"),
+            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
+            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
+            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
+            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
+            ("attn_gate.weight", "D, H", "ot", "w", "True"),
+            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
+        ), "not recr") + FFN_NORM + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_FS),
 }
 
 # src/models/glm-dsa.cpp (GLM-5): deepseek32's tensors and keys (sigmoid the default gating; every indexer full
@@ -792,6 +835,10 @@ DEFAULTS: dict[str, dict] = {
     # Granite-SWA-style: sliding window 8 on 3 of 4 blocks, attention sinks, 8 experts top-2 + a shared
     # expert; F16 experts
     "granite_swa": dict(n_layer=4, n_shared=1, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
+    # Ling-3-style: block 0 dense, blocks 0-2 KDA, block 3 MLA attention, sigmoid + bias top-3 normalised
+    # and scaled, a shared expert; BF16 experts
+    "bailingmoe3": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                        weights_norm=True, weights_scale=2.5, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
