@@ -106,6 +106,10 @@ SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
 # attention.indexer.key_length fails ggml.c's GGML_ASSERT(ggml_can_mul_mat(a, b)) on the first graph
 DSA_INDEXER_ARCHS = frozenset({"deepseek32", "glm-dsa", "dots3note"})
 
+# block-sparse attention (src/models/minimax-m3.cpp) scores blocks with one indexer head per KV head:
+# GGML_ASSERT(HKV == Hd && "MSA: one indexer head per GQA group") aborts on any other attention.indexer.head_count
+MSA_ARCHS = frozenset({"minimax-m3"})
+
 # MLA hybrids: recurrent blocks marked by head_count_kv 0, MLA attention blocks by 1
 MLA_HYBRID_ARCHS = frozenset({"kimi-linear", "bailingmoe3"})
 
@@ -116,7 +120,8 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     ``GGML_ABORT("fatal error")`` on the first decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
     ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models), and a missing
     or 0 ``attention.sliding_window`` in :data:`SWA_REQUIRED_ARCHS`, an ``attention.indexer.key_length`` other
-    than a power of two >= 64 in :data:`DSA_INDEXER_ARCHS`.
+    than a power of two >= 64 in :data:`DSA_INDEXER_ARCHS`, an ``attention.indexer.head_count`` other than
+    ``head_count_kv`` in :data:`MSA_ARCHS`.
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
     # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
@@ -132,6 +137,12 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
         if isinstance(h, bool) or not isinstance(h, int) or h < 64 or h & (h - 1):
             raise _bad(path, f"{arch}.attention.indexer.key_length", "missing" if h is None else h,
                        "a power of two >= 64 (the indexer's Hadamard rotation is that wide)")
+    if arch in MSA_ARCHS:
+        hi, kv = value("attention.indexer.head_count"), value("attention.head_count_kv")
+        kv = value("attention.head_count") if kv is None else kv
+        if isinstance(kv, int) and not isinstance(kv, bool) and hi != kv:
+            raise _bad(path, f"{arch}.attention.indexer.head_count", "missing" if hi is None else hi,
+                       f"head_count_kv ({kv}): one indexer head per KV head")
     if arch in SWA_REQUIRED_ARCHS:
         w = value("attention.sliding_window")
         if isinstance(w, bool) or not isinstance(w, int) or w <= 0:

@@ -111,6 +111,7 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("gating_missing", rewrite, out["dots1"], drop=("dots1.expert_gating_func",))
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
     out["nemotron_h_moe"] = write_tiny(d / "nemotron_h_moe.gguf", "nemotron_h_moe")
+    out["msa_indexer_heads"] = write_tiny(d / "msa.gguf", "minimax-m3", indexer_n_head=4)
     out["dsa_indexer_96"] = write_tiny(d / "dsa.gguf", "deepseek32", indexer_head_size=96)
     out["afmoe_no_window"] = write_tiny(d / "af.gguf", "afmoe", sliding_window=0)
     out["mamba2_no_conv_bias"] = write_tiny(d / "nb.gguf", "nemotron_h_moe", omit=("blk.3.ssm_conv1d.bias",))
@@ -145,6 +146,7 @@ ROWS = [
     ("dots1 gating function 0", "gating0", "expert_gating_func is 0"),  # the same GGML_ABORT (deepseek2 maps 0)
     ("dots1 gating function missing", "gating_missing", "expert_gating_func is missing (0)"),  # the same GGML_ABORT
     ("non-causal", "non_causal", "attention.causal is false"),
+    ("MSA indexer heads", "msa_indexer_heads", "minimax-m3.attention.indexer.head_count is 4"),  # GGML_ASSERT(HKV == Hd)
     ("DSA indexer head 96", "dsa_indexer_96", "attention.indexer.key_length is 96"),  # ggml_can_mul_mat assert
     ("afmoe without a window", "afmoe_no_window", "afmoe.attention.sliding_window is missing"),  # SIGSEGV: kv iswa input
     ("Mamba-2 conv bias missing", "mamba2_no_conv_bias", "blk.3.ssm_conv1d.bias is missing"),  # mamba-base.cpp: SIGSEGV in ggml_add  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)

@@ -706,6 +706,24 @@ ARCH_TABLES: dict[str, ArchTable] = {
             ("attn_gate.weight", "D, H", "ot", "w", "True"),
             ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
         ), "not recr") + FFN_NORM + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_FS),
+    # src/models/minimax-m3.cpp: q/k norms, leading dense blocks, sigmoid + exp_probs_b, n_shared shared experts
+    # of n_ff_exp, and in MoE blocks a block-sparse-attention indexer (indexer.q_proj / k_proj / norms; the sparse
+    # path runs with flash attention only)
+    "minimax-m3": ArchTable(
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
+            ("attention.indexer.head_count", "u32", "indexer_n_head"),
+            ("attention.indexer.key_length", "u32", "indexer_head_size"),
+            ("attention.indexer.top_k", "u32", "indexer_top_k"),
+            ("attention.indexer.block_size", "u32", "16"),
+            ("attention.indexer.local_blocks", "u32", "1"),
+        ),
+        source="minimax-m3.cpp", flags={}, caps=frozenset({"dense_lead", "shared"}), output_required=True,
+        block=ATTN_QKVO + ATTN_NORM + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + (
+            ("indexer.q_proj.weight", "D, indexer_n_head*indexer_head_size", "ot", "w", "moe"),
+            ("indexer.k_proj.weight", "D, indexer_head_size", "ot", "w", "moe"),
+            _norm("indexer.q_norm.weight", "indexer_head_size", "moe"),
+            _norm("indexer.k_norm.weight", "indexer_head_size", "moe"),
+        )),
 }
 
 # src/models/glm-dsa.cpp (GLM-5): deepseek32's tensors and keys (sigmoid the default gating; every indexer full
@@ -839,6 +857,11 @@ DEFAULTS: dict[str, dict] = {
     # and scaled, a shared expert; BF16 experts
     "bailingmoe3": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
                         weights_norm=True, weights_scale=2.5, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
+    # MiniMax-M3-style: block 0 dense, sigmoid + bias top-3 normalised, a shared expert, indexer 2 x 64 (one
+    # head per KV head: loader_checks);
+    # F16 experts
+    "minimax-m3": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
+                       indexer_n_head=2, weights_norm=True, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
     # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
     # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
     # (two types of one slice size, 8 KiB: slot addressing applies)
