@@ -69,6 +69,8 @@ ARCH_ROWS.update({
     # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
     "qwen35moe-fused": ("qwen35moe", dict(fused=True, expert_types=("BF16",) * 3, late_expert_types=("F32",) * 3,
                                           n_late_layers=1)),
+    # per-expert F32 scales (ffn_*_exps.scale), which build_moe_ffn multiplies into each expert's output
+    "qwen35moe-scales": ("qwen35moe", dict(expert_scales=True)),
 })
 # why slot addressing may be refused (epqlab/paging: slices not whole pages; a class below top-k slots)
 REFUSALS = ("expert_addressing='slots' is not possible",)

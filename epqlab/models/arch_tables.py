@@ -24,7 +24,7 @@ class ArchTable:
             type: a ggml type name, ``ot`` (``other_type``) or ``exp.gate`` / ``exp.up`` / ``exp.down``
             (the block's expert types); init: ``one`` (norm weights), ``bias`` (small normal), ``w``
             (normal / sqrt(ne0)), ``emb`` (normal), ``router`` (normal x 2 / sqrt(ne0)), ``neg``
-            (negative decay rates, -(0.1 + |normal|/2)).
+            (negative decay rates, -(0.1 + |normal|/2)), ``scale`` (positive, 0.5 + uniform[0, 1)).
         flags: the architecture's own block flags, name -> expression (``moe`` overrides the default
             ``il >= n_dense_lead``).
         caps: optional knobs this architecture's loader accepts: ``dense_lead``, ``fused``, ``tied``,
@@ -101,6 +101,11 @@ EXPERTS = (
     ("ffn_gate_exps.weight", "D, F, E", "exp.gate", "w", "moe and not fused and gate_exps"),
     ("ffn_up_exps.weight", "D, F, E", "exp.up", "w", "moe and not fused"),
     ("ffn_down_exps.weight", "F, D, E", "exp.down", "w", "moe"),
+    # per-expert scales (llama-model.cpp load_tensors: "MoE expert weight scales (per-expert, shape {n_expert})",
+    # blocks whose experts are loaded: not the skipped MTP blocks)
+    ("ffn_gate_exps.scale", "E", "F32", "scale", "moe and expert_scales and not mtp and not fused and gate_exps"),
+    ("ffn_up_exps.scale", "E", "F32", "scale", "moe and expert_scales and not mtp and not fused"),
+    ("ffn_down_exps.scale", "E", "F32", "scale", "moe and expert_scales and not mtp"),
 )
 SHEXP_N = (  # n_shared experts of n_ff_exp neurons each, fused into one FFN
     ("ffn_gate_shexp.weight", "D, F*n_shared", "ot", "w", "moe and n_shared"),

@@ -93,6 +93,8 @@ class ArchSpec:
         indexer_n_head, indexer_head_size, indexer_top_k: the sparse-attention indexer of ``deepseek32``
             (``attention.indexer.head_count`` / ``key_length`` / ``top_k``: keys kept per query).
         tied_output: no ``output.weight``; llama.cpp reuses ``token_embd``.
+        expert_scales: write per-expert F32 scales ``blk.N.ffn_{gate,up,down}_exps.scale`` ([n_expert]; llama.cpp's
+            load_tensors reads them for every architecture, build_moe_ffn multiplies each expert's output).
         gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
             ``down(silu(up x))``).
         context_length: ``context_length`` (training context, tokens).
@@ -143,6 +145,7 @@ class ArchSpec:
     ssm_d_inner: int = 0
     tied_output: bool = False
     gate_exps: bool = True
+    expert_scales: bool = False
     indexer_n_head: int = 4
     indexer_head_size: int = 64
     indexer_top_k: int = 16
@@ -301,7 +304,7 @@ def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
 
     Returns:
         ``(name, ggml shape (ne0, ne1, ...), ggml type name, init)`` per tensor; init as in
-        :class:`ArchTable` (``one`` | ``bias`` | ``w`` | ``emb`` | ``router`` | ``neg``).
+        :class:`ArchTable` (``one`` | ``bias`` | ``w`` | ``emb`` | ``router`` | ``neg`` | ``scale``).
 
     Raises:
         ValueError: as :func:`validate`.
@@ -387,6 +390,8 @@ def _values(shape: tuple[int, ...], init: str, rng: np.random.Generator) -> np.n
         return x * np.float32(0.1)
     if init == "neg":
         return -(np.float32(0.1) + np.abs(x) * np.float32(0.5))
+    if init == "scale":
+        return np.float32(0.5) + rng.random(np_shape, dtype=np.float32)
     if init == "router":
         return x * np.float32(2.0 / np.sqrt(shape[0]))
     return x * np.float32(1.0 / np.sqrt(shape[0]))
