@@ -203,6 +203,14 @@ def test_write_tiny_rejects_bad_knobs(tmp_path):
         write_tiny(tmp_path / "x.gguf", "qwen35moe", rope_sections=(4, 4, 4, 0))
     with pytest.raises(ValueError, match="n_vocab"):
         write_tiny(tmp_path / "x.gguf", "laguna", n_vocab=1000)
+    with pytest.raises(ValueError, match="ssm_d_inner = 128"):  # granite-hybrid.cpp asserts 2 * n_embd == d_inner
+        write_tiny(tmp_path / "x.gguf", "granitehybrid", ssm_d_inner=96)
+    with pytest.raises(ValueError, match="no ffn_gate_exps"):
+        write_tiny(tmp_path / "x.gguf", "nemotron_h_moe", gate_exps=True)
+    with pytest.raises(ValueError, match="n_nextn .MTP blocks. is written for"):
+        write_tiny(tmp_path / "x.gguf", "laguna", n_nextn=1)
+    with pytest.raises(ValueError, match="omit names tensors"):
+        write_tiny(tmp_path / "x.gguf", "llama", omit=("blk.0.ssm_conv1d.bias",))
     assert not list(tmp_path.iterdir())
 
 
