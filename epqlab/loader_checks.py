@@ -89,8 +89,13 @@ def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: in
 
 
 GATING_FUNCS = (0, 1, 2, 3)  # llama_expert_gating_func_type: none (the architecture's default), softmax, sigmoid, softmax_weight
-GATING_NONE_OK_ARCHS = frozenset({"deepseek2"})  # load_arch_hparams turns 0 into softmax
-GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expert_gating_func unchanged
+# load_arch_hparams turns 0 (none) into the architecture's default (softmax for deepseek2, sigmoid for the others:
+# "if (hparams.expert_gating_func == LLAMA_EXPERT_GATING_FUNC_TYPE_NONE)" in src/models/<arch>.cpp)
+GATING_NONE_OK_ARCHS = frozenset({"deepseek2", "deepseek2-ocr", "afmoe", "cohere2moe", "glm-dsa", "glm4moe", "glm5-next",
+                                  "hy_v3", "laguna", "step35"})
+# the key is optional and build_moe_ffn gets hparams.expert_gating_func unchanged: missing is 0, the abort
+# (dots1.cpp, minimax-m2.cpp, smallthinker.cpp; SIGABRT in llama-graph.cpp when the key was dropped)
+GATING_FROM_FILE_ARCHS = frozenset({"dots1", "minimax-m2", "smallthinker"})
 
 
 # architectures whose graph always builds the sliding-window KV input (build_attn_inp_kv_iswa) although
@@ -124,8 +129,8 @@ def check_graph_keys(path: Path, arch: str, value) -> None:
     ``head_count_kv`` in :data:`MSA_ARCHS`.
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
-    # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
-    # elsewhere (dots1) it reaches the same abort
+    # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it
+    # (GATING_NONE_OK_ARCHS); elsewhere (dots1) it reaches the same abort
     allowed = GATING_FUNCS if arch in GATING_NONE_OK_ARCHS else GATING_FUNCS[1:]
     if g is None and arch in GATING_FROM_FILE_ARCHS:
         g = "missing (0)"  # dots1's graph takes the file's gating function as is: missing is 0
