@@ -27,6 +27,7 @@ from .errors import (
     PagerIOError,
     SplitModelError,
     TruncatedModelError,
+    UnsupportedArchError,
 )
 from . import _aliases
 from .layout import ExpertLayer, ExpertTensor, ModelLayout, SlotClass, inspect
@@ -64,7 +65,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError",
+    "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
     "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "fmt_bytes", "parse_bytes", "__version__",
 ]

@@ -26,6 +26,11 @@ class NotMoEError(EpqlabError, ValueError):
     """The model has no routed experts (``blk.N.ffn_*_exps.weight``): a dense model cannot be paged."""
 
 
+class UnsupportedArchError(EpqlabError, ValueError):
+    """A MoE architecture whose graph epqlab cannot page (llama.cpp runs it; the hook cannot follow its
+    routing); the message names the architecture and why (:data:`epqlab.loader_checks.UNPAGEABLE_ARCHS`)."""
+
+
 class SplitModelError(EpqlabError, ValueError):
     """A broken split GGUF: a shard missing, misnamed, from another split run, or a tensor count
     that disagrees with ``split.tensors.count``. (Complete split sets are supported.)"""

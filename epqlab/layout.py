@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .constants import GGUF_MAGIC
 from .errors import ModelNotFoundError, NotGGUFError, NotMoEError, SplitModelError, TruncatedModelError
-from .loader_checks import check_attention_shapes, check_graph_keys, check_hparams, check_norm_eps, check_rope, check_tensor_types, check_vocab
+from .loader_checks import (check_attention_shapes, check_graph_keys, check_hparams, check_norm_eps, check_pageable,
+                            check_required_tensors, check_rope, check_tensor_types, check_vocab)
 from .units import fmt_bytes
 
 EXPERT_TENSOR_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_exps\.weight$")
@@ -361,6 +362,7 @@ def inspect(path: str | os.PathLike, require_moe: bool = True) -> ModelLayout:
             llama.cpp's ``-0000i-of-0000N.gguf`` pattern, ``split.no``/``split.count`` that disagree
             with the names, or a tensor count other than ``split.tensors.count``.
         NotMoEError: no ``blk.N.ffn_*_exps.weight`` tensors (a dense model).
+        UnsupportedArchError: a MoE architecture epqlab cannot page (:data:`epqlab.loader_checks.UNPAGEABLE_ARCHS`).
     """
     path = Path(path)
     if not path.exists():
@@ -583,6 +585,9 @@ def _inspect(path: Path) -> ModelLayout:
     check_attention_shapes(path, arch, lambda key: _field_value(reader, f"{arch}.{key}"), hp,
                            {t.name: [int(x) for x in t.shape] for _, r in shards for t in r.tensors if ".attn_" in t.name})
     check_tensor_types(path, [(t.name, _type_name(t)) for _, r in shards for t in r.tensors])
+    check_required_tensors(path, arch, [t.name for _, r in shards for t in r.tensors])
+    if layers:
+        check_pageable(path, arch)
     check_vocab(path, reader, lambda key: _field_value(reader, key))
     dense.sort(key=lambda d: (d[0], d[2]))
     return ModelLayout(

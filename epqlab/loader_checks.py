@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import NotGGUFError
+from .errors import NotGGUFError, UnsupportedArchError
 
 LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024
@@ -89,25 +89,70 @@ def check_hparams(path: Path, arch: str, hp, n_expert_kv: int, n_expert_used: in
 
 
 GATING_FUNCS = (0, 1, 2, 3)  # llama_expert_gating_func_type: none (the architecture's default), softmax, sigmoid, softmax_weight
-GATING_NONE_OK_ARCHS = frozenset({"deepseek2"})  # load_arch_hparams turns 0 into softmax
-GATING_FROM_FILE_ARCHS = frozenset({"dots1"})  # build_moe_ffn gets hparams.expert_gating_func unchanged
+# load_arch_hparams turns 0 (none) into the architecture's default (softmax for deepseek2, sigmoid for the others:
+# "if (hparams.expert_gating_func == LLAMA_EXPERT_GATING_FUNC_TYPE_NONE)" in src/models/<arch>.cpp)
+GATING_NONE_OK_ARCHS = frozenset({"deepseek2", "deepseek2-ocr", "afmoe", "cohere2moe", "glm-dsa", "glm4moe", "glm5-next",
+                                  "hy_v3", "laguna", "step35"})
+# the key is optional and build_moe_ffn gets hparams.expert_gating_func unchanged: missing is 0, the abort
+# (dots1.cpp, minimax-m2.cpp, smallthinker.cpp; SIGABRT in llama-graph.cpp when the key was dropped)
+GATING_FROM_FILE_ARCHS = frozenset({"dots1", "minimax-m2", "smallthinker"})
+
+
+# architectures whose graph always builds the sliding-window KV input (build_attn_inp_kv_iswa) although
+# load_arch_hparams makes the window optional (src/models/afmoe.cpp): without attention.sliding_window > 0 the
+# context holds a plain KV cache and building the first graph reads it as the SWA one (SIGSEGV in
+# llama_kv_cache_context::build_input_k_idxs)
+SWA_REQUIRED_ARCHS = frozenset({"afmoe"})
+
+
+# DeepSeek-sparse-attention archs whose lightning indexer multiplies its q and k by the KV cache's Hadamard
+# rotation (deepseek32.cpp, glm-dsa.cpp, dots3note.cpp: ggml_mul_mat(self_k_rot_lid, indexer_q)); that rotation is
+# the largest power of two (>= 64) dividing the indexer head (llama_kv_cache::build_input_k_rot), so any other
+# attention.indexer.key_length fails ggml.c's GGML_ASSERT(ggml_can_mul_mat(a, b)) on the first graph
+DSA_INDEXER_ARCHS = frozenset({"deepseek32", "glm-dsa", "dots3note"})
+
+# block-sparse attention (src/models/minimax-m3.cpp) scores blocks with one indexer head per KV head:
+# GGML_ASSERT(HKV == Hd && "MSA: one indexer head per GQA group") aborts on any other attention.indexer.head_count
+MSA_ARCHS = frozenset({"minimax-m3"})
+
+# MLA hybrids: recurrent blocks marked by head_count_kv 0, MLA attention blocks by 1
+MLA_HYBRID_ARCHS = frozenset({"kimi-linear", "bailingmoe3"})
 
 
 def check_graph_keys(path: Path, arch: str, value) -> None:
     """Refuse graph switches llama.cpp aborts on: an ``expert_gating_func`` outside
     :data:`GATING_FUNCS`, or 0 outside :data:`GATING_NONE_OK_ARCHS` (build_moe_ffn's ``switch`` ends in
     ``GGML_ABORT("fatal error")`` on the first decode), and ``attention.causal`` false (a non-causal, embedding model: llama_decode asserts
-    ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models).
+    ``n_ubatch >= n_tokens`` for any batch larger than a ubatch; epqlab runs generative models), and a missing
+    or 0 ``attention.sliding_window`` in :data:`SWA_REQUIRED_ARCHS`, an ``attention.indexer.key_length`` other
+    than a power of two >= 64 in :data:`DSA_INDEXER_ARCHS`, an ``attention.indexer.head_count`` other than
+    ``head_count_kv`` in :data:`MSA_ARCHS`.
     ``value(key)`` reads ``<arch>.<key>`` raw. Raises NotGGUFError."""
     g = value("expert_gating_func")
-    # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it (deepseek2);
-    # elsewhere (dots1) it reaches the same abort
+    # 0 (none) is replaced by the architecture's default only where load_arch_hparams does it
+    # (GATING_NONE_OK_ARCHS); elsewhere (dots1) it reaches the same abort
     allowed = GATING_FUNCS if arch in GATING_NONE_OK_ARCHS else GATING_FUNCS[1:]
     if g is None and arch in GATING_FROM_FILE_ARCHS:
         g = "missing (0)"  # dots1's graph takes the file's gating function as is: missing is 0
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g not in allowed):
         raise _bad(path, f"{arch}.expert_gating_func", g, ("0 (default), " if 0 in allowed else "")
                    + "1 (softmax), 2 (sigmoid) or 3 (softmax_weight)")
+    if arch in DSA_INDEXER_ARCHS:
+        h = value("attention.indexer.key_length")
+        if isinstance(h, bool) or not isinstance(h, int) or h < 64 or h & (h - 1):
+            raise _bad(path, f"{arch}.attention.indexer.key_length", "missing" if h is None else h,
+                       "a power of two >= 64 (the indexer's Hadamard rotation is that wide)")
+    if arch in MSA_ARCHS:
+        hi, kv = value("attention.indexer.head_count"), value("attention.head_count_kv")
+        kv = value("attention.head_count") if kv is None else kv
+        if isinstance(kv, int) and not isinstance(kv, bool) and hi != kv:
+            raise _bad(path, f"{arch}.attention.indexer.head_count", "missing" if hi is None else hi,
+                       f"head_count_kv ({kv}): one indexer head per KV head")
+    if arch in SWA_REQUIRED_ARCHS:
+        w = value("attention.sliding_window")
+        if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+            raise _bad(path, f"{arch}.attention.sliding_window", "missing" if w is None else w,
+                       "a window of >= 1 token (its graph always builds the sliding-window attention input)")
     if value("attention.causal") is False:
         raise NotGGUFError(f"{path}: {arch}.attention.causal is false: a non-causal (embedding) model, which "
                            "llama.cpp aborts on when a batch spans several ubatches; epqlab runs generative models.")
@@ -166,7 +211,10 @@ def check_rope(path: Path, arch: str, value, hp) -> None:
                 raise _bad(path, f"{arch}.attention.value_length", head_v, f"kv_lora_rank = {rank} (MLA)")
             kv = value("attention.head_count_kv")
             kv = list(kv) if isinstance(kv, (list, tuple)) else [n_head if kv is None else kv]
-            if any(int(x) != 1 for x in kv):
+            # hybrids whose recurrent blocks are the ones with head_count_kv 0 (kimi-linear.cpp,
+            # bailingmoe3.cpp: is_recr_impl[i] = n_head_kv(i) == 0) have 0 there and 1 on their MLA blocks
+            ok = (0, 1) if arch in MLA_HYBRID_ARCHS else (1,)
+            if any(int(x) not in ok for x in kv) or not any(int(x) == 1 for x in kv):
                 raise _bad(path, f"{arch}.attention.head_count_kv", "missing (= head_count)" if value(
                     "attention.head_count_kv") is None else kv[0] if len(kv) == 1 else kv, "1 (MLA caches one key head)")
     elif n_rot % 2 or n_rot > head_k:
@@ -216,6 +264,49 @@ def check_attention_shapes(path: Path, arch: str, value, hp, dims: dict) -> None
                     f"({size}, attention.key_length / value_length or embedding_length / head_count) is "
                     f"{heads * size}: llama.cpp would abort splitting it into heads. The file is corrupt or "
                     "mis-converted; re-convert it.")
+
+
+# MoE architectures of the bundled llama.cpp that epqlab cannot page, and why: the hook (native/engine/hook.cpp)
+# follows one expert selection (ffn_moe_topk) per layer over the layer's ffn_*_exps tensors
+_DIFFUSION = ("a diffusion language model (non-causal attention, set in its load_arch_hparams): it is decoded by "
+              "iterative unmasking (llama.cpp's diffusion example), not by next-token generation, and llama_decode "
+              "aborts the process on a prompt longer than one ubatch")
+UNPAGEABLE_ARCHS = {
+    "llada-moe": _DIFFUSION,
+    "rnd1": _DIFFUSION,
+    "grovemoe": "its graph selects experts twice in every layer (the routed experts, then the per-group "
+                "'chunk' experts ffn_*_chexps, src/models/grovemoe.cpp), and epqlab follows one top-k per layer",
+}
+
+
+def check_pageable(path: Path, arch: str) -> None:
+    """Refuse an architecture in :data:`UNPAGEABLE_ARCHS`. Raises UnsupportedArchError naming the reason."""
+    if arch in UNPAGEABLE_ARCHS:
+        raise UnsupportedArchError(
+            f"{path}: epqlab cannot page architecture {arch!r}: {UNPAGEABLE_ARCHS[arch]}. Run it with plain "
+            "llama.cpp (llama-cpp-python) instead.")
+
+
+# architectures whose load_arch_tensors makes blk.N.ssm_conv1d.bias optional (TENSOR_NOT_REQUIRED: falcon-h1.cpp,
+# granite-hybrid.cpp, nemotron-h.cpp) while the graph's build_mamba2_layer adds it unconditionally
+# (src/models/mamba-base.cpp: ggml_add(ctx0, xBC, model.layers[il].ssm_conv1d_b)): without it ggml_add reads a
+# null tensor (SIGSEGV building the first graph, when the context is created)
+MAMBA2_CONV_BIAS_ARCHS = frozenset({"falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
+
+
+def check_required_tensors(path: Path, arch: str, names) -> None:
+    """Refuse a tensor llama.cpp loads as optional but computes with unconditionally: a Mamba-2 block's
+    ``blk.N.ssm_conv1d.bias`` (:data:`MAMBA2_CONV_BIAS_ARCHS`). ``names``: every tensor name in the file.
+    Raises NotGGUFError naming the missing tensor."""
+    if arch not in MAMBA2_CONV_BIAS_ARCHS:
+        return
+    names = set(names)
+    for name in sorted(names):
+        if name.endswith(".ssm_conv1d.weight") and name[:-len("weight")] + "bias" not in names:
+            raise NotGGUFError(
+                f"{path}: {name[:-len('weight')]}bias is missing, but llama.cpp's {arch} graph adds it to every "
+                "Mamba-2 block's convolution (it would crash the process creating the context): the file is "
+                "corrupt or mis-converted; re-convert it.")
 
 
 def check_tensor_types(path: Path, tensors) -> None:

@@ -1,9 +1,14 @@
-"""Every MoE architecture we support pages bit-identically: prompt logits and 8 greedy steps of
-``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equal plain llama.cpp's
-(``pager=False``: stock mmap load) exactly, for tiny random models of llama, deepseek, deepseek2
-(split and fused gate_up), qwen2moe, qwen3moe, gpt-oss, dots1, qwen35moe (split and fused gate_up) and laguna (epqlab.models.archs) and shrunk
-synth presets; d in anon/mmap (mlock once), A in {minimum arena, all experts}, u in {1: every
-token pages its experts, 512: the minimum arena stages the prompt}."""
+"""Every MoE architecture we support pages bit-identically.
+
+test_arch_table: every architecture of epqlab.models.archs (ARCH_ROWS), in a child process each
+(tests/arch_child.py): prompt logits + 8 greedy steps at three arenas x both expert addressings, batched
+decode, prefix reuse, teacher forcing and perplexity equal plain llama.cpp's (``pager=False``) bit for bit,
+or slot addressing is refused by name.
+
+test_paged_equals_plain_llama: ``Session(pager=True, dense_weights=d, arena_bytes=A, n_ubatch=u)`` equals
+``pager=False`` for the first seven tiny architectures (llama, deepseek, deepseek2 split and fused gate_up,
+qwen2moe, qwen3moe, gpt-oss, dots1) and shrunk synth presets; d in anon/mmap (mlock once), A in {minimum
+arena, all experts}, u in {1: every token pages its experts, 512: the minimum arena stages the prompt}."""
 from __future__ import annotations
 
 import json
@@ -69,9 +74,14 @@ ARCH_ROWS.update({
     # fused gate_up experts (BF16) and an F32 MTP block: two slot classes
     "qwen35moe-fused": ("qwen35moe", dict(fused=True, expert_types=("BF16",) * 3, late_expert_types=("F32",) * 3,
                                           n_late_layers=1)),
+    # per-expert F32 scales (ffn_*_exps.scale), which build_moe_ffn multiplies into each expert's output
+    "qwen35moe-scales": ("qwen35moe", dict(expert_scales=True)),
 })
 # why slot addressing may be refused (epqlab/paging: slices not whole pages; a class below top-k slots)
 REFUSALS = ("expert_addressing='slots' is not possible",)
+# architectures epqlab.inspect refuses (UnsupportedArchError), with a fragment of the reason
+REFUSED_ARCHS = {"grovemoe": "selects experts twice in every layer", "llada-moe": "a diffusion language model",
+                 "rnd1": "a diffusion language model"}
 
 
 def _param(name):
@@ -162,13 +172,17 @@ def test_paged_equals_plain_llama(models, name, n_ubatch):
 def test_tiny_layout_matches_spec(tmp_path, name):
     arch, knobs = ARCH_ROWS[name]
     s = tiny_spec(arch, **knobs)
-    lay = epqlab.inspect(write_tiny(tmp_path / "m.gguf", arch, **knobs))
+    path = write_tiny(tmp_path / "m.gguf", arch, **knobs)
+    if arch in REFUSED_ARCHS:
+        with pytest.raises(epqlab.UnsupportedArchError, match=REFUSED_ARCHS[arch]):
+            epqlab.inspect(path)
+        return
+    lay = epqlab.inspect(path)
     assert (lay.architecture, lay.n_expert, lay.n_expert_used, lay.alignment) == (arch, s.n_expert, s.n_expert_used, s.alignment)
-    # the blocks with routed experts: past the dense lead, every moe_layer_step-th where the table says so;
-    # MTP blocks (nextn_predict_layers) are outside the routed-expert accounting: an ordinary context never
-    # routes them (llama.cpp loads them only for an MTP context)
-    moe = [il for il in range(s.n_dense_lead, s.n_layer + s.n_nextn)
-           if arch not in ("llama4", "ernie4_5-moe") or (il + 1) % s.moe_layer_step == 0]
+    # the blocks with routed experts: past the dense lead, except where written out by hand from DEFAULTS: llama4
+    # and jamba every 2nd block, nemotron_h_moe every 3rd (Mamba-2, attention, MoE); MTP blocks
+    # (nextn_predict_layers) are outside the routed-expert accounting: an ordinary context never routes them
+    moe = {"llama4": [1, 3], "jamba": [1, 3], "nemotron_h_moe": [2, 5]}.get(name, list(range(s.n_dense_lead, s.n_layer + s.n_nextn)))
     assert lay.moe_layers == [il for il in moe if il < s.n_layer]
     assert lay.mtp_moe_layers == [il for il in moe if il >= s.n_layer]
     for l in lay.layers + lay.mtp_layers:
@@ -196,6 +210,14 @@ def test_write_tiny_rejects_bad_knobs(tmp_path):
         write_tiny(tmp_path / "x.gguf", "qwen35moe", rope_sections=(4, 4, 4, 0))
     with pytest.raises(ValueError, match="n_vocab"):
         write_tiny(tmp_path / "x.gguf", "laguna", n_vocab=1000)
+    with pytest.raises(ValueError, match="ssm_d_inner = 128"):  # granite-hybrid.cpp asserts 2 * n_embd == d_inner
+        write_tiny(tmp_path / "x.gguf", "granitehybrid", ssm_d_inner=96)
+    with pytest.raises(ValueError, match="no ffn_gate_exps"):
+        write_tiny(tmp_path / "x.gguf", "nemotron_h_moe", gate_exps=True)
+    with pytest.raises(ValueError, match="n_nextn .MTP blocks. is written for"):
+        write_tiny(tmp_path / "x.gguf", "laguna", n_nextn=1)
+    with pytest.raises(ValueError, match="omit names tensors"):
+        write_tiny(tmp_path / "x.gguf", "llama", omit=("blk.0.ssm_conv1d.bias",))
     assert not list(tmp_path.iterdir())
 
 
@@ -264,6 +286,11 @@ def test_arch_table(tmp_path, name):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{name}: child exited {r.returncode}\n{r.stderr[-3000:]}"
     row = json.loads(r.stdout.strip().splitlines()[-1])
+    if arch in REFUSED_ARCHS:  # a named refusal, and plain llama.cpp loads the same file (it is well formed)
+        assert REFUSED_ARCHS[arch] in row["refused"] and f"'{arch}'" in row["refused"], row
+        assert row["plain_llama_cpp_loads"], row
+        return
+    assert "refused" not in row, f"{name}: {row}"
     cols = [f"{a}/{m}" for a in ("half", "min_ub1", "min_ub512") for m in ("slots", "region")]
     assert list(row) == cols + ["batch", "prefix_reuse", "forced", "perplexity"]
     bad = {c: v for c, v in row.items() if v != "exact" and not (c.endswith("/slots") and v.startswith(

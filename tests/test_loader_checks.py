@@ -110,6 +110,15 @@ def files(mini_gguf, spm, tmp_path_factory):
     make("gating0", edit, out["dots1"], _set_scalar("dots1.expert_gating_func", 0))
     make("gating_missing", rewrite, out["dots1"], drop=("dots1.expert_gating_func",))
     make("non_causal", rewrite, bpe, {"qwen3moe.attention.causal": (False, VT.BOOL)})
+    out["nemotron_h_moe"] = write_tiny(d / "nemotron_h_moe.gguf", "nemotron_h_moe")
+    out["minimax-m2"] = write_tiny(d / "mm2.gguf", "minimax-m2")
+    make("mm2_gating_missing", rewrite, out["minimax-m2"], drop=("minimax-m2.expert_gating_func",))
+    out["laguna"] = write_tiny(d / "laguna.gguf", "laguna")
+    make("laguna_gating0", rewrite, out["laguna"], {"laguna.expert_gating_func": (0, VT.UINT32)})
+    out["msa_indexer_heads"] = write_tiny(d / "msa.gguf", "minimax-m3", indexer_n_head=4)
+    out["dsa_indexer_96"] = write_tiny(d / "dsa.gguf", "deepseek32", indexer_head_size=96)
+    out["afmoe_no_window"] = write_tiny(d / "af.gguf", "afmoe", sliding_window=0)
+    out["mamba2_no_conv_bias"] = write_tiny(d / "nb.gguf", "nemotron_h_moe", omit=("blk.3.ssm_conv1d.bias",))
     return out
 
 
@@ -140,7 +149,12 @@ ROWS = [
     ("alignment a string", "align_str", "header is corrupt (Bad type for general.alignment"),  # was TruncatedModelError
     ("dots1 gating function 0", "gating0", "expert_gating_func is 0"),  # the same GGML_ABORT (deepseek2 maps 0)
     ("dots1 gating function missing", "gating_missing", "expert_gating_func is missing (0)"),  # the same GGML_ABORT
-    ("non-causal", "non_causal", "attention.causal is false"),  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
+    ("non-causal", "non_causal", "attention.causal is false"),
+    ("minimax-m2 gating function missing", "mm2_gating_missing", "expert_gating_func is missing (0)"),  # the abort
+    ("MSA indexer heads", "msa_indexer_heads", "minimax-m3.attention.indexer.head_count is 4"),  # GGML_ASSERT(HKV == Hd)
+    ("DSA indexer head 96", "dsa_indexer_96", "attention.indexer.key_length is 96"),  # ggml_can_mul_mat assert
+    ("afmoe without a window", "afmoe_no_window", "afmoe.attention.sliding_window is missing"),  # SIGSEGV: kv iswa input
+    ("Mamba-2 conv bias missing", "mamba2_no_conv_bias", "blk.3.ssm_conv1d.bias is missing"),  # mamba-base.cpp: SIGSEGV in ggml_add  # llama_decode: GGML_ASSERT(... n_ubatch >= n_tokens_all)
 ]
 
 
@@ -153,7 +167,19 @@ def test_refused_before_llama_cpp(files, key, fragment):
         epqlab.Session(files[key], n_threads=1, n_ctx=64, io_threads=1)
 
 
-@pytest.mark.parametrize("key", ["bpe", "spm", "dots1", "gpt-oss", "qwen2moe", "deepseek2"])
+# laguna_gating0: laguna's load_arch_hparams turns gating 0 into sigmoid, so 0 is a good file there
+@pytest.mark.parametrize("key", ["bpe", "spm", "dots1", "gpt-oss", "qwen2moe", "deepseek2", "nemotron_h_moe",
+                                 "laguna_gating0"])
 def test_good_models_pass(files, key):
     lay = epqlab.inspect(files[key])
     assert lay.is_moe
+
+
+def test_gating_zero_is_the_architectures_default(files):
+    """laguna's load_arch_hparams turns expert_gating_func 0 into sigmoid (its default): the file with 0 is
+    accepted and computes the same logits as the one with 2 (sigmoid)."""
+    logits = []
+    for key in ("laguna", "laguna_gating0"):
+        with epqlab.Session(files[key], pager=False, n_threads=1, n_ctx=64) as s:
+            logits.append(s.greedy_trace(s.tokenize("Paging experts from disk"), 2)[0])
+    assert np.array_equal(logits[0], logits[1])

@@ -1,6 +1,6 @@
 """MoE GGUF writers for every llama.cpp MoE architecture, from one table of tensor specs per architecture.
 
-:data:`ARCH_TABLES` holds, per architecture, the GGUF keys and the tensors that llama.cpp's loader asks
+:data:`ARCH_TABLES` (in :mod:`epqlab.models.arch_tables`) holds, per architecture, the GGUF keys and the tensors that llama.cpp's loader asks
 for (``src/models/<arch>.cpp`` of the llama.cpp vendored by llama-cpp-python 0.3.36:
 ``load_arch_hparams`` / ``load_arch_tensors``; tensor and key names from ``src/llama-arch.cpp``). The
 table is data: each tensor row gives its name, its ggml shape as expressions of the :class:`ArchSpec`
@@ -10,6 +10,13 @@ here, or the real-size synthetic presets); :func:`write_tiny` writes a model of 
 few MiB whose keys and tensors are exactly what llama.cpp loads, so the file runs the real graph of the
 architecture.
 
+Stable public API (the synthetic presets of :mod:`epqlab.models.synth` build on it): :class:`ArchSpec`
+(construct it directly at any size, e.g. ``ArchSpec("qwen35moe", n_layer=40, n_vocab=248320, ...)``),
+:func:`arch_tensors` ``(spec) -> [(name, ggml shape, ggml type name, init)]``, :func:`arch_kv`
+``(spec) -> [(key, kind, value)]``, :func:`add_kv` ``(gguf.GGUFWriter, spec)``, :func:`validate`,
+:func:`tiny_spec`, :func:`write_tiny`, :data:`ARCHS`, :data:`DEFAULTS`. Both evaluators leave the tokenizer
+keys to the caller.
+
 Weights are seeded normal draws scaled by ``1/sqrt(fan_in)`` and quantized with gguf-py
 (``gguf.quants.quantize``), so logits are finite and the routing varies from token to token; the
 text is noise. The tiny tokenizer is a 355-token SentencePiece vocabulary (``<unk>``, ``<s>``,
@@ -18,7 +25,8 @@ fallback) without a download.
 
 Expressions may use every :class:`ArchSpec` field by name and these short names: ``D`` n_embd,
 ``V`` vocabulary size, ``E`` n_expert, ``F`` n_ff_exp, ``Fd`` n_ff_dense, ``Fs`` n_ff_shexp, ``H``
-n_head, ``Hkv`` n_head_kv, ``Dh`` head_dim, ``R`` rope dimensions (n_rot or head_dim); block conditions
+n_head, ``Hkv`` n_head_kv, ``Dh`` head_dim, ``R`` rope dimensions (n_rot or head_dim), ``Di`` the Mamba-2
+inner width (ssm_d_inner or ssm_d_state x ssm_dt_rank); block conditions
 also ``il`` (block index), ``moe`` (block has routed experts), ``dense``, ``mtp`` (a trailing
 ``nextn_predict_layers`` block) and the architecture's own flags (e.g. ``recr``: a recurrent block).
 """
@@ -29,6 +37,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
+
+from .arch_tables import ARCH_TABLES, ARCHS, COMMON_KV, DEFAULTS, ArchTable
 
 _GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3}  # llama_expert_gating_func_type
 
@@ -77,8 +87,14 @@ class ArchSpec:
             (``full_attention_interval``: ``qwen35moe``).
         ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank: Gated-DeltaNet shapes (``ssm.conv_kernel``,
             ``ssm.state_size`` = key/value head dim, ``ssm.group_count`` = key heads,
-            ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank).
+            ``ssm.time_step_rank`` = value heads; ``ssm.inner_size`` = state_size x time_step_rank); for
+            Mamba-2 blocks (nemotron_h_moe, granitehybrid) ssm_dt_rank is the head count and ssm_d_inner the
+            inner width (0 = ssm_d_state x ssm_dt_rank).
+        indexer_n_head, indexer_head_size, indexer_top_k: the sparse-attention indexer of ``deepseek32``
+            (``attention.indexer.head_count`` / ``key_length`` / ``top_k``: keys kept per query).
         tied_output: no ``output.weight``; llama.cpp reuses ``token_embd``.
+        expert_scales: write per-expert F32 scales ``blk.N.ffn_{gate,up,down}_exps.scale`` ([n_expert]; llama.cpp's
+            load_tensors reads them for every architecture, build_moe_ffn multiplies each expert's output).
         gate_exps: False leaves out ``ffn_gate_exps`` (``llama`` only: its experts are then
             ``down(silu(up x))``).
         context_length: ``context_length`` (training context, tokens).
@@ -126,8 +142,13 @@ class ArchSpec:
     ssm_d_state: int = 16
     ssm_n_group: int = 2
     ssm_dt_rank: int = 4
+    ssm_d_inner: int = 0
     tied_output: bool = False
     gate_exps: bool = True
+    expert_scales: bool = False
+    indexer_n_head: int = 4
+    indexer_head_size: int = 64
+    indexer_top_k: int = 16
     context_length: int = 4096
     alignment: int = 32
 
@@ -141,388 +162,6 @@ class ArchSpec:
 
 
 TinySpec = ArchSpec  # the name tests and older callers use
-
-
-@dataclass(frozen=True)
-class ArchTable:
-    """One architecture's GGUF keys and tensors, as data.
-
-    Attributes:
-        kv: rows ``(key, kind, value expression[, condition])`` added to / replacing :data:`COMMON_KV`
-            (same key: replaced; value None: the key is dropped). kind: ``u32`` | ``f32`` | ``bool`` |
-            ``i32s`` (array) | ``u32s``.
-        block: rows ``(name, shape expressions, type, init, condition)`` for each block ``blk.N.``;
-            type: a ggml type name, ``ot`` (``other_type``) or ``exp.gate`` / ``exp.up`` / ``exp.down``
-            (the block's expert types); init: ``one`` (norm weights), ``bias`` (small normal), ``w``
-            (normal / sqrt(ne0)), ``emb`` (normal), ``router`` (normal x 2 / sqrt(ne0)), ``neg``
-            (negative decay rates, -(0.1 + |normal|/2)).
-        flags: the architecture's own block flags, name -> expression (``moe`` overrides the default
-            ``il >= n_dense_lead``).
-        caps: optional knobs this architecture's loader accepts: ``dense_lead``, ``fused``, ``tied``,
-            ``nogate``, ``nextn``, ``shared`` (n_shared > 0), ``groups``.
-        output_required: llama.cpp requires ``output.weight`` (no tied embedding fallback).
-        output_norm: name of the final norm's tensor (lfm2moe's is ``token_embd_norm.weight``).
-        source: the llama.cpp file the rows come from.
-    """
-
-    kv: tuple
-    block: tuple
-    flags: dict
-    caps: frozenset
-    output_required: bool = False
-    source: str = ""
-    output_norm: str = "output_norm.weight"
-
-
-# ---- shared rows -----------------------------------------------------------------------------------
-
-def _norm(name, shape="D", when="True"):
-    return (name, shape, "F32", "one", when)
-
-
-COMMON_KV = (
-    ("block_count", "u32", "n_layer + n_nextn"),
-    ("nextn_predict_layers", "u32", "n_nextn", "n_nextn"),
-    ("context_length", "u32", "context_length"),
-    ("embedding_length", "u32", "D"),
-    ("feed_forward_length", "u32", "Fd if n_dense_lead else F"),
-    ("expert_feed_forward_length", "u32", "F"),
-    ("expert_count", "u32", "E"),
-    ("expert_used_count", "u32", "n_expert_used"),
-    ("attention.head_count", "u32", "H"),
-    ("attention.head_count_kv", "u32", "Hkv"),
-    ("attention.key_length", "u32", "Dh"),
-    ("attention.value_length", "u32", "Dh"),
-    ("attention.layer_norm_rms_epsilon", "f32", "1e-6"),
-    ("rope.freq_base", "f32", "10000.0"),
-    ("rope.dimension_count", "u32", "R"),
-    ("expert_weights_norm", "bool", "True", "weights_norm"),
-    ("expert_weights_scale", "f32", "weights_scale", "weights_scale"),
-    ("expert_group_count", "u32", "n_group", "n_group"),
-    ("expert_group_used_count", "u32", "n_group_used", "n_group"),
-)
-KV_DENSE_LEAD = (("leading_dense_block_count", "u32", "n_dense_lead"),)
-KV_SHARED = (("expert_shared_count", "u32", "n_shared"),)
-KV_GATING = (("expert_gating_func", "u32", "GATING"),)
-KV_SHEXP_FF = (("expert_shared_feed_forward_length", "u32", "Fs"),)
-
-ATTN_QKVO = (
-    ("attn_q.weight", "D, H*Dh", "ot", "w", "True"),
-    ("attn_k.weight", "D, Hkv*Dh", "ot", "w", "True"),
-    ("attn_v.weight", "D, Hkv*Dh", "ot", "w", "True"),
-    ("attn_output.weight", "H*Dh, D", "ot", "w", "True"),
-)
-ATTN_QKV_BIAS = (
-    ("attn_q.bias", "H*Dh", "F32", "bias", "attn_bias"),
-    ("attn_k.bias", "Hkv*Dh", "F32", "bias", "attn_bias"),
-    ("attn_v.bias", "Hkv*Dh", "F32", "bias", "attn_bias"),
-)
-QK_NORM = (_norm("attn_k_norm.weight", "Dh"), _norm("attn_q_norm.weight", "Dh"))
-DENSE_FFN = (
-    ("ffn_gate.weight", "D, Fd", "ot", "w", "dense"),
-    ("ffn_down.weight", "Fd, D", "ot", "w", "dense"),
-    ("ffn_up.weight", "D, Fd", "ot", "w", "dense"),
-)
-ROUTER = (("ffn_gate_inp.weight", "D, E", "F32", "router", "moe"),)
-PROBS_BIAS = (("exp_probs_b.bias", "E", "F32", "bias", "moe"),)
-EXPERTS = (
-    ("ffn_gate_up_exps.weight", "D, 2*F, E", "exp.gate", "w", "moe and fused"),
-    ("ffn_gate_exps.weight", "D, F, E", "exp.gate", "w", "moe and not fused and gate_exps"),
-    ("ffn_up_exps.weight", "D, F, E", "exp.up", "w", "moe and not fused"),
-    ("ffn_down_exps.weight", "F, D, E", "exp.down", "w", "moe"),
-)
-SHEXP_N = (  # n_shared experts of n_ff_exp neurons each, fused into one FFN
-    ("ffn_gate_shexp.weight", "D, F*n_shared", "ot", "w", "moe and n_shared"),
-    ("ffn_down_shexp.weight", "F*n_shared, D", "ot", "w", "moe and n_shared"),
-    ("ffn_up_shexp.weight", "D, F*n_shared", "ot", "w", "moe and n_shared"),
-)
-SHEXP_FS = (  # one shared expert of n_ff_shexp neurons
-    ("ffn_gate_shexp.weight", "D, Fs", "ot", "w", "moe"),
-    ("ffn_down_shexp.weight", "Fs, D", "ot", "w", "moe"),
-    ("ffn_up_shexp.weight", "D, Fs", "ot", "w", "moe"),
-)
-SHEXP_GATE = (("ffn_gate_inp_shexp.weight", "D", "F32", "router", "moe"),)
-NEXTN = (
-    ("nextn.eh_proj.weight", "2*D, D", "ot", "w", "mtp"),
-    _norm("nextn.enorm.weight", when="mtp"),
-    _norm("nextn.hnorm.weight", when="mtp"),
-    _norm("nextn.shared_head_norm.weight", when="mtp"),
-)
-ATTN_NORM = (_norm("attn_norm.weight"),)
-FFN_NORM = (_norm("ffn_norm.weight"),)
-
-
-def _when(rows, cond):
-    """``rows`` with ``cond`` and-ed into each row's condition."""
-    return tuple((n, s, t, i, f"({cond}) and ({w})") for n, s, t, i, w in rows)
-
-
-# Gated-DeltaNet hybrids (qwen35moe.cpp, qwen3next.cpp): key/value heads of ssm_d_state, ssm_n_group key
-# heads, ssm_dt_rank value heads; q, k, v of the recurrent blocks in one attn_qkv (its conv1d is as wide)
-_GDN_QKV = "2*ssm_n_group*ssm_d_state + ssm_dt_rank*ssm_d_state"
-KV_GDN = KV_SHEXP_FF + (
-    ("ssm.conv_kernel", "u32", "ssm_d_conv"),
-    ("ssm.inner_size", "u32", "ssm_d_state * ssm_dt_rank"),
-    ("ssm.state_size", "u32", "ssm_d_state"),
-    ("ssm.time_step_rank", "u32", "ssm_dt_rank"),
-    ("ssm.group_count", "u32", "ssm_n_group"),
-    ("full_attention_interval", "u32", "full_attn_interval"),
-    ("feed_forward_length", "u32", "F"),
-)
-GDN_FLAGS = {"recr": "not mtp and (il + 1) % full_attn_interval != 0"}
-GDN_BLOCK_HEAD = ATTN_NORM + (_norm("post_attention_norm.weight"),) + _when((
-    ("attn_q.weight", "D, 2*H*Dh", "ot", "w", "True"),
-) + ATTN_QKVO[1:] + QK_NORM, "not recr")
-GDN_RECR = (
-    ("attn_qkv.weight", f"D, {_GDN_QKV}", "ot", "w", "True"),
-    ("attn_gate.weight", "D, ssm_dt_rank*ssm_d_state", "ot", "w", "True"),
-    ("ssm_conv1d.weight", f"ssm_d_conv, {_GDN_QKV}", "F32", "w", "True"),
-    ("ssm_dt.bias", "ssm_dt_rank", "F32", "bias", "True"),
-    ("ssm_a", "ssm_dt_rank", "F32", "neg", "True"),
-    _norm("ssm_norm.weight", "ssm_d_state"),
-    ("ssm_out.weight", "ssm_dt_rank*ssm_d_state, D", "ot", "w", "True"),
-)
-GDN_BLOCK_TAIL = ROUTER + EXPERTS + SHEXP_GATE + SHEXP_FS + NEXTN
-
-
-# ---- the tables ------------------------------------------------------------------------------------
-
-ARCH_TABLES: dict[str, ArchTable] = {
-    # src/models/llama.cpp: Mixtral-style, every block MoE
-    "llama": ArchTable(
-        kv=(), source="llama.cpp", caps=frozenset({"tied", "nogate"}), flags={},
-        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS),
-    # src/models/deepseek.cpp: leading dense blocks, n_shared shared experts
-    "deepseek": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED, source="deepseek.cpp", flags={},
-        caps=frozenset({"dense_lead", "shared", "tied"}),
-        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + SHEXP_N),
-    # src/models/deepseek2.cpp: MLA (one KV head of kv_lora_rank + rope dims, as the converter writes it),
-    # sigmoid routing with exp_probs_b, groups, optional fused gate_up, optional MTP blocks
-    "deepseek2": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
-            ("attention.head_count_kv", "u32", "1"),
-            ("attention.q_lora_rank", "u32", "q_lora_rank"),
-            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
-            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
-            ("attention.value_length", "u32", "kv_lora_rank"),
-            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
-            ("attention.value_length_mla", "u32", "v_head_dim"),
-            ("rope.dimension_count", "u32", "qk_rope"),
-        ),
-        source="deepseek2.cpp", flags={}, caps=frozenset({"dense_lead", "shared", "tied", "fused", "nextn", "groups"}),
-        block=ATTN_NORM + (
-            _norm("attn_q_a_norm.weight", "q_lora_rank", "q_lora_rank"),
-            _norm("attn_kv_a_norm.weight", "kv_lora_rank"),
-            ("attn_q_a.weight", "D, q_lora_rank", "ot", "w", "q_lora_rank"),
-            ("attn_q_b.weight", "q_lora_rank, H*(qk_nope+qk_rope)", "ot", "w", "q_lora_rank"),
-            ("attn_q.weight", "D, H*(qk_nope+qk_rope)", "ot", "w", "not q_lora_rank"),
-            ("attn_kv_a_mqa.weight", "D, kv_lora_rank + qk_rope", "ot", "w", "True"),
-            ("attn_k_b.weight", "qk_nope, kv_lora_rank, H", "ot", "w", "True"),
-            ("attn_v_b.weight", "kv_lora_rank, v_head_dim, H", "ot", "w", "True"),
-            ("attn_output.weight", "H*v_head_dim, D", "ot", "w", "True"),
-        ) + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_N + NEXTN),
-    # src/models/qwen2moe.cpp: q/k/v biases, one sigmoid-gated shared expert
-    "qwen2moe": ArchTable(
-        kv=KV_SHEXP_FF, source="qwen2moe.cpp", flags={}, caps=frozenset(), output_required=True,
-        block=ATTN_NORM + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + FFN_NORM + ROUTER + EXPERTS
-        + SHEXP_GATE + SHEXP_FS),
-    # src/models/qwen3moe.cpp: q/k RMS norms
-    "qwen3moe": ArchTable(
-        kv=(), source="qwen3moe.cpp", flags={}, caps=frozenset({"tied"}),
-        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS),
-    # src/models/openai-moe.cpp: router and expert biases, attention sinks, sliding-window blocks
-    "gpt-oss": ArchTable(
-        kv=(("attention.sliding_window", "u32", "sliding_window"),), source="openai-moe.cpp", flags={},
-        caps=frozenset(), output_required=True,
-        block=ATTN_NORM + (_norm("post_attention_norm.weight"),) + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + (
-            ("attn_output.bias", "D", "F32", "bias", "True"),
-            ("attn_sinks.weight", "H", "F32", "bias", "True"),
-        ) + ROUTER + (("ffn_gate_inp.bias", "E", "F32", "bias", "moe"),) + EXPERTS + (
-            ("ffn_gate_exps.bias", "F, E", "F32", "bias", "moe"),
-            ("ffn_up_exps.bias", "F, E", "F32", "bias", "moe"),
-            ("ffn_down_exps.bias", "D, E", "F32", "bias", "moe"),
-        )),
-    # src/models/dots1.cpp: leading dense blocks, shared experts, sigmoid + exp_probs_b, K/V of n_head heads
-    "dots1": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING, source="dots1.cpp", flags={},
-        caps=frozenset({"dense_lead", "shared"}), output_required=True,
-        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias")
-        + EXPERTS + SHEXP_N),
-    # src/models/qwen35moe.cpp: Gated-DeltaNet (recurrent) blocks and full-attention blocks (every
-    # full_attn_interval-th), routed experts + a sigmoid-gated shared expert in every block, an optional
-    # trailing MTP block with its own experts. Full attention: q and its output gate in one attn_q of
-    # 2*H*Dh rows, q/k norms, multi-section RoPE.
-    "qwen35moe": ArchTable(
-        kv=KV_GDN + (("rope.dimension_sections", "i32s", "rope_sections"),),
-        source="qwen35moe.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
-        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (
-            ("ssm_beta.weight", "D, ssm_dt_rank", "ot", "w", "True"),
-            ("ssm_alpha.weight", "D, ssm_dt_rank", "ot", "w", "True"),
-        ), "recr") + GDN_BLOCK_TAIL),
-    # src/models/qwen3next.cpp: as qwen35moe with beta and alpha in one ssm_ba matrix and plain RoPE
-    "qwen3next": ArchTable(
-        kv=KV_GDN, source="qwen3next.cpp", caps=frozenset({"tied", "fused", "nextn"}), flags=GDN_FLAGS,
-        block=GDN_BLOCK_HEAD + _when(GDN_RECR + (("ssm_ba.weight", "D, 2*ssm_dt_rank", "ot", "w", "True"),), "recr")
-        + GDN_BLOCK_TAIL),
-    # src/models/laguna.cpp: q/k norms, a softplus per-head attention output gate, sliding-window blocks
-    # (pattern 4, full first), leading dense blocks, sigmoid routing with exp_probs_b, routed scaling,
-    # one shared expert
-    "laguna": ArchTable(
-        kv=KV_DENSE_LEAD + KV_GATING + KV_SHEXP_FF + (
-            ("expert_shared_count", "u32", "1"),
-            ("attention.sliding_window", "u32", "sliding_window", "sliding_window"),
-            ("attention.sliding_window_pattern", "u32", "4", "sliding_window"),
-        ),
-        source="laguna.cpp", flags={}, caps=frozenset({"dense_lead", "tied"}),
-        block=ATTN_NORM + ATTN_QKVO + QK_NORM + (("attn_gate.weight", "D, H", "ot", "w", "True"),) + FFN_NORM
-        + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_FS + DENSE_FFN),
-    # src/models/olmoe.cpp: q/k RMS norms over the whole projection (n_embd wide: K has n_head heads)
-    "olmoe": ArchTable(
-        kv=(), source="olmoe.cpp", flags={}, caps=frozenset(), output_required=True,
-        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight"), _norm("attn_k_norm.weight")) + FFN_NORM
-        + ROUTER + EXPERTS),
-    # src/models/granite.cpp (LLM_ARCH_GRANITE_MOE): mu-P scales (embedding, residual, attention, logits),
-    # experts n_ff (feed_forward_length) wide, optional shared expert
-    "granitemoe": ArchTable(
-        kv=(("logit_scale", "f32", "4.0"), ("residual_scale", "f32", "0.5"), ("embedding_scale", "f32", "2.0"),
-            ("attention.scale", "f32", "1.0 / Dh"), ("expert_shared_feed_forward_length", "u32", "Fs", "n_shared")),
-        source="granite.cpp", flags={}, caps=frozenset({"tied", "shared"}),
-        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + _when(SHEXP_FS, "n_shared")),
-    # src/models/ernie4-5.cpp (load) / ernie4-5-moe.cpp (graph): every moe_layer_step-th block past the dense
-    # lead is MoE, optional selection bias, one shared expert of n_ff_shexp
-    "ernie4_5-moe": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHEXP_FF + (("interleave_moe_layer_step", "u32", "moe_layer_step"),),
-        source="ernie4-5.cpp", flags={"moe": "il >= n_dense_lead and (il + 1) % moe_layer_step == 0"},
-        caps=frozenset({"tied", "dense_lead"}),
-        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + SHEXP_FS
-        + DENSE_FFN),
-    # src/models/hunyuan-moe.cpp: q/k norms, experts n_ff wide, one shared expert of n_ff_shexp
-    "hunyuan-moe": ArchTable(
-        kv=KV_SHEXP_FF, source="hunyuan-moe.cpp", flags={}, caps=frozenset({"tied"}),
-        block=ATTN_NORM + ATTN_QKVO + QK_NORM + FFN_NORM + ROUTER + EXPERTS + SHEXP_FS),
-    # src/models/glm4-moe.cpp: q/k/v biases, q/k norms, post-attention norm, leading dense blocks,
-    # sigmoid + exp_probs_b, n_shared shared experts, optional MTP blocks
-    "glm4moe": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING, source="glm4-moe.cpp", flags={},
-        caps=frozenset({"tied", "dense_lead", "shared", "nextn"}),
-        block=ATTN_NORM + ATTN_QKVO[:3] + ATTN_QKV_BIAS + ATTN_QKVO[3:] + QK_NORM
-        + (_norm("post_attention_norm.weight"),) + DENSE_FFN + ROUTER + PROBS_BIAS + EXPERTS + SHEXP_N + NEXTN),
-    # src/models/minimax-m2.cpp: q/k norms over all heads, sigmoid + exp_probs_b, experts n_ff wide
-    "minimax-m2": ArchTable(
-        kv=KV_GATING, source="minimax-m2.cpp", flags={}, caps=frozenset(), output_required=True,
-        block=ATTN_NORM + ATTN_QKVO + (_norm("attn_q_norm.weight", "H*Dh"), _norm("attn_k_norm.weight", "Hkv*Dh"))
-        + FFN_NORM + ROUTER + PROBS_BIAS + EXPERTS),
-    # src/models/llama4.cpp: every moe_layer_step-th block MoE (experts + one shared expert of n_ff_exp),
-    # the others dense; chunked attention on 3 of 4 blocks
-    "llama4": ArchTable(
-        kv=(("interleave_moe_layer_step", "u32", "moe_layer_step"), ("feed_forward_length", "u32", "Fd")),
-        source="llama4.cpp",
-        flags={"moe": "(il + 1) % moe_layer_step == 0"}, caps=frozenset({"tied"}),
-        block=ATTN_NORM + ATTN_QKVO + FFN_NORM + ROUTER + EXPERTS + (
-            ("ffn_gate_shexp.weight", "D, F", "ot", "w", "moe"),
-            ("ffn_down_shexp.weight", "F, D", "ot", "w", "moe"),
-            ("ffn_up_shexp.weight", "D, F", "ot", "w", "moe"),
-        ) + DENSE_FFN),
-    # src/models/bailingmoe2.cpp: fused attn_qkv, q/k norms, leading dense blocks, sigmoid + optional
-    # exp_probs_b, n_shared shared experts of n_ff_shexp, optional MTP blocks (skipped by the loader)
-    "bailingmoe2": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF, source="bailingmoe2.cpp", flags={},
-        caps=frozenset({"dense_lead", "shared", "nextn"}), output_required=True,
-        block=ATTN_NORM + (("attn_qkv.weight", "D, H*Dh + 2*Hkv*Dh", "ot", "w", "True"),) + ATTN_QKVO[3:]
-        + QK_NORM + FFN_NORM + DENSE_FFN + ROUTER + _when(PROBS_BIAS, "probs_bias") + EXPERTS + (
-            ("ffn_gate_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
-            ("ffn_down_shexp.weight", "Fs*n_shared, D", "ot", "w", "moe"),
-            ("ffn_up_shexp.weight", "D, Fs*n_shared", "ot", "w", "moe"),
-        ) + NEXTN + (_norm("layer_output_norm.weight", when="mtp"),)),
-    # src/models/lfm2moe.cpp: short-convolution (recurrent) blocks and attention blocks (those with
-    # head_count_kv > 0: every full_attn_interval-th here), leading dense blocks, sigmoid + exp_probs_b
-    "lfm2moe": ArchTable(
-        kv=KV_DENSE_LEAD + KV_GATING + (
-            ("shortconv.l_cache", "u32", "ssm_d_conv"),
-            ("feed_forward_length", "u32", "Fd"),
-            ("attention.head_count_kv", "u32s",
-             "[Hkv if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
-        ),
-        source="lfm2moe.cpp", flags={"recr": "(il + 1) % full_attn_interval != 0"},
-        caps=frozenset({"tied", "dense_lead"}), output_norm="token_embd_norm.weight",
-        block=FFN_NORM + DENSE_FFN + ROUTER + EXPERTS + PROBS_BIAS + ATTN_NORM + _when(QK_NORM + ATTN_QKVO, "not recr")
-        + _when((
-            ("shortconv.conv.weight", "ssm_d_conv, D", "F32", "w", "True"),
-            ("shortconv.in_proj.weight", "D, 3*D", "ot", "w", "True"),
-            ("shortconv.out_proj.weight", "D, D", "ot", "w", "True"),
-        ), "recr")),
-}
-ARCHS = tuple(ARCH_TABLES)
-
-DEFAULTS: dict[str, dict] = {
-    # Mixtral-style: every block MoE, softmax top-2 with weights normalised; Q8_0 gate/up, F16 down
-    "llama": dict(n_layer=3, expert_types=("Q8_0", "Q8_0", "F16")),
-    # DeepSeek-MoE 16B-style: block 0 dense, 2 shared experts, Q4_0 experts, 16 experts
-    "deepseek": dict(n_layer=3, n_dense_lead=1, n_shared=2, n_expert=16, expert_types=("Q4_0", "Q4_0", "Q4_0"),
-                     weights_scale=1.5),
-    # DeepSeek-V3-style: MLA, block 0 dense, 1 shared expert, sigmoid + selection bias, 4 groups
-    # of 4 experts with the best 2 groups kept, top-3 normalised and scaled; blocks 1-2 Q8_0,
-    # block 3 F16 (two slot classes)
-    "deepseek2": dict(n_layer=4, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
-                      probs_bias=True, weights_norm=True, weights_scale=2.5, n_group=4, n_group_used=2,
-                      expert_types=("Q8_0", "Q8_0", "Q8_0"), late_expert_types=("F16", "F16", "F16"),
-                      n_late_layers=1),
-    # Qwen1.5-MoE-style: q/k/v biases, sigmoid-gated shared expert; BF16 experts
-    "qwen2moe": dict(n_layer=3, attn_bias=True, expert_types=("BF16", "BF16", "BF16")),
-    # Qwen3-MoE: q/k norms, softmax top-2 normalised; F16 gate/up, Q8_0 down
-    "qwen3moe": dict(n_layer=3, expert_types=("F16", "F16", "Q8_0")),
-    # gpt-oss: router and expert biases, attention sinks, every other block sliding-window (8
-    # tokens), MXFP4 experts, softmax over the top-k logits
-    "gpt-oss": dict(n_layer=4, attn_bias=True, sliding_window=8, gating="softmax_weight",
-                    expert_types=("MXFP4", "MXFP4", "MXFP4")),
-    # dots.llm1: block 0 dense, 1 shared expert, K/V with n_head heads, sigmoid + selection bias,
-    # top-2 normalised; F16 gate/up, Q8_0 down
-    "dots1": dict(n_layer=3, n_head_kv=4, n_dense_lead=1, n_shared=1, gating="sigmoid", probs_bias=True,
-                  weights_norm=True, expert_types=("F16", "F16", "Q8_0")),
-    # Qwen3.5/3.6-MoE-style: blocks 0-2 Gated-DeltaNet, block 3 full attention (interval 4), 16 experts
-    # top-3 + a gated shared expert, one MTP block with its own experts, partial rotary (8 of 16 dims)
-    # in sections 2+1+1; F16 experts of 64 neurons (8 KiB slices: slot addressing applies)
-    "qwen35moe": dict(n_layer=4, n_nextn=1, n_expert=16, n_expert_used=3, weights_norm=True, n_rot=8,
-                      rope_sections=(2, 1, 1, 0), n_ff_exp=64, expert_types=("F16", "F16", "F16")),
-    # Qwen3-Next-style: blocks 0-2 Gated-DeltaNet, block 3 full attention, 16 experts top-3 + a gated shared
-    # expert; BF16 experts of 64 neurons
-    "qwen3next": dict(n_layer=4, n_expert=16, n_expert_used=3, weights_norm=True, n_ff_exp=64,
-                      expert_types=("BF16", "BF16", "BF16")),
-    # LFM2-8B-A1B-style: block 0 dense, blocks 0-2 short convolution, block 3 attention, sigmoid + bias
-    # top-3 normalised; F16 experts
-    "lfm2moe": dict(n_layer=4, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
-                    ssm_d_conv=3, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
-    # Laguna-style: block 0 dense, sigmoid + selection bias, top-3 normalised and scaled by 2.5,
-    # blocks 0 and 4 full attention, 1-3 sliding-window (8 tokens); F16 experts, the last block's BF16
-    # (two types of one slice size, 8 KiB: slot addressing applies)
-    "laguna": dict(n_layer=5, n_dense_lead=1, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True,
-                   weights_scale=2.5, sliding_window=8, n_ff_exp=64, expert_types=("F16", "F16", "F16"),
-                   late_expert_types=("BF16", "BF16", "BF16"), n_late_layers=1),
-    # OLMoE: 8 experts top-2, q/k norms; BF16 experts
-    "olmoe": dict(n_layer=3, n_head_kv=4, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
-    # Granite-MoE with a shared expert: mu-P scales; F16 experts
-    "granitemoe": dict(n_layer=3, n_shared=1, n_ff_exp=64, expert_types=("F16", "F16", "F16")),
-    # ERNIE-4.5-MoE: block 0 dense, selection bias, one shared expert; Q8_0 experts
-    "ernie4_5-moe": dict(n_layer=3, n_dense_lead=1, probs_bias=True, weights_norm=True),
-    # Hunyuan-A13B-style: q/k norms, one shared expert; F16 gate/up, Q8_0 down
-    "hunyuan-moe": dict(n_layer=3, weights_norm=True, expert_types=("F16", "F16", "Q8_0")),
-    # GLM-4.5-style: block 0 dense, q/k/v biases, sigmoid + bias, 1 shared expert, top-3 normalised and
-    # scaled, one MTP block; F32 experts
-    "glm4moe": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, attn_bias=True,
-                    gating="sigmoid", weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=32,
-                    expert_types=("F32", "F32", "F32")),
-    # MiniMax-M2-style: sigmoid + bias, top-3 normalised; F16 experts
-    "minimax-m2": dict(n_layer=3, n_expert=16, n_expert_used=3, gating="sigmoid", weights_norm=True, n_ff_exp=64,
-                       expert_types=("F16", "F16", "F16")),
-    # Llama-4-style: blocks 1 and 3 MoE (step 2, top-1 + shared expert), 0 and 2 dense; BF16 experts
-    "llama4": dict(n_layer=4, moe_layer_step=2, n_expert_used=1, n_ff_exp=64, expert_types=("BF16", "BF16", "BF16")),
-    # Ling-2.0-style: block 0 dense, sigmoid + bias, 1 shared expert, top-3 normalised and scaled, one MTP block;
-    # F16 experts
-    "bailingmoe2": dict(n_layer=3, n_dense_lead=1, n_shared=1, n_expert=16, n_expert_used=3, gating="sigmoid",
-                        probs_bias=True, weights_norm=True, weights_scale=2.5, n_nextn=1, n_ff_exp=64,
-                        expert_types=("F16", "F16", "F16")),
-}
 
 
 def tiny_spec(arch: str, **knobs) -> ArchSpec:
@@ -575,6 +214,8 @@ def validate(s: ArchSpec) -> None:
         raise ValueError(f"{s.arch} does not read expert_shared_count; n_shared must be 0")
     if s.n_group and "groups" not in t.caps:
         raise ValueError(f"{s.arch} has no group-limited routing in llama.cpp; n_group must be 0")
+    if s.arch == "nemotron_h_moe" and s.gate_exps:
+        raise ValueError("nemotron_h_moe experts are down(relu(up x)^2) with no ffn_gate_exps: gate_exps must be False")
     if s.alignment < 32 or s.alignment % 32:
         raise ValueError(f"alignment must be a positive multiple of 32 bytes, got {s.alignment}")
     if s.gating not in _GATING:
@@ -591,14 +232,23 @@ def validate(s: ArchSpec) -> None:
         raise ValueError("dots1 keys and values have n_head heads: set n_head_kv = n_head")
     if s.arch == "olmoe" and s.n_head_kv != s.n_head:
         raise ValueError("olmoe's k norm is n_embd wide: set n_head_kv = n_head")
+    if s.arch in ("granitehybrid", "jamba") and (s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank) != 2 * s.n_embd:
+        raise ValueError(f"{s.arch}'s Mamba inner width must be 2 x n_embd (its load_arch_tensors asserts it): "
+                         f"set ssm_d_inner = {2 * s.n_embd}")
+    if s.arch == "grovemoe" and s.n_expert % 2:
+        raise ValueError("grovemoe here groups experts in pairs: n_expert must be even")
     if s.moe_layer_step < 1:
         raise ValueError(f"moe_layer_step must be >= 1, got {s.moe_layer_step}")
-    if s.arch in ("llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe") and s.n_head * s.head_dim != s.n_embd:
+    q_is_n_embd = ("llada-moe", "llama", "deepseek", "qwen2moe", "olmoe", "bailingmoe2", "lfm2moe", "dbrx", "grok", "arctic", "phimoe")
+    if s.arch in q_is_n_embd and s.n_head * s.head_dim != s.n_embd:
         raise ValueError(f"{s.arch} needs n_head * head_dim == n_embd (its q and output are n_embd wide)")
-    if s.arch in ("gpt-oss",) and s.sliding_window < 1:
+    if s.arch == "gemma4" and s.n_layer < 4:
+        raise ValueError("gemma4 here has a full-attention block every 4th: n_layer must be >= 4")
+    if s.arch in ("gpt-oss", "gemma4", "exaone-moe", "mimo2", "cohere2moe", "maple", "step35", "granite_swa") and s.sliding_window < 1:
         raise ValueError(f"{s.arch} needs sliding_window >= 1")
-    if s.arch == "qwen35moe" and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim) or len(s.rope_sections) != 4):
-        raise ValueError(f"qwen35moe needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
+    if s.arch in ("qwen35moe", "qwen3vlmoe") and (2 * sum(s.rope_sections) != (s.n_rot or s.head_dim)
+                                                  or len(s.rope_sections) != 4):
+        raise ValueError(f"{s.arch} needs 4 rope_sections summing to n_rot/2 = {(s.n_rot or s.head_dim) // 2}, "
                          f"got {s.rope_sections}")
     if s.arch in ("qwen35moe", "qwen3next"):
         if s.ssm_dt_rank % s.ssm_n_group:
@@ -624,7 +274,8 @@ def _names(s: ArchSpec) -> dict:
     """Spec fields and the short names of the module docstring."""
     ns = {f.name: getattr(s, f.name) for f in fields(ArchSpec)}
     ns.update(D=s.n_embd, V=vocab_size(s), E=s.n_expert, F=s.n_ff_exp, Fd=s.n_ff_dense, Fs=s.n_ff_shexp,
-              H=s.n_head, Hkv=s.n_head_kv, Dh=s.head_dim, R=s.n_rot or s.head_dim, GATING=_GATING[s.gating])
+              H=s.n_head, Hkv=s.n_head_kv, Dh=s.head_dim, R=s.n_rot or s.head_dim, GATING=_GATING[s.gating],
+              Di=s.ssm_d_inner or s.ssm_d_state * s.ssm_dt_rank)
     return ns
 
 
@@ -653,7 +304,7 @@ def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
 
     Returns:
         ``(name, ggml shape (ne0, ne1, ...), ggml type name, init)`` per tensor; init as in
-        :class:`ArchTable` (``one`` | ``bias`` | ``w`` | ``emb`` | ``router`` | ``neg``).
+        :class:`ArchTable` (``one`` | ``bias`` | ``w`` | ``emb`` | ``router`` | ``neg`` | ``scale``).
 
     Raises:
         ValueError: as :func:`validate`.
@@ -665,6 +316,10 @@ def arch_tensors(spec: ArchSpec) -> list[tuple[str, tuple[int, ...], str, str]]:
            (table.output_norm, (spec.n_embd,), "F32", "one")]
     if not spec.tied_output:
         out.append(("output.weight", (spec.n_embd, ns["V"]), spec.other_type, "w"))
+    for name, shape, typ, init, when in table.top:
+        if _eval(when, ns):
+            out.append((name, tuple(int(d) for d in _eval(f"({shape},)", ns)), spec.other_type if typ == "ot" else typ,
+                        init))
     for il in range(spec.n_layer + spec.n_nextn):
         flags = _block_flags(spec, il)
         et = spec.expert_types_of(il)
@@ -686,7 +341,7 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
 
     Returns:
         ``(key with the "<arch>." prefix, kind, value)``; kind ``u32`` | ``f32`` | ``bool`` | ``i32s`` |
-        ``u32s`` (values of the arrays are lists).
+        ``u32s`` | ``bools`` (values of the arrays are lists).
 
     Raises:
         ValueError: as :func:`validate`.
@@ -705,7 +360,8 @@ def arch_kv(spec: ArchSpec) -> list[tuple[str, str, object]]:
         if expr is None:
             continue
         v = _eval(expr, ns)
-        v = {"u32": int, "f32": float, "bool": bool}.get(kind, lambda x: [int(e) for e in x])(v)
+        v = {"u32": int, "f32": float, "bool": bool, "bools": lambda x: [bool(e) for e in x]}.get(
+            kind, lambda x: [int(e) for e in x])(v)
         out.append((f"{spec.arch}.{key}", kind, v))
     return out
 
@@ -734,6 +390,8 @@ def _values(shape: tuple[int, ...], init: str, rng: np.random.Generator) -> np.n
         return x * np.float32(0.1)
     if init == "neg":
         return -(np.float32(0.1) + np.abs(x) * np.float32(0.5))
+    if init == "scale":
+        return np.float32(0.5) + rng.random(np_shape, dtype=np.float32)
     if init == "router":
         return x * np.float32(2.0 / np.sqrt(shape[0]))
     return x * np.float32(1.0 / np.sqrt(shape[0]))
@@ -759,16 +417,17 @@ def add_kv(writer, spec: ArchSpec) -> None:
         elif kind == "bool":
             writer.add_bool(key, v)
         else:
-            writer.add_array(key, v) if kind == "i32s" else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
+            writer.add_array(key, v) if kind in ("i32s", "bools") else writer.add_key_value(key, v, VT.ARRAY, VT.UINT32)
 
 
-def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) -> Path:
+def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, omit: tuple[str, ...] = (), **knobs) -> Path:
     """Write a tiny random-weight MoE GGUF of architecture ``arch`` to ``path``.
 
     Args:
         path: output file (written to a temporary name in the same folder, then renamed).
         arch: a key of :data:`ARCH_TABLES` (:data:`ARCHS`).
         seed: seed of every weight (same seed and knobs -> same bytes).
+        omit: tensor names left out (to write a damaged file that a loader check must refuse).
         **knobs: any :class:`ArchSpec` field, e.g. ``fused=True`` (deepseek2, qwen35moe),
             ``expert_types=("Q8_0", "Q8_0", "F16")``, ``n_layer=2``.
 
@@ -789,6 +448,10 @@ def write_tiny(path: str | os.PathLike, arch: str, *, seed: int = 0, **knobs) ->
     if s.n_vocab not in (0, len(toks)):
         raise ValueError(f"write_tiny writes its {len(toks)}-token tokenizer; n_vocab must be 0 or {len(toks)}")
     tensors = arch_tensors(s)
+    unknown = sorted(set(omit) - {t[0] for t in tensors})
+    if unknown:
+        raise ValueError(f"omit names tensors {s.arch} does not have: {', '.join(unknown)}")
+    tensors = [t for t in tensors if t[0] not in omit]
     for name, shape, t, _ in tensors:
         block = GGML_QUANT_SIZES[QT[t]][0]
         if shape[0] % block:
