@@ -3,7 +3,9 @@ FastAPI + uvicorn + sse-starlette (install with ``pip install 'epqlab[serve]'``)
 
 Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 
-- ``GET  /health``: ``{"status": "ok"}``, the one endpoint that needs no API key.
+- ``GET  /health``: ``{"status": "ok"}``, the one endpoint that needs no API key; 503 ``{"status": "error",
+  "error": {...}}`` once the model file changed on disk (:mod:`epqlab.engine.file_watch`), when every other
+  request gets 503 with the reason too.
 - ``GET  /v1/models``: the one model (its file name).
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
@@ -20,7 +22,9 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   (:func:`epqlab.engine.time_split.decode_summary`).
 
 Keys and limits: with an API key (``--api-key`` / ``EPQLAB_API_KEY``) every endpoint but ``/health`` answers
-401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>``; a body over
+401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>`` (the scheme in
+any case, RFC 7235); an unknown request field gets 400 naming it (:data:`IGNORED` lists the OpenAI fields
+accepted without effect); a body over
 ``--max-body-bytes`` gets 413 before it is parsed; a prompt that does not fit the context, or a ``max_tokens``
 that does not fit after the prompt, gets 400 before any decoding (the server does not clamp ``max_tokens``,
 as OpenAI's API does not).
@@ -300,7 +304,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
             try:
                 while True:
                     item = await loop.run_in_executor(waiters, next_item)
-                    if item is _EMPTY and stopping.is_set():
+                    if stopping.is_set():  # the server stops: no more chunks, the client must know it was cut
                         item = EpqlabError("the server is shutting down (interrupted): this answer is incomplete")
                     if item is _EMPTY:
                         continue
