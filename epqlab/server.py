@@ -489,7 +489,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"--port must be a TCP port in 1..65535, got {port!r}")
     try:
-        family, typ, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        # the family as uvicorn picks it (IPv6 only for an address with a colon), so "localhost" means 127.0.0.1
+        family, typ, proto, _, addr = socket.getaddrinfo(host, port, socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                                         socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as e:
         raise ValueError(f"--host {host!r} is not an address or a name this machine can resolve ({e}); use e.g. "
                          "127.0.0.1 (this machine only) or 0.0.0.0 (every network)") from None
