@@ -111,11 +111,13 @@ def test_ctrl_c_ends_open_streams_with_an_error_and_done(mini_gguf):
                 pass
             assert time.time() < deadline, "server did not start"
             time.sleep(0.3)
-        # a long answer: ignore_eos is not an OpenAI field, so the end-of-text tokens are biased away instead
+        # a long answer: ignore_eos is not an OpenAI field, so every control token (end-of-text, end-of-turn, ...)
+        # is biased away instead
         from gguf import GGUFReader
 
-        f = GGUFReader(mini_gguf).fields
-        eos = {int(f[k].parts[-1][0]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in f}
+        tt = GGUFReader(mini_gguf).fields["tokenizer.ggml.token_type"]
+        eos = [i for i, j in enumerate(tt.data) if int(tt.parts[j][0]) == 3]  # llama_token_type CONTROL
+        assert eos
         body = {"prompt": "Once", "max_tokens": 3000, "temperature": 0, "stream": True,
                 "logit_bias": {str(t): -100 for t in eos}}
         events = []
