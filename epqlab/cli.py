@@ -8,6 +8,11 @@ import sys
 
 from . import __version__
 from .errors import EpqlabError
+from .results import check_writable
+
+# Output-file options of the subcommands (argparse dests), checked before a command runs (a study, a model load),
+# not after it: each is written whole or not at all (epqlab.results.atomic_path), so its folder must be writable.
+OUTPUT_FILES = ("json",)
 
 # Subcommand modules, in the order `epqlab --help` lists them.
 COMMANDS = ["info", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "predictor", "model", "report"]
@@ -29,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        for dest in OUTPUT_FILES:
+            if getattr(args, dest, None):
+                check_writable(getattr(args, dest), atomic=True)
         return int(args.func(args) or 0)
     except (EpqlabError, ValueError, OSError, RuntimeError, MemoryError, IndexError) as e:
         # Our own errors, bad values and files, and llama.cpp's (std::runtime_error reaches

@@ -50,8 +50,10 @@ class BudgetTooLargeError(EpqlabError, ValueError):
 
 
 class ModelChangedError(EpqlabError, OSError):
-    """The model file changed on disk (size, mtime or inode) while a Session had it open; decoding
-    would mix old and new bytes. Reopen the Session."""
+    """The model file changed on disk while a Session had it open (its inode written in place: size or
+    mtime; the path gone; or replaced by a file with other bytes): decoding would mix old and new bytes.
+    Reopen the Session. (``chmod``, a hard link, or a replacement with identical bytes are not changes:
+    :mod:`epqlab.engine.file_watch`.)"""
 
 
 class LlamaCppError(EpqlabError, RuntimeError):

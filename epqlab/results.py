@@ -63,6 +63,25 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def check_writable(path, *, atomic: bool = False) -> None:
+    """Raise OSError naming ``path`` when an output file could not be written there: checked before a run (a
+    study, a model load), not after it. The folder (or the nearest existing one above it, where it will be
+    created) must be a writable folder and ``path`` not a folder; ``atomic``: the file is written whole or not
+    at all (:func:`atomic_path`: a temporary beside it, renamed over it), so the folder itself must be writable
+    even when the file is; otherwise (appended in place) the existing file must be."""
+    path = Path(path)
+    d = path.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise OSError(f"cannot write {path}: {d} is not a folder; choose another path")
+    if path.is_dir():
+        raise OSError(f"cannot write {path}: it is a folder; give a file name")
+    target = path if path.exists() and not atomic else d
+    if not os.access(target, os.W_OK):
+        raise OSError(f"cannot write {path}: {target} is not writable; choose another path")
+
+
 def write_json(obj: dict, path: str | os.PathLike) -> str:
     """Write ``obj`` as strict JSON (see :func:`clean_json`), creating the folder, whole or not at all
     (:func:`atomic_path`); returns the path as a str.
@@ -193,4 +212,4 @@ def run_info(model: str | os.PathLike | None = None) -> dict:
     return out
 
 
-__all__ = ["clean_json", "write_json", "atomic_path", "save_figure", "save_csv", "save_study", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]
+__all__ = ["clean_json", "check_writable", "write_json", "atomic_path", "save_figure", "save_csv", "save_study", "study_dir", "save_figures", "file_sha256", "machine_info", "run_info"]

@@ -3,7 +3,9 @@ FastAPI + uvicorn + sse-starlette (install with ``pip install 'epqlab[serve]'``)
 
 Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 
-- ``GET  /health``: ``{"status": "ok"}``, the one endpoint that needs no API key.
+- ``GET  /health``: ``{"status": "ok"}``, the one endpoint that needs no API key; 503 ``{"status": "error",
+  "error": {...}}`` once the model file changed on disk (:mod:`epqlab.engine.file_watch`), when every other
+  request gets 503 with the reason too.
 - ``GET  /v1/models``: the one model (its file name).
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
@@ -22,7 +24,9 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   (:func:`epqlab.engine.time_split.decode_summary`).
 
 Keys and limits: with an API key (``--api-key`` / ``EPQLAB_API_KEY``) every endpoint but ``/health`` answers
-401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>``; a body over
+401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>`` (the scheme in
+any case, RFC 7235); an unknown request field gets 400 naming it (:data:`IGNORED` lists the OpenAI fields
+accepted without effect); a body over
 ``--max-body-bytes`` gets 413 before it is parsed; a prompt that does not fit the context, or a ``max_tokens``
 that does not fit after the prompt, gets 400 before any decoding (the server does not clamp ``max_tokens``,
 as OpenAI's API does not).
@@ -45,15 +49,18 @@ disturbing the others.
 # no `from __future__ import annotations`: FastAPI reads the endpoint annotations at runtime
 
 import asyncio
+import errno
 import hmac
 import json
 import queue
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 from .engine.batch import Batcher
+from .errors import EpqlabError, ModelChangedError
 from .engine.completion import create_chat_completion, create_completion
 from .engine.time_split import decode_summary
 from .results import clean_json
@@ -66,8 +73,15 @@ UNSUPPORTED = {"audio": ((None,), "audio output is not offered (a text model)"),
                "prediction": ((None,), "predicted outputs (speculative decoding) are not offered"),
                "tfs_z": ((None, 1, 1.0), "tail-free sampling is gone from llama.cpp's sampler chain "
                                         "(llama-cpp-python accepts and ignores it)")}
+# OpenAI fields accepted and ignored, each for a stated reason; any other unknown field is a 400 naming it
+IGNORED = {"user": "an end-user id for OpenAI's abuse monitoring: nothing here uses it",
+           "store": "OpenAI's stored completions: nothing is stored here",
+           "metadata": "tags for OpenAI's stored completions: nothing is stored here",
+           "service_tier": "OpenAI's processing tiers: there is one here"}
 MAX_BODY_BYTES = 8 << 20  # default request body limit (--max-body-bytes): a full context of token ids fits many times
-POLL_S = 0.25  # how often a waiting request checks whether its client is still there
+POLL_S = 0.25  # how often a waiting request checks whether its client is still there (a stream: the server stopping)
+_EMPTY = object()  # no chunk within POLL_S
+SHUTDOWN_GRACE_S = 2.0  # an open stream's time to send its error event and [DONE] once the server stops (> POLL_S)
 
 
 def _require():
@@ -95,6 +109,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     _require()
     from contextlib import asynccontextmanager
+
+    import anyio
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -166,10 +182,12 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         function_call: Any = None
 
     class TokenizeRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")  # unknown fields: 400 naming them (check_fields)
         model: Optional[str] = None
         input: str
 
     class DetokenizeRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")  # unknown fields: 400 naming them (check_fields)
         model: Optional[str] = None
         tokens: list[int]
 
@@ -193,6 +211,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         return error(422, "invalid request: " + "; ".join(parts))
 
     def kwargs_of(req: _Sampling, fields: tuple) -> dict:
+        check_fields(req)
         for k, v in (req.model_extra or {}).items():
             if k in UNSUPPORTED and v not in UNSUPPORTED[k][0]:
                 raise ValueError(f"{k}={v!r}: {UNSUPPORTED[k][1]}; drop it")
@@ -207,6 +226,15 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                   response_format=req.response_format, stream_options=req.stream_options)
         kw.update({k: getattr(req, k) for k in fields})
         return kw
+
+    def check_fields(req) -> None:
+        """ValueError naming every field of ``req`` that is neither one of its own, nor refused with a reason
+        (UNSUPPORTED), nor ignored with one (IGNORED): a typo such as ``max_token`` is not silently dropped."""
+        unknown = sorted(k for k in (req.model_extra or {}) if k not in UNSUPPORTED and k not in IGNORED)
+        if unknown:
+            known = sorted(set(type(req).model_fields) | set(UNSUPPORTED) | set(IGNORED))
+            raise ValueError(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: not a "
+                             f"field of this endpoint (check the spelling; it takes: {', '.join(known)})")
 
     def bias_of(bias, typ):
         """OpenAI's logit_bias ({"token id": bias}); llama-cpp-python's logit_bias_type "tokens": keys are text,
@@ -237,6 +265,10 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                 return JSONResponse(fut.result())
             except (ValueError, TypeError) as e:
                 return error(400, str(e))
+            except ModelChangedError as e:
+                return error(503, str(e), "server_error")
+            except Exception as e:  # noqa: BLE001 - OpenAI's error shape, not a plain-text 500; the server lives on
+                return error(500, f"{type(e).__name__}: {e}", "server_error")
         q: queue.Queue = queue.Queue()
         started = loop.create_future()
 
@@ -262,13 +294,29 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
         e = await started
         if isinstance(e, (ValueError, TypeError)):
             return error(400, str(e))
+        if isinstance(e, ModelChangedError):
+            return error(503, str(e), "server_error")
         if isinstance(e, Exception):
             return error(500, f"{type(e).__name__}: {e}", "server_error")
+
+        def next_item():
+            try:
+                return q.get(timeout=POLL_S)
+            except queue.Empty:
+                return _EMPTY
+
+        # set by sse-starlette when the server shuts down (Ctrl-C / SIGTERM); the stream then has
+        # SHUTDOWN_GRACE_S to send its farewell before it is cancelled (sse-starlette's cooperative shutdown)
+        stopping = anyio.Event()
 
         async def events():
             try:
                 while True:
-                    item = await loop.run_in_executor(waiters, q.get)
+                    item = await loop.run_in_executor(waiters, next_item)
+                    if stopping.is_set():  # the server stops: no more chunks, the client must know it was cut
+                        item = EpqlabError("the server is shutting down (interrupted): this answer is incomplete")
+                    if item is _EMPTY:
+                        continue
                     if item is None:
                         break
                     if isinstance(item, Exception):
@@ -279,7 +327,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
             finally:
                 cancel.set()  # client gone (or done): the worker stops at the next token
 
-        return EventSourceResponse(events(), ping=15)
+        return EventSourceResponse(events(), ping=15, shutdown_event=stopping, shutdown_grace_period=SHUTDOWN_GRACE_S)
 
     @app.get("/health")
     async def health():
@@ -315,6 +363,11 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
                           "its last hidden state is not a trained sentence embedding (use an embedding model)")
 
     async def _tokenize(body: TokenizeRequest):
+        try:
+            check_fields(body)
+        except ValueError as e:
+            raise _BadInput(str(e)) from None
+
         def go():
             return session.tokenize(body.input.encode("utf-8"), special=True)  # llama-cpp-python's server's call
         try:
@@ -334,6 +387,10 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     @app.post("/detokenize")
     @app.post("/extras/detokenize")
     async def detokenize(body: DetokenizeRequest):
+        try:
+            check_fields(body)
+        except ValueError as e:
+            return error(400, str(e))
         bad = [t for t in body.tokens if not 0 <= t < session.n_vocab]
         if bad:
             return error(400, f"token ids must be in [0, {session.n_vocab}); got {bad[0]}")
@@ -351,24 +408,33 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
         return JSONResponse(await asyncio.get_running_loop().run_in_executor(stats_pool, read))
 
-    return _Guard(app, api_key, int(max_body_bytes))
+    return _Guard(app, api_key, int(max_body_bytes), session.decoder.files.check)
+
+
+def _bearer(header: bytes) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None. The scheme is matched without regard to
+    case (RFC 7235 section 2.1: "case-insensitive token"; RFC 6750 section 2.1), spaces after it are skipped."""
+    scheme, _, token = header.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
 
 
 class _Guard:
-    """ASGI wrapper in front of the app: the API key (every path but ``/health``) and the body-size limit,
-    both answered before the app parses anything, in OpenAI's error shape."""
+    """ASGI wrapper in front of the app: the API key (every path but ``/health``), the model file's check (every
+    path: once the file changed, 503 with the reason, ``/health`` included) and the body-size limit, all
+    answered before the app parses anything, in OpenAI's error shape."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, check_model=None):
         self.app = app
-        self._want = None if not api_key else f"Bearer {api_key}".encode()
+        self._want = None if not api_key else api_key.encode()
         self.max_body_bytes = max_body_bytes
+        self._check_model = check_model or (lambda: None)
 
     def __getattr__(self, name):  # the wrapped app's attributes (routes, state) for callers that look
         return getattr(self.app, name)
 
-    async def _send_error(self, send, status: int, msg: str, typ: str, extra_headers=()):
-        body = json.dumps({"error": {"message": msg, "type": typ, "param": None, "code": None}}).encode()
-        await send({"type": "http.response.start", "status": status,
+    async def _send_error(self, send, code: int, msg: str, typ: str, extra_headers=(), fields=None):
+        body = json.dumps({**(fields or {}), "error": {"message": msg, "type": typ, "param": None, "code": None}}).encode()
+        await send({"type": "http.response.start", "status": code,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 *extra_headers]})
         await send({"type": "http.response.body", "body": body})
@@ -376,12 +442,20 @@ class _Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self._want is not None and scope.get("path") != "/health":
-            got = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self._want):
+        health = scope.get("path") == "/health"
+        if self._want is not None and not health:
+            got = _bearer(dict(scope.get("headers") or []).get(b"authorization", b""))
+            if got is None or not hmac.compare_digest(got, self._want):
                 return await self._send_error(send, 401, "missing or wrong API key: send the header "
                                               "'Authorization: Bearer <key>' with the key the server was started with",
                                               "authentication_error", [(b"www-authenticate", b"Bearer")])
+        try:  # stats of the model's files (a replaced file is compared once): off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self._check_model)
+        except ModelChangedError as e:
+            # /health needs no key, so it names no path
+            msg = ("the model file changed on disk since the server loaded it; restart the server" if health
+                   else f"{e} (every request is refused until the server is restarted)")
+            return await self._send_error(send, 503, msg, "server_error", (), {"status": "error"} if health else None)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         limit = self.max_body_bytes
@@ -412,17 +486,52 @@ class _Guard:
         return await self.app(scope, replay, send)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (``SO_REUSEADDR``, as uvicorn binds), for :func:`serve`; bind it before
+    loading the model, so a bad address costs no load and no other process can take the port in between.
+
+    Raises:
+        ValueError: ``port`` is not an integer in 1..65535, ``host`` is not an address or a name that resolves,
+            or the address cannot be bound (in use, not this machine's, a privileged port); the message names
+            the address and what to change.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"--port must be a TCP port in 1..65535, got {port!r}")
+    try:
+        # the family as uvicorn picks it (IPv6 only for an address with a colon), so "localhost" means 127.0.0.1
+        family, typ, proto, _, addr = socket.getaddrinfo(host, port, socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                                         socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--host {host!r} is not an address or a name this machine can resolve ({e}); use e.g. "
+                         "127.0.0.1 (this machine only) or 0.0.0.0 (every network)") from None
+    sock = socket.socket(family, typ, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = {errno.EADDRINUSE: "the port is in use by another process; choose another --port",
+               errno.EADDRNOTAVAIL: "the address is not one of this machine's; choose another --host",
+               errno.EACCES: "ports below 1024 need privileges; choose a port >= 1024"}.get(e.errno, e.strerror)
+        raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
 def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
           log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0,
-          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, prompt_cache: str = "exact") -> None:
-    """Serve ``session`` with uvicorn until interrupted (Ctrl-C); batching, ``api_key``, ``max_body_bytes`` and
-    ``prompt_cache`` as :func:`create_app`."""
+          api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, sock: socket.socket | None = None,
+          prompt_cache: str = "exact") -> None:
+    """Serve ``session`` with uvicorn until interrupted (Ctrl-C: open streams end with an error event and
+    ``[DONE]``, then the server stops); batching, ``api_key``, ``max_body_bytes`` and ``prompt_cache`` as :func:`create_app`.
+    ``sock``: a socket from :func:`bind_socket` (default: bound here to ``host``:``port``). Raises ValueError
+    for an address that cannot be bound (:func:`bind_socket`)."""
     _require()
     import uvicorn
 
-    uvicorn.run(create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s,
-                           api_key=api_key, max_body_bytes=max_body_bytes, prompt_cache=prompt_cache),
-                host=host, port=int(port), log_level=log_level)
+    sock = sock or bind_socket(host, int(port))
+    app = create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s,
+                     api_key=api_key, max_body_bytes=max_body_bytes, prompt_cache=prompt_cache)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level=log_level)).run(sockets=[sock])
 
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "serve", "bind_socket"]

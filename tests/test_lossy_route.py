@@ -69,7 +69,7 @@ def test_bad_knobs_are_refused_with_the_reason(mini_gguf):
         epqlab.Session(mini_gguf, route_delta=0.1)
     with pytest.raises(ValueError, match="unknown route_bias"):
         epqlab.Session(mini_gguf, route_bias="resident", route_delta=0.1)
-    with pytest.raises(ValueError, match="finite probability margin"):
+    with pytest.raises(ValueError, match="probability margin in 0..1"):
         epqlab.Session(mini_gguf, route_bias="cache", route_delta=-0.1)
     with pytest.raises(ValueError, match="one more k than thresholds"):
         epqlab.Session(mini_gguf, adaptive_k=((0.6, 1.2), (1, 2)))

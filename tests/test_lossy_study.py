@@ -88,3 +88,43 @@ def test_no_texts_still_feeds_tokens_for_bytes_and_speed(default_model_path):
 
     text = reading(df)
     assert "No perplexity" in text and "PPL x" not in text
+
+
+def test_small_arena_cache_route_rows_mean_something(default_model_path, monkeypatch):
+    """At a 25% arena LRU keeps no expert of a layer until the layer comes round again (hit rate 0), so cache-aware
+    routing has nothing to substitute and its row is trivially exact; the study's policy (fnu) keeps some, so the
+    row measures a real substitution. Before the first row an untimed warm-up Session runs (not a row)."""
+    from epqlab.studies.ablation import lossy as study
+
+    opened = []
+    real = study.Session
+
+    def counting(*a, **kw):
+        opened.append(kw.get("policy"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(study, "Session", counting)
+    kw = dict(arenas=[0.25], ks=(), taus=(), deltas=(0.1,), adaptive=(), texts=[], text_chars=60, ppl_n_ctx=32,
+              n_threads=1)
+    lru = study.lossy_knobs(default_model_path, policy="lru", warmup=False, **kw)
+    assert opened == ["lru", "lru"]
+    assert list(lru["hit_rate"]) == [0.0, 0.0] and list(lru["routing_agreement"]) == [1.0, 1.0]
+    opened.clear()
+    df = study.lossy_knobs(default_model_path, **kw)
+    assert opened == [study.DEFAULT_POLICY] * 3 and len(df) == 2  # warm-up + two rows, all with the study's policy
+    ex, cr = df.to_dict("records")
+    assert ex["hit_rate"] > 0 and cr["routing_agreement"] < 1 and cr["ssd_mb_per_token"] < ex["ssd_mb_per_token"]
+    assert df.attrs["session_kw"]["policy"] == "fnu"
+
+
+def test_notebook_07_refuses_an_unwritable_results_dir_before_the_study(tmp_path):
+    """results_dir under a file (unwritable for every user, root included): cell 3 stops before any Session opens."""
+    papermill = pytest.importorskip("papermill")
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    with pytest.raises(papermill.PapermillExecutionError) as ei:
+        run_notebook("07_lossy_knobs", {"results_dir": str(f / "results"), "arenas": [0.5], "texts": []}, tmp_path)
+    assert "cannot write" in str(ei.value) and "is not a folder" in str(ei.value)
+    out = json.loads((tmp_path / "07_lossy_knobs.out.ipynb").read_text())
+    ran = [c for c in out["cells"] if c["cell_type"] == "code" and c.get("execution_count")]
+    assert not any("[lossy]" in "".join(o.get("text", "")) for c in ran for o in c.get("outputs", []))

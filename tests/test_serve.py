@@ -147,7 +147,7 @@ def test_completion_shapes(reference):
     assert s.tokenize(b"Hi", add_bos=False) == s.tokenize("Hi", False)
     with pytest.raises(TypeError):
         epqlab.Session(s.layout.path, 2**30)  # keyword-only after model, as llama_cpp.Llama
-    with pytest.raises(ValueError, match="messages\\[0\\]: content must be a string"):
-        s.create_chat_completion([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    with pytest.raises(ValueError, match="messages\\[0\\].content\\[0\\]: only text parts"):
+        s.create_chat_completion([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     with pytest.raises(ValueError, match="repeat_penalty"):
         s.create_completion("x", repeat_penalty=0)

@@ -118,7 +118,8 @@ def test_skip_cold_huge_tau_reads_nothing_in_decode(default_model_path):
     arena = epqlab.Pager.all_experts_bytes(lay) // 4
     got = []
     for n in (1, 12):
-        with Session(default_model_path, arena_bytes=arena, skip_cold=1e9, n_ctx=256) as s:
+        # the largest tau there is: a weight is a router probability times the model's expert_weights_scale, 3
+        with Session(default_model_path, arena_bytes=arena, skip_cold=3.0, n_ctx=256) as s:
             s.greedy_trace(s.tokenize("Once upon a time"), n)
             got.append(s.stats)
     assert got[1]["bytes_read"] == got[0]["bytes_read"] and got[1]["misses"] == got[0]["misses"]
@@ -133,5 +134,7 @@ def test_skip_cold_bad_values(default_model_path):
 
     with pytest.raises(ValueError, match="skip_cold"):
         Session(default_model_path, skip_cold=-0.1)
+    with pytest.raises(ValueError, match=r"tau in 0\.\.3 "):
+        Session(default_model_path, skip_cold=1e9)
     with pytest.raises(ValueError, match="pager"):
         Session(default_model_path, skip_cold=0.1, pager=False)

@@ -100,3 +100,38 @@ def test_messages_not_tracebacks(tmp_path, mini_gguf, capsys):
     df = pd.DataFrame([{"point": "arena 50%", "policy": "lru", "slots": 4, "steady_hit_rate": None,
                         "replay_equal": True}])
     assert "n_predict <= warmup" in reading(df)
+
+
+NEW_FILE_CHILD = r"""
+import resource, signal, sys
+from pathlib import Path
+from epqlab.engine.run_stats import append_jsonl
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (50, 50))  # a disk full before the first line fits
+try:
+    append_jsonl(Path(sys.argv[1]) / "runs.jsonl", {"run": 1, "pad": "a" * 100})
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+def test_full_disk_leaves_no_empty_new_file(tmp_path):
+    r = subprocess.run([sys.executable, "-c", NEW_FILE_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert "refused 27" in r.stdout, r.stderr[-2000:]
+    assert not (tmp_path / "runs.jsonl").exists()  # no 0-byte runs.jsonl
+
+
+def test_cli_output_checked_before_the_study_runs(tmp_path, mini_gguf, capsys):
+    """An output that cannot be written (here a folder that is a file: refused even for root, who writes read-only
+    folders) stops the command before its study, not after it."""
+    import time
+
+    from epqlab.cli import main
+
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    t0 = time.perf_counter()
+    assert main(["ablate", "lossy", str(mini_gguf), "--arenas", "0.5", "--texts", "", "--json", str(f / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "is not a folder" in err and "[lossy]" not in err  # no row was run
+    assert time.perf_counter() - t0 < 5

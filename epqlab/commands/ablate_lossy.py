@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from ..studies.ablation import lossy_report
-from ..studies.ablation.lossy import lossy_knobs
+from ..paging.pager import POLICIES
+from ..studies.ablation.lossy import DEFAULT_POLICY, lossy_knobs
 from ._args import floats_or_sizes
 
 
@@ -25,6 +26,9 @@ def register(kinds) -> None:
     p.add_argument("--text-chars", type=int, default=250, help="characters of each text (default 250)")
     p.add_argument("--ppl-n-ctx", type=int, default=128, help="perplexity window, tokens (default 128)")
     p.add_argument("--threads", type=int, default=1, help="compute threads (default 1)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=list(POLICIES),
+                   help=f"eviction policy (default {DEFAULT_POLICY}: LRU keeps nothing of a layer at small arenas, "
+                        "which leaves cache-aware routing nothing to substitute)")
     p.add_argument("--json", default=None, help="write the table, settings and reading as JSON here (and .csv, .png beside it)")
     p.set_defaults(func=run)
 
@@ -50,7 +54,7 @@ def run(args) -> int:
     df = lossy_knobs(args.model, arenas=floats_or_sizes(args.arenas), ks=[int(k) for k in nums(args.ks)],
                      taus=nums(args.taus), deltas=nums(args.deltas), adaptive=_rules(args.adaptive),
                      texts=[t for t in args.texts.split(",") if t], text_chars=args.text_chars,
-                     ppl_n_ctx=args.ppl_n_ctx, progress=True, n_threads=args.threads)
+                     ppl_n_ctx=args.ppl_n_ctx, progress=True, n_threads=args.threads, policy=args.policy)
     print(lossy_report.format_table(df))
     print()
     print(lossy_report.reading(df))

@@ -12,7 +12,9 @@ from ..layout import inspect
 from ..memory.auto_budget import auto_budget
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
-from ..server import MAX_BODY_BYTES, _require, serve
+from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
+
+CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
 
 
 def register(sub) -> None:
@@ -63,13 +65,22 @@ def run(args) -> int:
         raise ValueError(f"--n-ubatch must be >= 1, got {args.n_ubatch}")
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if args.n_ctx < CTX_PAD:
+        raise ValueError(f"--n-ctx {args.n_ctx} is below llama.cpp's smallest context of {CTX_PAD} tokens per sequence "
+                         f"(it would silently become {CTX_PAD}); give --n-ctx {CTX_PAD} or more")
+    if args.n_ctx % CTX_PAD:
+        print(f"epqlab: warning: --n-ctx {args.n_ctx} becomes {-(-args.n_ctx // CTX_PAD) * CTX_PAD} tokens per sequence "
+              f"(llama.cpp pads the context to a multiple of {CTX_PAD}); prompts are checked against that",
+              file=sys.stderr)
+    # the address before the model loads: a bad host or port costs no load, and the port stays ours
+    sock = bind_socket(args.host, args.port)
     api_key = args.api_key or os.environ.get("EPQLAB_API_KEY") or None
     max_batch = args.max_batch
     if max_batch is None:
         rb = args.ram_budget
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
-    with Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
+    with sock, Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
                  n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
@@ -79,5 +90,5 @@ def run(args) -> int:
               + ("; API key required" if api_key else ""), file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
               batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes,
-              prompt_cache=args.prompt_cache)
+              prompt_cache=args.prompt_cache, sock=sock)
     return 0

@@ -211,9 +211,26 @@ def create_completion(session, prompt, *, max_tokens: int | None = 16, temperatu
                          "finish_reason": g.finish_reason} for c, (g, recs) in enumerate(gens)], **extra}
 
 
+def _text_parts(parts: list, i: int) -> str:
+    """OpenAI content parts that are all ``{"type": "text", "text": str}``, joined with newlines as llama.cpp's
+    server joins them for a template that takes string content (common/chat.cpp, ``to_json_oaicompat``).
+    ValueError naming a part of another type (images, audio: a text model) or a malformed one."""
+    texts = []
+    for j, part in enumerate(parts):
+        typ = part.get("type") if isinstance(part, dict) else None
+        if typ != "text":
+            what = f"type {typ!r}" if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f'messages[{i}].content[{j}]: only text parts {{"type": "text", "text": ...}} are supported '
+                             f"(a text model), got {what}")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f'messages[{i}].content[{j}]: a text part needs "text": a string')
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def check_messages(messages) -> list[dict]:
-    """``messages`` as OpenAI chat messages: ``{"role", "content": str}``, an assistant's ``content`` may be
-    None with ``tool_calls``, a ``tool`` message's ``tool_call_id`` / ``name`` are kept. ValueError naming the
+    """``messages`` as OpenAI chat messages: ``{"role", "content": str}`` (or text-only content parts, joined:
+    :func:`_text_parts`), an assistant's ``content`` may be None with ``tool_calls``, a ``tool`` message's ``tool_call_id`` / ``name`` are kept. ValueError naming the
     first bad one."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
         raise ValueError('messages must be a list of {"role": ..., "content": ...} dicts')
@@ -233,11 +250,13 @@ def check_messages(messages) -> list[dict]:
                 raise ValueError(f'messages[{i}]: tool_calls belong to an assistant message, as a list of '
                                  '{"id", "type": "function", "function": {"name", "arguments"}}')
         content = m.get("content")
+        if isinstance(content, list):
+            content = _text_parts(content, i)
         if content is None and calls:
             content = None
         elif not isinstance(content, str):
-            raise ValueError(f"messages[{i}]: content must be a string (content parts and images are not "
-                             f"supported), got {type(content).__name__}")
+            raise ValueError(f'messages[{i}]: content must be a string or a list of {{"type": "text", "text": ...}} '
+                             f"parts, got {type(content).__name__}")
         else:
             try:
                 content.encode("utf-8")
@@ -303,6 +322,8 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
         msg = {"role": "assistant", "content": content}
         if calls:
             msg["tool_calls"] = calls
+        elif forced:  # the grammar admits only the call: cut short (max_tokens, a stop), it is no call and no text
+            msg.update(content=None, tool_calls=[])
         return {"index": c, "message": msg,
                 "logprobs": None if recs is None else _chat_logprobs(session, recs),
                 "finish_reason": "tool_calls" if calls else gen.finish_reason}
@@ -330,7 +351,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                 if recs is not None and len(recs) > sent[c]:  # tokens whose text was held back (a stop string)
                     yield chunk({}, None, c, lp=_chat_logprobs(session, recs[sent[c]:]))
                 content, calls = parse_reply(split[c].text, fns) if calling else (None, [])
-                if not calls and calling and split[c].rest():
+                if not calls and calling and not forced and split[c].rest():
                     yield chunk({"content": split[c].rest()}, None, c)  # held back, and no call after all
                 for i, call in enumerate(calls):  # as OpenAI streams them: id and name, then the arguments
                     f = call["function"]

@@ -11,7 +11,7 @@ the expert hook) and the state that makes decoding on it safe:
 - the KV positions: the token ids whose KV entries the context holds at positions 0..; a prompt that
   extends the previous operation's tokens decodes only the rest (as llama-cpp-python does);
 - the file identity: decoding is refused once the model file changed on disk (llama's mapping and the
-  pager's reads would mix old and new bytes);
+  pager's reads would mix old and new bytes; :class:`~epqlab.engine.file_watch.FileWatch` says what counts);
 - the recorded routes (``record_routes``): per decode call, experts int32 ``[n, L, k]``, phase uint8
   ``[n]`` and ubatch id int32 ``[n]``, appended as one tuple so an interrupt never leaves them out of step.
 
@@ -21,12 +21,12 @@ docs/DESIGN.md §5 describes the Session's decoding; native/engine/engine.h the 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import EpqlabError, ModelChangedError
+from ..errors import EpqlabError
+from .file_watch import FileWatch
 from .fair_lock import FairRLock
 from .tokens import token_array
 
@@ -37,22 +37,13 @@ PHASE_PREFILL, PHASE_DECODE = 0, 1
 """Route-log phases (docs/DESIGN.md §6): a prompt's tokens, and tokens decoded one per forward pass."""
 
 
-def file_identity(paths) -> tuple:
-    """(dev, inode, size, mtime, ctime) of each file of the model (every shard of a split one). The ctime
-    catches a rewrite that restored the mtime (``touch -r``): only the kernel sets it."""
-    out = []
-    for p in paths:
-        st = os.stat(p)
-        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    return tuple(out)
-
-
 class Decoder:
     """One llama.cpp context and its decode protocol (module docstring).
 
     Args:
         engine: the native ``Engine`` (model + context + hook).
-        files: the model's files (every shard), whose identity is checked before each decode.
+        files: the model's files (every shard), whose identity is checked before each decode: a
+            :class:`~epqlab.engine.file_watch.FileWatch` (made before the load), or paths to watch from now.
         n_layers: routed-expert layers (route rows are ``[n_layers, k]``).
         record_routes: keep the routes of every decoded token.
         on_step: called after each llama_decode (the Session samples its memory peak there).
@@ -68,8 +59,7 @@ class Decoder:
         self.record_routes = bool(record_routes)
         self.prompt_hash = ""  # of the last generation's prompt ids (route-log metadata)
         self.closed = False
-        self._files = list(files)
-        self._file_id = file_identity(self._files)
+        self.files = files if isinstance(files, FileWatch) else FileWatch(files)
         self._n_layers = int(n_layers)
         self._on_step = on_step or (lambda: None)
         self.n_vocab = int(engine.n_vocab)
@@ -87,6 +77,7 @@ class Decoder:
         with self.lock:
             self.closed = True
             self.engine = None
+            self.files.close()
 
     # -- operations ------------------------------------------------------------------------------
     def begin(self, reuse: Sequence[int] | None = None) -> tuple[int, int]:
@@ -113,16 +104,9 @@ class Decoder:
         return self.epoch, kept
 
     def check_file(self) -> None:
-        """Raises ModelChangedError if a file of the model changed on disk since the Session opened it."""
-        try:
-            now = file_identity(self._files)
-        except OSError as e:
-            raise ModelChangedError(f"a file of the model {self._files[0]} is gone ({e}); reopen the Session") from None
-        if now != self._file_id:
-            raise ModelChangedError(
-                f"the model file {self._files[0]} changed on disk since this Session opened it (size, mtime, ctime "
-                "or inode differ): its dense weights and experts would mix old and new bytes. Close the Session and "
-                "open a new one.")
+        """Raises ModelChangedError if a file of the model no longer holds the bytes the Session reads
+        (:meth:`epqlab.engine.file_watch.FileWatch.check`: size + mtime, a replaced file compared byte for byte)."""
+        self.files.check()
 
     def chunk_tokens(self, all_logits: bool) -> int:
         """Tokens per llama_decode call: n_batch, or for all-logits decodes as many as keep one block
@@ -354,4 +338,4 @@ class Decoder:
         return int(self.engine.n_threads)
 
 
-__all__ = ["Decoder", "file_identity", "LOGITS_BLOCK_BYTES", "PHASE_PREFILL", "PHASE_DECODE"]
+__all__ = ["Decoder", "LOGITS_BLOCK_BYTES", "PHASE_PREFILL", "PHASE_DECODE"]

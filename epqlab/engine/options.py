@@ -89,19 +89,25 @@ TensorRT-LLM PR #10672)."""
 
 
 def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold=None, prefetch=None,
-                pager=True) -> tuple:
+                pager=True, n_expert: int | None = None, n_seq_max: int = 1) -> tuple:
     """Check the lossy routing knobs; returns ``(route_bias, route_delta, adaptive_k)`` resolved:
     ``route_bias`` None or ``"cache"``, ``route_delta`` a float (0 when off), ``adaptive_k`` None or
     ``(thresholds tuple, ks tuple)``.
 
     ``adaptive_k``: None/False (off), True (:data:`ADAPTIVE_K_DEFAULT`), or ``(thresholds, ks)`` with
-    increasing entropy thresholds (nats) and one more k than thresholds. The graph's k
-    (``expert_used``, default the model's n_expert_used) caps each k: with ``expert_used`` the two
-    compose (``expert_used=4, adaptive_k=True`` lets the published rule reach 4 on a top-3 model).
+    increasing entropy thresholds (nats) and one more k than thresholds, each k in 1..``n_expert``
+    (the model's experts per layer, when given). The graph's k (``expert_used``, default the model's
+    n_expert_used) caps each k: with ``expert_used`` the two compose (``expert_used=4, adaptive_k=True``
+    lets the published rule reach 4 on a top-3 model). ``route_delta`` is a difference of two router
+    probabilities, so 0..1.
+
+    The knobs rewrite single-token ubatches only (docs/DESIGN.md §3a, §3a'): in a decode step of several
+    sequences they would silently do nothing, so any of them with ``n_seq_max > 1`` is refused.
 
     Raises:
-        ValueError: an unknown ``route_bias``; ``route_delta`` without ``route_bias="cache"``, negative or
-            not finite; bad thresholds/ks; a lossy knob without the pager; ``route_bias`` with ``skip_cold``
+        ValueError: an unknown ``route_bias``; ``route_delta`` without ``route_bias="cache"``, outside 0..1 or
+            not finite; bad thresholds/ks (a k outside 1..n_expert); a lossy knob without the pager or with
+            ``n_seq_max > 1``; ``route_bias`` with ``skip_cold``
             (both decide what happens to a non-resident expert) or with ``prefetch`` (its choice depends on
             residency, which prefetch changes); ``adaptive_k`` with ``skip_cold`` (skip-cold would take the
             zeroed weights of dropped slots as cold experts).
@@ -116,8 +122,8 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
             raise ValueError("route_bias='cache' needs route_delta, the router-probability margin within which a resident "
                              "expert may replace a non-resident one (e.g. route_delta=0.05; 0 changes nothing)")
         if isinstance(route_delta, bool) or not isinstance(route_delta, numbers.Real) or not np.isfinite(route_delta) \
-                or route_delta < 0:
-            raise ValueError(f"route_delta must be a finite probability margin >= 0, got {route_delta!r}")
+                or not 0 <= route_delta <= 1:
+            raise ValueError(f"route_delta must be a router-probability margin in 0..1 (e.g. 0.05), got {route_delta!r}")
         delta = float(route_delta)
     ak = None
     if adaptive_k is True:
@@ -132,11 +138,22 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
             raise ValueError(f"adaptive_k needs one more k than thresholds, got thresholds {thr} and ks {ks}")
         if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1 for x in ks):
             raise ValueError(f"adaptive_k's ks must be integers >= 1, got {ks}")
+        if n_expert is not None and max(ks) > n_expert:
+            raise ValueError(f"adaptive_k's ks must be in 1..{n_expert} (the model's experts per layer), got {ks}")
         if not all(np.isfinite(thr)) or any(b <= a for a, b in zip(thr, thr[1:])):
             raise ValueError(f"adaptive_k's entropy thresholds must be finite and increasing (nats), got {thr}")
         ak = (thr, tuple(int(x) for x in ks))
     if (route_bias is not None or ak is not None) and not pager:
         raise ValueError("route_bias and adaptive_k rewrite the route in the pager's hook; drop pager=False")
+    if n_seq_max > 1:
+        for name, on in (("skip_cold", skip_cold is not None), ("route_bias", route_bias is not None),
+                         ("adaptive_k", ak is not None)):
+            if on:
+                # docs/DESIGN.md §3a/§3a': the hook rewrites single-token ubatches only, so a batched decode step
+                # of n_seq_max sequences would read exactly the bytes of exact decode
+                raise ValueError(f"{name} acts on single-token forward passes only, so with n_seq_max={n_seq_max} "
+                                 "(batched decode: generate_batch, stream_batch, the server's batching) it would "
+                                 f"silently do nothing; use n_seq_max=1 with {name}, or drop {name}")
     if route_bias is not None and skip_cold is not None:
         raise ValueError("route_bias and skip_cold are exclusive: both decide what happens to a selected expert that "
                          "is not resident (substitute it or compute it on zeros); measure one at a time")
@@ -147,6 +164,22 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
         raise ValueError("adaptive_k and skip_cold are exclusive: adaptive-k zeroes the weights of dropped slots, which "
                          "skip-cold would take as cold experts; measure one at a time")
     return route_bias, delta, ak
+
+
+def _skip_cold_tau(lay: ModelLayout, skip_cold) -> float:
+    """``skip_cold`` as τ, a router weight in 0..w_max: the weight llama.cpp multiplies an expert's output by
+    (docs/DESIGN.md §3a) is a probability, times ``<arch>.expert_weights_scale`` where the model has one
+    (llama.cpp's ``build_moe_ffn`` scales the weights by it), so a larger τ is no threshold at all. Raises
+    ValueError for a bool (``True`` is not a threshold), a non-number or a value outside the range."""
+    w_max = 1.0
+    scale = (lay.metadata or {}).get(f"{lay.architecture}.expert_weights_scale")
+    if isinstance(scale, numbers.Real) and np.isfinite(scale) and scale > 0:
+        w_max = max(1.0, float(scale))
+    if isinstance(skip_cold, bool) or not isinstance(skip_cold, numbers.Real) or not np.isfinite(skip_cold) \
+            or not 0 <= skip_cold <= w_max:
+        raise ValueError(f"skip_cold is the router-weight threshold tau in 0..{w_max:g} (e.g. skip_cold=0.3; None "
+                         f"for off), got {skip_cold!r}")
+    return float(skip_cold)
 
 
 def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_threads=None, n_threads=None, n_ctx=2048,
@@ -184,10 +217,9 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
     if skip_cold is not None:
         if not pager:
             raise ValueError("skip_cold needs the pager (it skips reads of non-resident experts); drop pager=False")
-        tau = float(skip_cold)
-        if not np.isfinite(tau) or tau < 0:
-            raise ValueError(f"skip_cold must be a finite router weight >= 0 (or None for off), got {skip_cold!r}")
-    rb, delta, ak = check_lossy(route_bias, route_delta, adaptive_k, skip_cold=tau, prefetch=prefetch, pager=bool(pager))
+        tau = _skip_cold_tau(lay, skip_cold)
+    rb, delta, ak = check_lossy(route_bias, route_delta, adaptive_k, skip_cold=tau, prefetch=prefetch, pager=bool(pager),
+                                n_expert=lay.n_expert if lay.is_moe else None, n_seq_max=int(n_seq_max))
     pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth, prefetch_min_precision)
     n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
     predictor = resolve_predictor(prefetch, prefetch_predictor, prefetch_depth, len(lay.layers), lay.n_expert,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..results import clean_json
+from ..results import check_writable, clean_json
 
 from ..memory.usage import read_bytes, sample
 from .time_split import decode_series, decode_summary
@@ -231,7 +231,7 @@ def cumulative_stats(session) -> dict:
 def append_jsonl(path, stats: dict) -> None:
     """Append ``stats`` as one line to the JSON-lines file ``path`` (folder created): one ``write`` of the
     whole line, and on any failure (a full disk, a file size limit) the file is cut back to where it was, so
-    it stays parseable line by line. A last line left unterminated by an older writer is ended first.
+    it stays parseable line by line (a file this call created is removed: no 0-byte file is left). A last line left unterminated by an older writer is ended first.
 
     Raises:
         OSError: the line could not be written (the file is as before).
@@ -239,7 +239,13 @@ def append_jsonl(path, stats: dict) -> None:
     line = (json.dumps(clean_json(stats)) + "\n").encode()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd, created = os.open(path, os.O_RDWR | os.O_APPEND), False
+    except FileNotFoundError:
+        try:
+            fd, created = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:  # another writer made it meanwhile
+            fd, created = os.open(path, os.O_RDWR | os.O_APPEND), False
     try:
         start = os.fstat(fd).st_size
         if start and os.pread(fd, 1, start - 1) != b"\n":
@@ -250,25 +256,11 @@ def append_jsonl(path, stats: dict) -> None:
                 view = view[os.write(fd, view):]
         except BaseException:
             os.ftruncate(fd, start)
+            if created and start == 0:  # a file this call made: none rather than an empty one
+                os.unlink(path)
             raise
     finally:
         os.close(fd)
-
-
-def check_writable(path) -> None:
-    """Raise OSError naming ``path`` when an output file (stats, route log) could not be written there (its folder cannot be
-    created or written): checked before a run, not after it."""
-    path = Path(path)
-    d = path.parent
-    while not d.exists() and d != d.parent:
-        d = d.parent
-    if not d.is_dir():
-        raise OSError(f"cannot write {path}: {d} is not a folder; choose another path")
-    if path.is_dir():
-        raise OSError(f"cannot write {path}: it is a folder; give a file name")
-    target = path if path.exists() else d
-    if not os.access(target, os.W_OK):
-        raise OSError(f"cannot write {path}: {target} is not writable; choose another path")
 
 
 def stats_frame(runs: list[dict]):

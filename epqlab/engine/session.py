@@ -28,6 +28,7 @@ from .arena_sizing import plan_arena
 from .batch import Batcher, BatchStream, Request
 from .completion import create_chat_completion, create_completion
 from .decoder import Decoder
+from .file_watch import FileWatch
 from .generation import Generation, Stream
 from .options import Options, check_options
 from .perplexity import perplexity
@@ -237,7 +238,11 @@ class Session:
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
             (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``; lossy
             knobs that conflict or are malformed (:func:`epqlab.engine.options.check_lossy`: ``route_bias`` with
-            ``skip_cold`` or ``prefetch``, ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``).
+            ``skip_cold`` or ``prefetch``, ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``
+            or outside 0..1, an adaptive k outside 1..n_expert), ``skip_cold`` that is not a router weight (a bool,
+            or outside 0..1, or 0..``expert_weights_scale`` where the model scales its weights), and any lossy knob
+            (``skip_cold``, ``route_bias``, ``adaptive_k``) with ``n_seq_max > 1``: they rewrite single-token
+            forward passes only (docs/DESIGN.md §3a, §3a'), so batched decode would silently be exact.
         RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
@@ -283,9 +288,9 @@ class Session:
         self.read_segment_bytes, self.read_rate_limit = o.read_segment_bytes, o.read_rate_limit
         self.route_log_path = Path(route_log) if route_log else None
         self.stats_file = Path(stats_file) if stats_file else None
-        for out in (self.stats_file, self.route_log_path):
+        for out, atomic in ((self.stats_file, False), (self.route_log_path, True)):  # appended; written whole
             if out is not None:
-                run_stats.check_writable(out)  # before the model loads, not after a generation
+                run_stats.check_writable(out, atomic=atomic)  # before the model loads, not after a generation
         self.auto_budget, self.budget_bytes = _resolve_budget(ram_budget, arena_bytes, lay, o.paged)
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._pager: Pager | None = None
@@ -294,10 +299,11 @@ class Session:
         self.time_split_log = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
         record = self.route_log_path is not None
         # no local name holds the engine: a refusal's traceback (ArenaTooSmall below) must not keep the model alive
+        watch = FileWatch(lay.files)  # the inodes llama.cpp and the pager open next (docs/DESIGN.md §4)
         opened = _open_engine(lay, o, record,
                               predictor_owned=o.prefetch == "trained" and prefetch_predictor is not o.predictor)
         self.load_s, self.load_report, self.used_before_arena = opened[1:]
-        self.decoder = Decoder(opened[0], lay.files, len(lay.layers), record_routes=record, on_step=self._on_step)
+        self.decoder = Decoder(opened[0], watch, len(lay.layers), record_routes=record, on_step=self._on_step)
         del opened
         if not isinstance(time_split, bool):
             self.decoder.close()

@@ -7,8 +7,10 @@
   ``{"schema": ...}`` or llama-cpp-python's ``{"type": "json_object", "schema": {...}}`` too): the schema
   through llama-cpp-python's JSON-schema -> GBNF converter (``llama_cpp.llama_grammar.json_schema_to_gbnf``,
   a port of llama.cpp's ``json_schema_to_grammar``). The converter covers what it covers (types, enums,
-  const, required, ``additionalProperties``, string lengths, integer bounds, ``$ref``, ``anyOf``...); a
-  schema it cannot convert is refused with its error.
+  const, required, ``additionalProperties``, string lengths, ``$ref``, ``anyOf``...); a schema it cannot convert
+  is refused with its error. Integer bounds (``minimum``, ``maximum``, ``exclusiveMinimum``,
+  ``exclusiveMaximum``), which that converter ignores, get llama.cpp's own rule
+  (:mod:`epqlab.engine.schema_ints`); an integer without bounds has at most 16 digits (the converter's rule).
 - ``grammar``: a GBNF string (root rule ``root``), or a ``llama_cpp.LlamaGrammar``.
 
 The grammar sampler (``llama_sampler_init_grammar``) needs a ``llama_vocab *`` of llama-cpp-python's
@@ -20,10 +22,13 @@ from __future__ import annotations
 import json
 import threading
 
+from .schema_ints import bounded_int_schema, int_range_gbnf
+
 _VOCABS: dict[str, tuple] = {}  # model path -> (llama_model *, llama_vocab *), vocab-only loads
 _LOCK = threading.Lock()
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+_INT_MARK = "__epqlab_bounded_int_"  # stands for a bounded integer while the converter runs (schema_grammar)
 
 
 def vocab_of(session):
@@ -58,18 +63,43 @@ def schema_grammar(schema) -> str:
     naming what the converter refused."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    if isinstance(schema, (dict, bool)):
-        schema = json.dumps(schema)
-    if not isinstance(schema, str):
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the JSON schema is not JSON ({e})") from None
+    if not isinstance(schema, (dict, bool)):
         raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    ints: list[str] = []
+    schema = _mark_bounded_ints(schema, ints)
     try:
-        g = json_schema_to_gbnf(schema)
+        g = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # noqa: BLE001 - the converter raises whatever it meets; the request is at fault
         raise ValueError(f"the JSON schema could not be converted to a grammar ({type(e).__name__}: {e})") from None
     # llama-cpp-python 0.3.36's string character rule admits raw control characters (a newline inside a
     # string: invalid JSON); llama.cpp's own converter (common/json-schema-to-grammar.cpp, PRIMITIVE_RULES
     # "char") excludes them, as JSON (RFC 8259 section 7) does: use its rule
-    return g.replace(_LOOSE_CHAR, _JSON_CHAR)
+    g = g.replace(_LOOSE_CHAR, _JSON_CHAR)
+    # bounded integers: the converter wrote each as a constant string, here replaced by llama.cpp's range rule
+    for i, expr in enumerate(ints):
+        g = g.replace(f'"\\"{_INT_MARK}{i}__\\""', f"({expr}) space")
+    return g
+
+
+def _mark_bounded_ints(schema, ints: list):
+    """``schema`` with each integer subschema that has bounds replaced by a constant string naming its index in
+    ``ints``, to which the bounds' GBNF (:func:`epqlab.engine.schema_ints.int_range_gbnf`) is appended. Values of
+    ``const``, ``enum``, ``default`` and ``examples`` are data, not schemas: left as they are."""
+    if isinstance(schema, list):
+        return [_mark_bounded_ints(x, ints) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    b = bounded_int_schema(schema)
+    if b is not None:
+        ints.append(int_range_gbnf(*b))
+        return {"const": f"{_INT_MARK}{len(ints) - 1}__"}
+    return {k: v if k in ("const", "enum", "default", "examples") else _mark_bounded_ints(v, ints)
+            for k, v in schema.items()}
 
 
 def request_grammar(response_format=None, grammar=None) -> str | None:

@@ -15,7 +15,10 @@ The reply: every ``<tool_call>{...}</tool_call>`` block (a last unclosed one too
 tool becomes an OpenAI tool call (``id``, ``type: "function"``, ``function.name``, ``function.arguments`` as a
 JSON string); the text around them is the message's ``content`` (None when empty). When ``tool_choice`` forces
 a call ("required" or a named function), a grammar (:func:`forced_grammar`) makes the reply exactly one such
-block whose arguments follow the tool's ``parameters`` schema, so they always parse.
+block whose arguments follow the tool's ``parameters`` schema, so they always parse. A forced call cut short
+before its JSON is complete (``max_tokens``, a stop string) is no call and no text: ``content`` None, empty
+``tool_calls`` and the generation's own ``finish_reason`` (``"length"``), streamed or not, never the raw
+``<tool_call>`` prefix.
 """
 from __future__ import annotations
 

@@ -51,9 +51,16 @@ def knob_settings(own_k: int, ks=(1, 2), taus=(0.3,), deltas=(0.02, 0.05, 0.1), 
     return out
 
 
+DEFAULT_POLICY = "fnu"
+"""The study's eviction policy. With LRU at a 25% arena of the default model (30 layers x 8 experts, top-3: 60
+slots) each token's 90 loads evict every expert of a layer before the layer comes round again, so nothing is
+resident at its router (hit rate 0) and cache-aware routing has nothing to substitute: its rows would be exact
+for want of candidates. ``fnu`` keeps the experts a layer is predicted to use next (docs/DESIGN.md §5b)."""
+
+
 def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), deltas=(0.02, 0.05, 0.1),
                 adaptive=DEFAULT_ADAPTIVE, texts=None, text_chars: int | None = 250, ppl_n_ctx: int = 128,
-                progress: bool = False, **session_kw):
+                progress: bool = False, policy: str = DEFAULT_POLICY, warmup: bool = True, **session_kw):
     """One row per (arena, knob, setting): perplexity per held-out text and its ratio to exact, routing
     agreement, SSD MB/token, decode tok/s and hit rate, from teacher-forced decode steps.
 
@@ -66,6 +73,9 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
             then still fed teacher-forced for the bytes, hit rate and speed.
         ppl_n_ctx: perplexity window, tokens.
         progress: one line per row on stderr.
+        policy: eviction policy of every row (:data:`DEFAULT_POLICY`).
+        warmup: before the first row, decode a few tokens in an untimed Session, so the first row's speed is not
+            charged with the process's one-time costs (loading llama.cpp, the model file's first reads).
         **session_kw: further :class:`epqlab.Session` arguments (e.g. ``n_threads``).
 
     Returns:
@@ -90,6 +100,11 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
     txt = resolve_texts(texts, text_chars)
     feed = resolve_texts(["prose"], text_chars)  # fed without a perplexity when no texts are asked for
     points = memory_points(lay, arenas=list(arenas), k=None)
+    session_kw = {**session_kw, "policy": policy}
+    if warmup and points:
+        with Session(model, n_batch=1, n_ubatch=1, n_ctx=max(256, ppl_n_ctx), **points[0].session_kwargs(),
+                     **session_kw) as s:
+            perplexity(s, next(iter((txt or feed).values()))[:64], n_ctx=ppl_n_ctx)
     rows = []
     for pt in points:
         exact = None
@@ -135,4 +150,4 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
     return df
 
 
-__all__ = ["lossy_knobs", "knob_settings", "DEFAULT_ADAPTIVE"]
+__all__ = ["lossy_knobs", "knob_settings", "DEFAULT_ADAPTIVE", "DEFAULT_POLICY"]

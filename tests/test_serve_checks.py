@@ -1,0 +1,141 @@
+"""The server's interop and start-up checks (epqlab/server.py, epqlab/commands/serve.py) on the mini model: the
+``Bearer`` scheme in any case (RFC 7235), text-only content parts joined, unknown request fields refused with 400
+naming them, bad ports and hosts and a tiny ``--n-ctx`` refused before the model loads, and Ctrl-C ending each open
+stream with an error event and ``[DONE]``."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import epqlab
+
+pytest.importorskip("fastapi")
+pytest.importorskip("sse_starlette")
+httpx = pytest.importorskip("httpx")
+KEY = "sk-x-9"
+
+
+@pytest.fixture(scope="module")
+def client(mini_gguf):
+    from fastapi.testclient import TestClient
+
+    from epqlab.server import create_app
+
+    with epqlab.Session(mini_gguf, n_threads=1, n_ctx=256) as s, TestClient(create_app(s, api_key=KEY)) as c:
+        yield s, c
+
+
+def test_bearer_scheme_in_any_case(client):
+    _, c = client
+    for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+        assert c.get("/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200, scheme
+    for bad in (f"Basic {KEY}", f"Bearer{KEY}", "Bearer wrong", KEY):
+        assert c.get("/v1/models", headers={"Authorization": bad}).status_code == 401, bad
+
+
+def test_text_content_parts_are_joined(client):
+    s, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]
+    body = {"max_tokens": 3, "temperature": 0}
+    r = c.post("/v1/chat/completions", headers=h, json={**body, "messages": [{"role": "user", "content": parts}]})
+    want = c.post("/v1/chat/completions", headers=h,
+                  json={**body, "messages": [{"role": "user", "content": "Hi\nthere"}]})  # llama.cpp's join
+    assert r.status_code == 200 and r.json()["usage"] == want.json()["usage"]
+    assert r.json()["choices"][0]["message"] == want.json()["choices"][0]["message"]
+    img = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+    r = c.post("/v1/chat/completions", headers=h, json={**body, "messages": [{"role": "user", "content": img}]})
+    assert r.status_code == 400 and "content[0]: only text parts" in r.json()["error"]["message"]
+
+
+def test_unknown_fields_are_refused_naming_them(client):
+    _, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    r = c.post("/v1/completions", headers=h, json={"prompt": "Hi", "max_token": 3, "temprature": 0})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert msg.startswith("unknown fields 'max_token', 'temprature':") and "max_tokens" in msg
+    r = c.post("/tokenize", headers=h, json={"input": "Hi", "inptu": 1})
+    assert r.status_code == 400 and "unknown field 'inptu'" in r.json()["error"]["message"]
+    # OpenAI fields that ask for nothing this server could do differently are accepted (README)
+    r = c.post("/v1/completions", headers=h, json={"prompt": "Hi", "max_tokens": 2, "user": "u1", "store": False})
+    assert r.status_code == 200
+
+
+def _serve(model, *args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "epqlab", "serve", str(model), "--threads", "1", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bad_port_host_and_context_refused_before_loading(mini_gguf, tmp_path):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        for args, msg in [(["--port", "-1"], "--port must be a TCP port in 1..65535, got -1"),
+                          (["--port", "70000"], "--port must be a TCP port in 1..65535, got 70000"),
+                          (["--port", str(busy.getsockname()[1])], "the port is in use by another process"),
+                          (["--host", "no.such.host.invalid"], "--host 'no.such.host.invalid' is not an address"),
+                          (["--host", "203.0.113.7"], "the address is not one of this machine's"),
+                          (["--n-ctx", "10"], "--n-ctx 10 is below llama.cpp's smallest context of 256")]:
+            t0 = time.perf_counter()
+            r = _serve(mini_gguf, *args)
+            assert r.returncode == 1 and msg in r.stderr, (args, r.stderr[-2000:])
+            assert "Traceback" not in r.stderr and "serving" not in r.stderr  # refused before the model loaded
+    finally:
+        busy.close()
+
+
+def test_ctrl_c_ends_open_streams_with_an_error_and_done(mini_gguf):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "epqlab", "serve", str(mini_gguf), "--threads", "1", "--port",
+                          str(port), "--n-ctx", "4096", "--log-level", "warning"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert p.poll() is None, p.stdout.read()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.3)
+        # a long answer: ignore_eos is not an OpenAI field, so every control token (end-of-text, end-of-turn, ...)
+        # is biased away instead
+        from gguf import GGUFReader
+
+        tt = GGUFReader(mini_gguf).fields["tokenizer.ggml.token_type"]
+        eos = [i for i, j in enumerate(tt.data) if int(tt.parts[j][0]) == 3]  # llama_token_type CONTROL
+        assert eos
+        body = {"prompt": "Once", "max_tokens": 3000, "temperature": 0, "stream": True,
+                "logit_bias": {str(t): -100 for t in eos}}
+        events = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 3:
+                    p.send_signal(signal.SIGINT)
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert "shutting down" in last["error"]["message"] and last["error"]["type"] == "server_error"
+        assert all("choices" in json.loads(e) and json.loads(e)["choices"][0]["finish_reason"] is None
+                   for e in events[:-2])  # the cut answer is never presented as complete
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
