@@ -4,6 +4,7 @@ the same text, bad requests get 4xx and the server keeps serving (also after a c
 and a chat's next turn gets the uncached answer. Plus the completion API's shapes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -29,19 +30,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def served(model, *args):
+    """``epqlab serve MODEL`` on a free loopback port with one thread and ``args``, in a subprocess; yields
+    ``(url, process)`` and stops it afterwards (the server modules' fixtures share this)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "epqlab", "serve", str(model), "--port", str(port), "--threads", "1",
+           "--log-level", "warning", *map(str, args)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield f"http://127.0.0.1:{port}", p
+    finally:
+        p.terminate()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "epqlab", "serve", str(default_model_path), "--port", str(port), "--threads", "1",
-           "--n-ctx", "512", "--log-level", "warning"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    yield url, p
-    p.terminate()
-    try:
-        p.wait(20)
-    except subprocess.TimeoutExpired:
-        p.kill()
+    with served(default_model_path, "--n-ctx", 512) as up:
+        yield up
 
 
 def _wait_ready(url: str, p: subprocess.Popen, timeout: float = 180) -> None:

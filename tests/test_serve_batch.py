@@ -14,7 +14,7 @@ import time
 import pytest
 
 import epqlab
-from test_serve import _free_port, _wait_ready
+from test_serve import _wait_ready, served
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -25,19 +25,8 @@ N = 10
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    import subprocess
-    import sys
-
-    port = _free_port()
-    cmd = [sys.executable, "-m", "epqlab", "serve", str(default_model_path), "--port", str(port), "--threads", "1",
-           "--n-ctx", "256", "--max-batch", "4", "--batch-window-ms", "3000", "--log-level", "warning"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield f"http://127.0.0.1:{port}", p
-    p.terminate()
-    try:
-        p.wait(20)
-    except subprocess.TimeoutExpired:
-        p.kill()
+    with served(default_model_path, "--n-ctx", 256, "--max-batch", 4, "--batch-window-ms", 3000) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,12 @@ cache reused (whole 16-token ubatches here: ``--n-ubatch 16``, so a short chat r
 itself on hand-made token lists: ubatch ends, exact vs fast vs off."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
 import epqlab
 from epqlab.engine.batch import Batcher, fresh_ubatch_ends, reusable_prefix
-from test_serve import _free_port, _wait_ready
+from test_serve import _wait_ready, served
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -52,16 +50,8 @@ def test_batcher_refuses_an_unknown_mode(default_model_path):
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "epqlab", "serve", str(default_model_path), "--port", str(port), "--threads", "1",
-           "--n-ctx", "512", "--max-batch", "2", "--n-ubatch", str(U), "--log-level", "warning"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield f"http://127.0.0.1:{port}", p
-    p.terminate()
-    try:
-        p.wait(20)
-    except subprocess.TimeoutExpired:
-        p.kill()
+    with served(default_model_path, "--n-ctx", 512, "--max-batch", 2, "--n-ubatch", U) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,12 @@ a fresh Session answers, 2 x n_seq_max of them, and a fresh request still answer
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
 import epqlab
 from epqlab.models.archs import write_tiny
-from test_serve import _free_port, _wait_ready
+from test_serve import _wait_ready, served
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -35,18 +33,9 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "epqlab", "serve", str(model), "--port", str(port), "--threads", "1",
-           "--n-ctx", "256", "--max-batch", str(N_SEQ), "--log-level", "warning",
-           "--prompt-cache", "fast"]  # llama-server's reuse: the mode that trims cached sequences
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    yield url, p
-    p.terminate()
-    try:
-        p.wait(20)
-    except subprocess.TimeoutExpired:
-        p.kill()
+    # --prompt-cache fast: llama-server's reuse, the mode that trims cached sequences
+    with served(model, "--n-ctx", 256, "--max-batch", N_SEQ, "--prompt-cache", "fast") as up:
+        yield up
 
 
 @pytest.fixture(scope="module")
