@@ -591,15 +591,10 @@ ARCH_TABLES: dict[str, ArchTable] = {
     # kv_lora_rank + rope dims, as deepseek2), leading dense blocks, gating from the file + exp_probs_b,
     # n_shared shared experts; KDA head dim = head_dim
     "kimi-linear": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + (
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_MLA + (
             ("attention.head_count_kv", "u32s",
              "[1 if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
-            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
-            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
-            ("attention.value_length", "u32", "kv_lora_rank"),
-            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
-            ("attention.value_length_mla", "u32", "v_head_dim"),
-            ("rope.dimension_count", "u32", "qk_rope"),
+            ("attention.q_lora_rank", "u32", None),
             ("ssm.conv_kernel", "u32", "ssm_d_conv"),
             ("kda.head_dim", "u32", "Dh"),
         ),
@@ -672,16 +667,10 @@ ARCH_TABLES: dict[str, ArchTable] = {
     # and gate projections, a bounded gate) and MLA attention blocks with a per-head output gate, leading dense
     # blocks, sigmoid + exp_probs_b, a shared expert of n_ff_shexp; KDA head dim = head_dim
     "bailingmoe3": ArchTable(
-        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF + (
+        kv=KV_DENSE_LEAD + KV_SHARED + KV_GATING + KV_SHEXP_FF + KV_MLA + (
             ("attention.head_count_kv", "u32s",
              "[1 if (il + 1) % full_attn_interval == 0 else 0 for il in range(n_layer)]"),
             ("attention.q_lora_rank", "u32", "0"),
-            ("attention.kv_lora_rank", "u32", "kv_lora_rank"),
-            ("attention.key_length", "u32", "kv_lora_rank + qk_rope"),
-            ("attention.value_length", "u32", "kv_lora_rank"),
-            ("attention.key_length_mla", "u32", "qk_nope + qk_rope"),
-            ("attention.value_length_mla", "u32", "v_head_dim"),
-            ("rope.dimension_count", "u32", "qk_rope"),
             ("ssm.conv_kernel", "u32", "ssm_d_conv"),
             ("kda.head_dim", "u32", "Dh"),
             ("kda.gate_lower_bound", "f32", "-5.0"),
