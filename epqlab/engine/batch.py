@@ -313,10 +313,9 @@ class Batcher:
             best = empty[0] if empty else self._free[0]
         held = self._cached.pop(best, None)
         self._cached_ends.pop(best, None)
-        if best in self._dirty or (held is not None and len(held) > keep) or (held is not None and keep == 0):
+        if best in self._dirty or (held is not None and len(held) > keep):  # cached tokens are never empty
             self._dirty.add(best)  # until its cells are known again
-            keep = self.session.decoder.trim_seq(best, len(held) if held is not None else 0,
-                                                 keep if held is not None else 0)
+            keep = self.session.decoder.trim_seq(best, len(held or ()), keep)  # keep is 0 unless held
             self._dirty.discard(best)
         self._free.remove(best)
         return best, keep
