@@ -468,3 +468,11 @@ def test_plain_llama_turns_extra_buffers_off_on_amx_builds(default_model_path, m
         assert llm.model_params.use_extra_bufts is True
     finally:
         llm.close()
+
+
+def test_synth_refuses_a_vocabulary_smaller_than_its_tokenizer(tmp_path):
+    from epqlab.models import synthesize
+
+    with pytest.raises(ValueError, match="smaller than the tokenizer's 49152 tokens: use 0"):
+        synthesize(tmp_path / "x.gguf", "tiny", n_vocab=100, progress=False)
+    assert not list(tmp_path.iterdir())  # nothing half-written left behind

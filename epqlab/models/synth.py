@@ -294,7 +294,8 @@ def _add_tokenizer(w, n_vocab: int) -> None:
     r = gguf.GGUFReader(source_gguf())
     n_tok = len(r.fields["tokenizer.ggml.tokens"].data)
     if n_vocab < n_tok:
-        raise ValueError(f"n_vocab {n_vocab} is smaller than the tokenizer's {n_tok} tokens")
+        raise ValueError(f"n_vocab {n_vocab} is smaller than the tokenizer's {n_tok} tokens: use 0 (the tokenizer's "
+                         f"own) or at least {n_tok}")
     pad = n_vocab - n_tok
     for key, f in r.fields.items():
         if not key.startswith("tokenizer."):
