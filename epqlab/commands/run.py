@@ -114,7 +114,9 @@ def stats_table(st: dict, session) -> str:
              if st.get("prefetch") else "off"),
             ("lossy knobs", lossy_line(st)),
             ("staged (layer, ubatch)", f"{st['staged_layers']} pairs whose experts exceeded the slots "
-                                       f"({fmt_bytes(st['staged_bytes'])} read, {st['staged_copies']} copied from the arena)"),
+                                       f"({fmt_bytes(st['staged_bytes'])} read, {st['staged_copies']} copied from the arena; "
+                                       f"{fmt_bytes(st.get('stage_lent_bytes', 0))} of arena lent to staging, "
+                                       f"{st.get('stage_lent_evictions', 0)} residents evicted for it)"),
         ]
     rows += [
         ("prefill", f"{st['n_prompt']} tokens, {st['prefill_tok_s']:.1f} tok/s"),

@@ -1,8 +1,10 @@
 """Arena sizing: how many bytes of a RAM budget go to the expert arena (docs/DESIGN.md, "Memory
 accounting"). The budget bounds the whole resident set; the arena gets what is left once the
-model, its dense weights and the context exist: budget - measured usage - reserve - the staging
-buffer (only when not every expert fits, since then a ubatch may overflow a layer's slots) - the
-readers' bounce buffers."""
+model, its dense weights and the context exist: budget - measured usage - reserve - the readers'
+bounce buffers. When not every expert fits, a ubatch may overflow a layer's slots and be staged; the
+staged matrix's pages are then lent by the arena itself (native/pager/pager.h, ``lend``; docs/DESIGN.md
+§3 item 8), so no staging buffer is held beside it: the budget only has to hold the larger of one
+staged matrix and one layer's top-k experts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,11 +60,13 @@ def kv_cache_bytes(lay: ModelLayout, n_ctx: int, n_seq: int = 1) -> int | None:
 @dataclass(frozen=True)
 class ArenaPlan:
     """``arena``, ``stage_reserve`` and ``read_buffers`` (the readers' bounce buffers kept out of
-    the budget's arena share), bytes."""
+    the budget's arena share), bytes; ``stage_lend``: a staged matrix borrows its pages from the arena
+    (set for budgets, so the arena and staging together stay inside it; ``stage_reserve`` is then 0)."""
 
     arena: int
     stage_reserve: int
     read_buffers: int = 0
+    stage_lend: bool = False
 
 
 def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_arena: int, reserve: int,
@@ -94,13 +98,13 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
     if budget is None:
         return ArenaPlan(all_bytes, 0, bounce)
     arena = budget - used_before_arena - reserve - bounce
-    stage = 0
-    if arena < all_bytes:  # some ubatch may overflow a layer's slots: reserve staging
-        stage = Pager.max_stage_bytes(lay)
-        arena -= stage
+    # A staged matrix (at most one expert tensor's span) borrows the arena's pages, so the arena must
+    # hold the larger of it and one layer's top-k; below every expert only (above, nothing is staged).
     need = Pager.min_arena_bytes(lay, k)
+    if arena < all_bytes:
+        need = max(need, Pager.max_stage_bytes(lay))
     if arena < need:
-        exact = used_before_arena + reserve + bounce + Pager.max_stage_bytes(lay) + need
+        exact = used_before_arena + reserve + bounce + need
         margin = max(QUOTE_MARGIN_MIN, int(QUOTE_MARGIN_FRACTION * used_before_arena))
         smallest = -(-(exact + margin) // 2**20) * 2**20
         kv = kv_cache_bytes(lay, n_ctx, n_seq) if n_ctx else None
@@ -110,12 +114,12 @@ def plan_arena(lay: ModelLayout, k: int, *, budget: int | None, used_before_aren
             f"ram_budget {fmt_bytes(budget)} is too small for {lay.path.name}: the process already "
             f"holds {fmt_bytes(used_before_arena)} (dense weights {fmt_bytes(dense_bytes)}, "
             f"{kv_s}, compute buffers, heap, libraries), the reserve is {fmt_bytes(reserve)}, "
-            f"the staging buffer {fmt_bytes(Pager.max_stage_bytes(lay))}, the read buffers {fmt_bytes(bounce)}, "
-            f"and one layer's top-{k} experts "
-            f"need {fmt_bytes(need)}. The smallest budget that works is {smallest} bytes "
+            f"the read buffers {fmt_bytes(bounce)}, and the arena needs {fmt_bytes(need)} (the larger of one layer's "
+            f"top-{k} experts, {fmt_bytes(Pager.min_arena_bytes(lay, k))}, and one staged expert matrix, "
+            f"{fmt_bytes(Pager.max_stage_bytes(lay))}, which the arena lends its pages to). The smallest budget that works is {smallest} bytes "
             f"({fmt_bytes(smallest)}; that is {exact} bytes as measured now plus a margin of {fmt_bytes(margin)} "
             f"for the growth of a later load); or lower n_ctx / n_seq_max / reserve / expert_used.")
-    return ArenaPlan(arena, stage, bounce)
+    return ArenaPlan(arena, 0, bounce, stage_lend=True)
 
 
 def default_max_batch(lay: ModelLayout, n_ctx: int, budget: int | None, cap: int = 8) -> int:

@@ -149,8 +149,10 @@ class Session:
             KV cache (inside ``ram_budget``) grows with it. 1 (default): one sequence at a time. A ubatch whose
             union of experts in a layer exceeds that layer's slots is *staged*: each of the
             layer's expert matrices in turn is copied (resident experts) or read (the others)
-            into one buffer reserved in the budget, same bytes, same graph (counted in
-            ``staged_layers``, ``staged_bytes``; see native/engine/hook.h).
+            into one buffer whose pages, under a ``ram_budget``, the arena lends (free slots
+            first, then evicted residents; given back before the next load), same bytes, same
+            graph (counted in ``staged_layers``, ``staged_bytes``, ``stage_lent_bytes``; see
+            native/engine/hook.h and native/pager/pager.h).
         pager: ``False`` runs plain llama.cpp (mmap) for A/B comparisons.
         route_log: path; the routes of every decoded token are saved there as NPZ (docs/DESIGN.md)
             on :meth:`save_route_log` / :meth:`close`. While recording, prompts are decoded with
@@ -334,6 +336,7 @@ class Session:
         self.read_buffer_bytes, self.stage_reserve = plan.read_buffers, plan.stage_reserve
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
                             n_expert_used=o.n_expert_used)
+        self._pager.native.stage_lending = plan.stage_lend
         why = self._pager.native.set_slot_addressing(o.expert_addressing != "region")
         if why and o.expert_addressing == "slots":
             raise ValueError(f"expert_addressing='slots' is not possible for {lay.path.name}: {why}; "

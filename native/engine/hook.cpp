@@ -106,6 +106,14 @@ char * expert_hook::stage_buffer() {
     return stage_;
 }
 
+void expert_hook::end_stage_lending() {
+    if (stage_used_) {
+        madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
+        stage_used_ = false;
+    }
+    if (pg_ && pg_->lent_bytes() > 0) pg_->unlend();  // after the staged pages went: the budget holds
+}
+
 void * expert_hook::zero_mapping(int64_t bytes) {
     if (bytes > zero_bytes_) {
         if (zero_) munmap(zero_, (size_t) zero_bytes_);
@@ -196,6 +204,8 @@ bool expert_hook::on_ask(ggml_tensor * t) {
         if (mode_[li] == STAGE && !abort_) {
             try {
                 const auto & ids = stage_ids_[li];
+                if (stage_used_ && pg_->lent_bytes() > 0)  // lent memory holds one matrix at a time
+                    madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
                 point_at(t, li, pg_->stage_tensor(li, ti, ids.data(), (int) ids.size(), stage_buffer()));
                 if (timing_) charge_pager(li);
                 return true;  // computed before the next ask: the buffer is then free again
@@ -337,9 +347,10 @@ void expert_hook::end_decode() {
     clear_gate_preds();
     flush_ubatch();
     restore_weight_shapes();  // between decodes the model's tensors have their own shapes
-    if (stage_used_) {  // give the staging pages back until the next oversize ubatch
-        madvise(stage_, (size_t) stage_bytes_, MADV_DONTNEED);
-        stage_used_ = false;
+    try {
+        end_stage_lending();  // give the staging pages back until the next oversize ubatch
+    } catch (...) {
+        if (!error_) error_ = std::current_exception();
     }
     if (pg_ && last_li_ >= 0) {
         pg_->release_layer(last_li_);
@@ -515,6 +526,11 @@ void expert_hook::on_topk(ggml_tensor * t) {
             ids = d;
         }
         const int kk = n_tokens == 1 ? (int) ids.size() : k;
+        if (pg_->lent_bytes() > 0) {  // slots lent to an earlier staged layer come back before a load
+            std::vector<int32_t> u(ids);
+            std::sort(u.begin(), u.end());
+            if (std::unique(u.begin(), u.end()) - u.begin() <= pg_->capacity(li)) end_stage_lending();
+        }
         if (pipeline_ && n_tokens == 1) {
             queued = pg_->request_layer_async(li, ids.data(), kk, mm_order_[li]);
         } else if (pipeline_) {
@@ -528,6 +544,8 @@ void expert_hook::on_topk(ggml_tensor * t) {
         if (!queued && !pg_->request_layer(li, ids.data(), kk, n_tokens, &staged)) {
             // More distinct experts than slots: stage this layer matrix by matrix (see hook.h).
             mode_[li] = STAGE;
+            if (pg_->stage_lending())  // the staged pages come out of the arena (pager.h, lend)
+                pg_->lend(li, staged.data(), (int) staged.size(), pg_->stage_need(li, staged.data(), (int) staged.size()));
             stage_ids_[li] = std::move(staged);
             stats_.staged_layers++;
             stats_.staged_tokens += n_tokens;

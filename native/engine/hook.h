@@ -14,8 +14,10 @@
 // instead: at each of that layer's MUL_MAT_ID asks, the union's slices of that one matrix are
 // copied or read into one staging buffer laid out like the file, the weight points there, and
 // we need the node, so it is computed (and observed) before the next node is asked about and
-// the buffer is reused -- one matrix at a time, in memory reserved up front, same bytes, same
-// graph. After a read failure the weight points at an all-zero mapping (the decode is being
+// the buffer is reused -- one matrix at a time, same bytes, same graph. With the pager's stage
+// lending on (under a budget) the layer's staged pages are first lent by the arena (pager::lend),
+// the buffer's pages are dropped before each matrix, and the lent slots come back (unlend) before
+// the next layer that is not staged and at the end of the decode. After a read failure the weight points at an all-zero mapping (the decode is being
 // aborted, and the zero page keeps the matmul from touching PROT_NONE memory before the abort
 // callback stops the graph). The callback never returns false in the observe pass: that would
 // silently truncate the graph (docs/DESIGN.md §4 "Pitfalls"). Errors are stored and reported after
@@ -332,6 +334,7 @@ private:
     void *                                   zero_ = nullptr;
     int64_t                                  zero_bytes_ = 0;
     char *                                   stage_ = nullptr;   // staging buffer (anonymous)
+    void end_stage_lending();  // drops the staged pages, then gives lent arena slots back (pager::unlend)
     int64_t                                  stage_bytes_ = 0;
     bool                                     stage_used_ = false;
     std::vector<std::vector<int32_t>>        stage_ids_;         // per layer: the union to stage

@@ -98,6 +98,9 @@ struct pager_stats {
     int64_t staged_bytes = 0;    // bytes read by stage_tensor (also counted in bytes_read)
     int64_t staged_reads = 0;    // expert slices stage_tensor read from the file
     int64_t staged_copies = 0;   // expert slices stage_tensor copied from resident slots
+    int64_t stage_lends = 0;       // lend calls that freed slots for a staged matrix (stage lending)
+    int64_t stage_lent_bytes = 0;  // arena bytes those calls took out of use (slot bytes, summed)
+    int64_t stage_lent_evictions = 0;  // residents evicted to lend their slots (also in evictions)
     // Prefetch (speculative reads of a next layer's predicted experts, see prefetch_start):
     int64_t prefetch_units = 0;       // units read speculatively (placed in a slot)
     int64_t prefetch_bytes = 0;       // their bytes (also counted in bytes_read)
@@ -153,6 +156,24 @@ public:
         for (const auto & ms : maps_) for (const auto & m : ms) mx = std::max(mx, m.region_bytes);
         return mx;
     }
+    // Stage lending (docs/DESIGN.md §3 item 8): the memory a staged matrix needs comes out of the
+    // arena instead of a reserve beside it, so a budget holds the arena and staging together
+    // without keeping a whole matrix's span idle for the rare oversize ubatch.
+    // stage_need: the bytes stage_tensor touches for the distinct experts ids[0..n) of layer li,
+    // the most over its tensors (each matrix's pages are dropped before the next is staged).
+    // lend: frees at least `bytes` of arena memory -- free slots first, then unpinned residents by
+    // the evictable order (those of layer li listed in keep[0..n) last, since staging copies them) --
+    // punching their memfd pages out (the kernel uncharges them) and keeping the slots out of use
+    // until unlend. Returns the bytes lent in all; throws pager_capacity_error when the arena
+    // cannot free that much. unlend: the lent slots are allocated again (when the fill mapping
+    // exists: reads never allocate) and freed; the caller has dropped its staged pages first.
+    // Every other load finds no lent slot: the hook unlends before a layer that is not staged.
+    int64_t stage_need(int li, const int32_t * ids, int n) const;
+    int64_t lend(int li, const int32_t * keep, int n, int64_t bytes);
+    void    unlend();
+    int64_t lent_bytes() const { return lent_bytes_; }
+    void    set_stage_lending(bool on) { lend_on_ = on; }
+    bool    stage_lending() const { return lend_on_; }
     // Lossy skip-cold support: until layer li is released, the slices of the experts ids[0..n)
     // of every tensor of layer li read as zeros. The experts must not be resident. Pages only
     // they touch get the zero page; a boundary page shared with a resident expert gets a private
@@ -407,6 +428,9 @@ private:
     std::vector<file_state>      files_;           // the model's files (shards), in order
     bool                         direct_ = false;
     int                          memfd_ = -1;
+    bool                         lend_on_ = false;  // set_stage_lending
+    std::vector<int>             lent_;             // slots lent to staging (out of use until unlend)
+    int64_t                      lent_bytes_ = 0;
     char *                       fill_ = nullptr;  // reserve_arena's populated mapping of the whole memfd (reads land here)
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;

@@ -48,6 +48,9 @@ static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
         EPQ_FIELD(pager_stats, "staged_bytes", s.staged_bytes),
         EPQ_FIELD(pager_stats, "staged_reads", s.staged_reads),
         EPQ_FIELD(pager_stats, "staged_copies", s.staged_copies),
+        EPQ_FIELD(pager_stats, "stage_lends", s.stage_lends),
+        EPQ_FIELD(pager_stats, "stage_lent_bytes", s.stage_lent_bytes),
+        EPQ_FIELD(pager_stats, "stage_lent_evictions", s.stage_lent_evictions),
         EPQ_FIELD(pager_stats, "prefetch_units", s.prefetch_units),
         EPQ_FIELD(pager_stats, "prefetch_bytes", s.prefetch_bytes),
         EPQ_FIELD(pager_stats, "prefetch_used", s.prefetch_used),
@@ -121,6 +124,19 @@ void register_pager(py::module_ & m) {
         .def("set_slot_addressing", &pager::set_slot_addressing, py::arg("on"),
              "Slot addressing on or off (before the first load); returns '' or why it cannot be on.")
         .def_property_readonly("slot_addressed", &pager::slot_addressed)
+        .def_property("stage_lending", &pager::stage_lending, &pager::set_stage_lending,
+                      "Stage lending (pager.h): a staged matrix's pages come out of the arena, not a reserve beside it.")
+        .def_property_readonly("lent_bytes", &pager::lent_bytes)
+        .def("stage_need", [](const pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            if (li < 0 || li >= p.n_layers()) throw py::index_error("MoE layer index out of range");
+            return p.stage_need(li, ids.data(), (int) ids.size());
+        })
+        .def("lend", [](pager & p, int li, py::array_t<int32_t, py::array::c_style | py::array::forcecast> keep, int64_t bytes) {
+            if (li < 0 || li >= p.n_layers()) throw py::index_error("MoE layer index out of range");
+            py::gil_scoped_release nogil;
+            return p.lend(li, keep.data(), (int) keep.size(), bytes);
+        })
+        .def("unlend", &pager::unlend)
         .def("slot_of", [](const pager & p, int li, int e) {
             if (li < 0 || li >= p.n_layers() || e < 0 || e >= p.n_expert()) throw py::index_error("layer or expert out of range");
             return p.slot_of(li, e);
