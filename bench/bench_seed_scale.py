@@ -132,6 +132,7 @@ def main():
                     progress=True, variants=variants, between_rounds=plain_round, **kw)
     print(strict_report.format_table(df), flush=True)
     out["paged"] = strict.to_json(df)
+    out["run"] = out["paged"]["run"]  # date, machine, model hash, command line: papers/05 renders it (epqlab report --extra)
 
     # 2. mmap under the first level
     mm = None

@@ -88,6 +88,23 @@ def test_mlock_refused_names_the_limit(private_model):
     assert "RLIMIT_MEMLOCK is 65536 bytes" in r.stdout and "anon" in r.stdout
 
 
+def test_untouched_buffers_counted_wherever_dense_weights_live(private_model):
+    """What the budget counts before the arena includes llama.cpp's malloc'd but untouched buffers (the compute
+    buffer of a 2048-token ubatch is touched only by the first prompt that long). Its estimate must not depend on
+    where the dense weights live: anonymous pages (mapped outside malloc) or the file's page cache. Subtracting the
+    anonymous dense pages from malloc's RSS growth is what makes the two agree (without it, anon came out lower by
+    the dense bytes, ~120 MiB here, and a Laguna-S prefill at 4 GiB outgrew its budget)."""
+    got = {}
+    for mode in ("anon", "mmap"):
+        with epqlab.Session(private_model, ram_budget=2 * 2**30, n_threads=2, n_ctx=4096, n_ubatch=2048,
+                            n_batch=2048, dense_weights=mode) as s:
+            m = s.memory_parts()
+            got[mode] = (m["used_before_arena"] - m["now"]["total"], m["dense"])
+    assert got["anon"][1] > 64 * MiB and got["mmap"][1] == 0
+    assert got["mmap"][0] > 128 * MiB  # the ubatch's compute buffer, not yet touched
+    assert abs(got["anon"][0] - got["mmap"][0]) < 16 * MiB, got
+
+
 # -- one budget under a hard limit -----------------------------------------------------------------
 
 def _own_memory_cgroup() -> Path | None:

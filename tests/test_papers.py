@@ -173,3 +173,27 @@ def test_least_stale_paper_shows_the_routing_cap_table():
     assert [c.strip() for c in lines[i + 2].strip("|").split("|")][:5] == ["arena 5%", "153", "5.0", "4.5", "10.0"]
     assert "no online policy can exceed slots / (L x E) = 5.0% there" in md
     assert "reaches 56% of Belady (31.6% vs 56.7%)" in md
+
+
+def test_seed_scale_json_becomes_a_section_of_paper_05(tmp_path):
+    """bench/bench_seed_scale.py's JSON (here the committed transcription of the stand-in's table) is recognised as
+    study 05 and rendered with each summary row joined to the paged run of the same level *and* prefetch."""
+    from epqlab.papers import write_papers
+    from epqlab.units import fmt_bytes
+
+    src = Path(__file__).parents[1] / "bench" / "results" / "seed_scale_qwen3moe-35b-shape_2026-12-03.json"
+    doc = json.loads(src.read_text())
+    res = tmp_path / "results"
+    res.mkdir()
+    write_papers(res, tmp_path / "papers", extra=[src])
+    md = (tmp_path / "papers" / "05_memory_levels.md").read_text()
+    assert f"## Hand run `{src.name}`" in md and "transcribed from bench/README.md" in md
+    rows = _table(md, "limit")[1:]
+    assert len(rows) == len(doc["rows"])
+    paged = {(p["level"], p["variant"]): p for p in doc["paged"]["rows"]}
+    for cells, r in zip(rows, doc["rows"]):
+        p = paged[(r["level"], r["prefetch"])]
+        assert cells[:3] == [fmt_bytes(r["level"]), r["prefetch"], fmt_bytes(p["arena_bytes"])]
+        assert cells[6].startswith(f"{p['decode_tok_s']:.2f} ({p['decode_tok_s_min']:.2f}-")
+        assert float(cells[15]) == pytest.approx(r["roofline_ratio"])
+    assert f"{doc['plain']['ms_per_token']:.0f} ms/token" in md

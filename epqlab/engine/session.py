@@ -105,8 +105,14 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bo
         if predictor_owned:
             freed = o.predictor.W.nbytes + o.predictor.b.nbytes
     after = sample()
-    # malloc'd but not yet touched (not in RSS yet, but it will be): what malloc handed out beyond the RSS growth
-    untouched = max(0, (core.malloc_bytes() - m0) - (after.rss_anon - before.rss_anon))
+    # malloc'd but not yet touched (not in RSS yet, but it will be: llama.cpp's compute buffers are touched by the
+    # first large ubatch): what malloc handed out beyond the RSS growth that malloc's blocks account for. The dense
+    # weights' anonymous pages are mapped outside malloc (native/engine/dense_weights.cpp), so their RSS is not
+    # malloc's; counting it there hid up to the dense bytes of untouched buffers (a 512-token prefill of Laguna-S
+    # at 4 GiB then outgrew its budget by ~190 MiB and was OOM-killed).
+    dense_anon = int(report.get("dense_bytes") or 0) if o.dense_weights != "mmap" else 0
+    malloc_rss = max(0, (after.rss_anon - before.rss_anon) - dense_anon)
+    untouched = max(0, (core.malloc_bytes() - m0) - malloc_rss)
     return engine, load_s, report, max(0, after.total - freed) + untouched
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..routes import report as routes_report
-from ..studies import batching_report, probe_report, strict_report
+from ..studies import batching_report, probe_report, seed_scale_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
 from ..studies.ablation import lossy_report, topk_report
 from ..units import fmt_bytes
@@ -99,7 +99,12 @@ def topk(doc: dict) -> str:
 
 
 def memory_levels(doc: dict) -> str:
-    """05: one row per (memory level, paged or mmap), and :func:`epqlab.studies.strict_report.reading`."""
+    """05: one row per (memory level, paged or mmap), and :func:`epqlab.studies.strict_report.reading`; a
+    bench/bench_seed_scale.py JSON: :mod:`epqlab.studies.seed_scale_report`'s table and reading."""
+    if seed_scale_report.is_seed_scale(doc):
+        df = seed_scale_report.frame(doc)
+        return "\n\n".join(["**Seed scale, held against plain llama.cpp in RAM and the roofline.**",
+                             table(df, seed_scale_report.COLUMNS, floatfmt=".3g"), seed_scale_report.reading(doc)])
     df = _frame(doc["rows"], doc.get("parameters"))
     shown = df.assign(level_=[fmt_bytes(v) for v in df.level],
                       arena_=[("-" if v is None or v != v else fmt_bytes(v)) for v in df.get("arena_bytes", [None] * len(df))],
@@ -154,7 +159,7 @@ def study_of(doc: dict) -> str | None:
         return "04_topk"
     if {"policy", "belady_hit_rate"} <= cols:
         return "03_least_stale"
-    if {"level", "mode", "status"} <= cols:
+    if {"level", "mode", "status"} <= cols or seed_scale_report.is_seed_scale(doc):
         return "05_memory_levels"
     if {"request_bytes", "concurrency"} <= cols:
         return "01_io_probe"
