@@ -113,7 +113,8 @@ def main():
     print(f"model {lay.path} ({fmt_bytes(lay.file_size)}; {len(lay.layers)} MoE layers x {lay.n_expert} experts, "
           f"top-{lay.n_expert_used}; routed {fmt_bytes(lay.routed_expert_bytes)}); {a.n} teacher-forced tokens "
           f"(held-out prose), {a.repeats} interleaved repeats, {a.threads} threads", flush=True)
-    out: dict = {"model": str(lay.path), "levels": levels, "n": a.n, "repeats": a.repeats, "threads": a.threads}
+    out: dict = {"model": str(lay.path), "levels": levels, "n": a.n, "repeats": a.repeats, "threads": a.threads,
+                 "parameters": {k: v for k, v in vars(a).items() if k != "json"}}  # what papers/05 shows as the run's settings
 
     variants = prefetch_variants(a)
     plain_runs: list[dict] = []

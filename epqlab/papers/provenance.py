@@ -56,7 +56,7 @@ def machine_lines(doc: dict, json_path: Path) -> list[str]:
     out = [f"- date: {run.get('date')}"]
     if m:
         out.append(f"- machine: {m.get('cpu')}, {m.get('physical_cpus')} cores / {m.get('logical_cpus')} threads, "
-                   f"{fmt_bytes(m.get('ram_bytes') or 0)} RAM, {m.get('platform')}")
+                   + (f"{fmt_bytes(m['ram_bytes'])} RAM" if m.get("ram_bytes") else "RAM not recorded") + f", {m.get('platform')}")
     out.append(f"- Python {run.get('python_version')}, epqlab {run.get('epqlab')}")
     return out
 

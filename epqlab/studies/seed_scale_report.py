@@ -83,7 +83,8 @@ def reading(doc: dict) -> str:
     pre = ((doc.get("prefill") or {}).get("rows") or [None])[0]
     if pre and pre.get("status") == "PASS" and pre.get("prefill_union_bytes"):
         pp = (doc.get("plain_prefill") or {}).get("prefill_tok_s")
-        s.append(f"Prefill of {pre.get('n_prompt')} tokens under {fmt_bytes(pre['level'])}: {pre['prefill_tok_s']:.1f} tok/s"
+        n_pre = pre.get("n_prompt") or (doc.get("parameters") or {}).get("prefill")
+        s.append(f"Prefill of {n_pre} tokens under {fmt_bytes(pre['level'])}: {pre['prefill_tok_s']:.1f} tok/s"
                  + (f" against {pp:.1f} plain in RAM ({pre['prefill_tok_s'] / pp:.2f}x)" if pp else "")
                  + f"; the pager read {fmt_bytes(pre['prefill_ssd_bytes'])} for {fmt_bytes(pre['prefill_union_bytes'])} "
                    f"of distinct experts ({pre['prefill_ssd_bytes'] / pre['prefill_union_bytes']:.2f}x)"
