@@ -130,8 +130,11 @@ def _prompt(path):
     return toks
 
 
-@pytest.mark.parametrize("n_ubatch", [1, 512])
-@pytest.mark.parametrize("name", [_param(n) for n in MODELS])
+# n_ubatch 1 runs only for the models the arch table does not cover (it pages them at the ubatch-1 minimum arena
+# in both addressings); every model runs n_ubatch 512 here, with the dense-weight modes the table does not vary.
+@pytest.mark.parametrize("name,n_ubatch", [
+    pytest.param(n, u, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[n])] if n in XFAIL else [], id=f"{n}-{u}")
+    for n in MODELS for u in (1, 512) if u == 512 or n not in ARCH_ROWS])
 def test_paged_equals_plain_llama(models, name, n_ubatch):
     path = models(name)
     lay = epqlab.inspect(path)

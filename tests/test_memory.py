@@ -101,7 +101,7 @@ def test_untouched_buffers_counted_wherever_dense_weights_live(private_model):
             m = s.memory_parts()
             got[mode] = (m["used_before_arena"] - m["now"]["total"], m["dense"])
     assert got["anon"][1] > 64 * MiB and got["mmap"][1] == 0
-    assert got["mmap"][0] > 128 * MiB  # the ubatch's compute buffer, not yet touched
+    assert got["mmap"][0] > 64 * MiB  # the ubatch's compute buffer, not yet touched
     assert abs(got["anon"][0] - got["mmap"][0]) < 16 * MiB, got
 
 

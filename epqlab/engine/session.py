@@ -27,7 +27,7 @@ from . import run_stats
 from .arena_sizing import plan_arena
 from .batch import Batcher, BatchStream, Request
 from .completion import create_chat_completion, create_completion
-from .decoder import Decoder
+from .decoder import LOGITS_BLOCK_BYTES, Decoder
 from .file_watch import FileWatch
 from .generation import Generation, Stream
 from .options import Options, check_options
@@ -88,7 +88,7 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bo
         engine = core.Engine(str(lay.path), None, lay.architecture, o.expert_override, o.n_ctx * o.n_seq_max, o.n_batch,
                              o.n_ubatch, int(o.n_threads or cpu_threads()), (o.paged or record) and lay.is_moe,
                              lay.moe_layers, names, record, o.dense_mode, [(off, n) for _, off, n in lay.dense_tensors],
-                             files, list(lay.dense_files) if files else [], o.n_seq_max, False)
+                             files, list(lay.dense_files) if files else [], o.n_seq_max, False, LOGITS_BLOCK_BYTES)
     except RuntimeError as e:
         # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
         # load's (no relocations, mlock limit): one EpqlabError class naming the cause.

@@ -177,6 +177,11 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     cp.no_perf = true;
     cp.n_seq_max = (uint32_t) std::max(1, cfg.n_seq_max);
     cp.kv_unified = cfg.kv_unified;
+    if (cfg.logits_block_bytes > 0) {  // engine.h: reserve the graph for the outputs a ubatch can really have
+        const int64_t n_vocab = std::max<int32_t>(1, llama_vocab_n_tokens(vocab_));
+        const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(cfg.n_batch, cfg.logits_block_bytes / (4 * n_vocab)));
+        cp.n_outputs_max = (uint32_t) std::max<int64_t>(rows, cp.n_seq_max);
+    }
     if (cfg.install_hook) {
         hook_ = std::make_unique<expert_hook>(hook_pager, (int) blocks.size(), blocks, names, record_routes);
         cp.cb_eval = expert_hook::cb_eval;

@@ -43,6 +43,11 @@ struct engine_config {
     // attention runs over its own cells only, as if it were decoded alone (docs/DESIGN.md §3d).
     int32_t     n_seq_max = 1;
     bool        kv_unified = false;
+    // The most logits bytes one ubatch returns (epqlab's decoder asks in blocks of at most this much):
+    // llama_context_params::n_outputs_max becomes max(1, min(n_batch, this / (4 x n_vocab)), n_seq_max), so
+    // the worst-case graph llama.cpp reserves holds that many logits rows, not n_batch of them. 0: llama.cpp's
+    // default (n_batch outputs).
+    int64_t     logits_block_bytes = 0;
     bool        install_hook = false;
     int32_t     dense_mode = DENSE_MMAP;  // a dense_weights_mode (above)
     std::vector<std::pair<int64_t, int64_t>> dense_ranges;  // (file offset, bytes) of non-expert tensors

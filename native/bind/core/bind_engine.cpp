@@ -98,7 +98,7 @@ void register_engine(py::module_ & m) {
                          int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
                          std::vector<std::tuple<std::string, int, int>> names, bool record, int dense_mode,
                          std::vector<std::pair<int64_t, int64_t>> dense_ranges, std::vector<std::string> paths,
-                         std::vector<int32_t> dense_files, int n_seq_max, bool kv_unified) {
+                         std::vector<int32_t> dense_files, int n_seq_max, bool kv_unified, int64_t logits_block_bytes) {
                  engine_config c;
                  c.path = path;
                  c.arch = arch;
@@ -115,6 +115,7 @@ void register_engine(py::module_ & m) {
                  if (n_seq_max < 1) throw std::invalid_argument("n_seq_max must be >= 1");
                  c.n_seq_max = n_seq_max;
                  c.kv_unified = kv_unified;
+                 c.logits_block_bytes = logits_block_bytes;
                  py::gil_scoped_release nogil;
                  return new engine(c, pg, blocks, names, record);
              }),
@@ -123,7 +124,7 @@ void register_engine(py::module_ & m) {
              py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = (int) DENSE_MMAP,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
              py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{},
-             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false)
+             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false, py::arg("logits_block_bytes") = 0)
         .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
         .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
         .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
