@@ -21,7 +21,7 @@ def _run(args, timeout=600):
 
 def test_seed_scale_rows_and_ratios(default_model_path, tmp_path):
     out = tmp_path / "s.json"
-    text = _run([BENCH / "bench_seed_scale.py", "--model", default_model_path, "--levels", "400MiB", "--n", "5",
+    text = _run([BENCH / "bench_seed_scale.py", "--model", default_model_path, "--levels", "512MiB", "--n", "5",
                  "--repeats", "2", "--mmap-n", "0", "--prefill", "0", "--prefetch", "off,lookahead", "--json", out])
     r = json.loads(out.read_text())
     assert text.count("[plain] round") == 2  # one plain run after each of the 2 rounds
@@ -42,7 +42,7 @@ def test_seed_scale_rows_and_ratios(default_model_path, tmp_path):
         assert x["roofline_ratio"] == pytest.approx(x["ms_per_token"] / x["bound_ms"])
         assert x["plain_ratio"] == pytest.approx(plain["ms_per_token"] / x["ms_per_token"])
         assert x["time_split"]["wall_ms"] > 0
-    assert "| 400.00 MiB | lookahead |" in text
+    assert "| 512.00 MiB | lookahead |" in text
 
 
 def test_busy_core_table(default_model_path, tmp_path):
@@ -51,7 +51,7 @@ def test_busy_core_table(default_model_path, tmp_path):
     import statistics
 
     out = tmp_path / "b.json"
-    text = _run([BENCH / "bench_busy_core.py", "--model", default_model_path, "--budget", "400MiB", "--n", "4",
+    text = _run([BENCH / "bench_busy_core.py", "--model", default_model_path, "--budget", "512MiB", "--n", "4",
                  "--repeats", "1", "--threads", "1", "--json", out])
     rows = [line for line in text.splitlines() if line.startswith("| plain |") or line.startswith("| paged |")]
     assert len(rows) == 2, text
