@@ -469,10 +469,11 @@ void expert_hook::on_topk(ggml_tensor * t) {
     // Lossy route rewrites (hook.h): a decode step's ids, rewritten in place before anything reads them.
     const bool lossy = pg_ && !abort_ && lossy_on() && n_tokens == 1 && pass_tokens_ == 1;
     if (lossy) apply_lossy(li, t, ids);
+    int64_t n_union = 0;  // the ubatch's distinct experts in this layer (also decides whether lent slots come back)
     {   // the ubatch's union in this layer: what the tokens of a batch share (counted before any paging)
         std::vector<int32_t> u(ids);
         std::sort(u.begin(), u.end());
-        const int64_t nu = std::unique(u.begin(), u.end()) - u.begin();
+        const int64_t nu = n_union = std::unique(u.begin(), u.end()) - u.begin();
         stats_.union_experts += nu;
         if (li >= 0 && li < (int) layer_union_.size()) layer_union_[li] += nu;
     }
@@ -526,11 +527,8 @@ void expert_hook::on_topk(ggml_tensor * t) {
             ids = d;
         }
         const int kk = n_tokens == 1 ? (int) ids.size() : k;
-        if (pg_->lent_bytes() > 0) {  // slots lent to an earlier staged layer come back before a load
-            std::vector<int32_t> u(ids);
-            std::sort(u.begin(), u.end());
-            if (std::unique(u.begin(), u.end()) - u.begin() <= pg_->capacity(li)) end_stage_lending();
-        }
+        // slots lent to an earlier staged layer come back before a load (a layer that fits its slots)
+        if (pg_->lent_bytes() > 0 && n_union <= pg_->capacity(li)) end_stage_lending();
         if (pipeline_ && n_tokens == 1) {
             queued = pg_->request_layer_async(li, ids.data(), kk, mm_order_[li]);
         } else if (pipeline_) {
