@@ -197,3 +197,21 @@ def test_seed_scale_json_becomes_a_section_of_paper_05(tmp_path):
         assert cells[6].startswith(f"{p['decode_tok_s']:.2f} ({p['decode_tok_s_min']:.2f}-")
         assert float(cells[15]) == pytest.approx(r["roofline_ratio"])
     assert f"{doc['plain']['ms_per_token']:.0f} ms/token" in md
+
+
+def test_every_results_file_the_docs_name_is_in_the_tree():
+    """Each ``bench/results/*.json`` that bench/README.md names, and each "Hand run" file papers/05 renders, is a file
+    of this tree that git tracks (not ignored): a clean clone must be able to regenerate papers/05 from them."""
+    import subprocess
+
+    root = Path(__file__).parents[1]
+    named = set(re.findall(r"bench/results/([\w.\-]+\.json)", (root / "bench" / "README.md").read_text()))
+    named |= set(re.findall(r"^## Hand run `([\w.\-]+\.json)`", (root / "papers" / "05_memory_levels.md").read_text(),
+                            re.M))
+    assert named, "bench/README.md names no results file: this test's pattern no longer matches the docs"
+    for name in sorted(named):
+        path = root / "bench" / "results" / name
+        assert path.is_file(), f"{path} is named in the docs but absent"
+        if (root / ".git").exists():
+            ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(path)]).returncode == 0
+            assert not ignored, f"{path} is git-ignored: a clean clone would not have it (.gitignore)"
