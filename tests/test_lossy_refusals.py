@@ -1,7 +1,7 @@
-"""The lossy knobs' ranges and their refusal in batched decode (epqlab.engine.options; docs/DESIGN.md §3a, §3a'):
-a value that is no threshold/margin/k of the model is refused naming its range, and a lossy knob with
-``n_seq_max > 1`` is refused by name, since the hook rewrites single-token forward passes only. All refusals
-come from the option checks, before the model loads."""
+"""The lossy knobs' ranges and their conflicts (epqlab.engine.options; docs/DESIGN.md §3a, §3a'): a value that is no
+threshold/margin/k/budget of the model is refused naming its range, skip-cold with ``n_seq_max > 1`` is refused by name
+(it acts on single-token forward passes only), and knobs that decide on residency are refused beside prefetch. All
+refusals come from the option checks, before the model loads."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,18 @@ from epqlab.studies.ablation.grid import memory_points
     (dict(skip_cold="0.3"), r"tau in 0\.\.1"),
     (dict(route_bias="cache", route_delta=5.0), r"route_delta must be a router-probability margin in 0\.\.1.*5\.0"),
     (dict(adaptive_k=((0.5,), (1, 99))), r"ks must be in 1\.\.8 \(the model's experts per layer\), got \(1, 99\)"),
-], ids=["skip_cold-True", "skip_cold-2", "skip_cold-neg", "skip_cold-str", "delta-5", "k-99"])
+    (dict(expert_budget=0), r"expert_budget is the most distinct experts .* integer >= 1 .*got 0"),
+    (dict(expert_budget=2.5), r"expert_budget .*got 2\.5"),
+    (dict(expert_budget=True), r"expert_budget .*got True"),
+    (dict(route_bias="union", route_delta=0.1), r"unknown route_bias 'union'; choose one of 'cache', 'batch'"),
+    (dict(route_bias="batch"), r"route_bias='batch' needs route_delta"),
+    (dict(expert_budget=4, skip_cold=0.3), r"expert_budget and skip_cold are exclusive"),
+    (dict(expert_budget=4, prefetch="lookahead"), r"expert_budget and prefetch are exclusive"),
+    (dict(route_bias="batch", route_delta=0.1, prefetch="lookahead"), r"route_bias and prefetch are exclusive"),
+    (dict(expert_budget=4, pager=False), r"expert_budget rewrite the route in the pager's hook; drop pager=False"),
+], ids=["skip_cold-True", "skip_cold-2", "skip_cold-neg", "skip_cold-str", "delta-5", "k-99", "budget-0",
+        "budget-float", "budget-bool", "bias-unknown", "batch-no-delta", "budget-skip", "budget-prefetch",
+        "batch-prefetch", "budget-nopager"])
 def test_odd_values_refused_with_their_range(mini_gguf, kw, msg):
     lay = epqlab.inspect(mini_gguf)
     assert lay.n_expert == 8 and "qwen3moe.expert_weights_scale" not in lay.metadata  # weights are probabilities
@@ -44,13 +55,18 @@ def test_skip_cold_range_follows_the_models_weight_scale(default_path):
         check_options(lay, skip_cold=3.5)
 
 
-@pytest.mark.parametrize("knob, kw", [("skip_cold", dict(skip_cold=0.3, pipeline_reads=False)),
-                                      ("route_bias", dict(route_bias="cache", route_delta=0.05)),
-                                      ("adaptive_k", dict(adaptive_k=True))])
-def test_lossy_knob_with_batched_decode_is_refused_by_name(mini_gguf, knob, kw):
-    with pytest.raises(ValueError, match=rf"^{knob} acts on single-token forward passes only, so with n_seq_max=2 "
-                                         rf".*use n_seq_max=1 with {knob}, or drop {knob}"):
-        epqlab.Session(mini_gguf, n_seq_max=2, **kw)
+def test_skip_cold_with_batched_decode_is_refused_by_name(mini_gguf):
+    with pytest.raises(ValueError, match=r"^skip_cold acts on single-token forward passes only, so with n_seq_max=2 "
+                                         r".*use n_seq_max=1 with skip_cold, or drop it"):
+        epqlab.Session(mini_gguf, n_seq_max=2, skip_cold=0.3, pipeline_reads=False)
+
+
+@pytest.mark.parametrize("kw", [dict(route_bias="cache", route_delta=0.05), dict(route_bias="batch", route_delta=0.05),
+                                dict(adaptive_k=True), dict(expert_budget=3)], ids=["cache", "batch", "adaptive_k", "budget"])
+def test_route_rewrites_are_accepted_with_batched_decode(mini_gguf, kw):
+    """They act on every token of a batched decode step (tests/test_batch_lossy.py measures that they do)."""
+    o = check_options(epqlab.inspect(mini_gguf), n_seq_max=4, **kw)
+    assert (o.route_bias, o.expert_budget) == (kw.get("route_bias"), kw.get("expert_budget", 0))
 
 
 def test_lossy_knob_in_generate_batch_of_one_sequence_at_a_time_acts(mini_gguf):

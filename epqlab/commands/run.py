@@ -46,14 +46,19 @@ def add_session_args(p) -> None:
 
 
 def add_lossy_args(p) -> None:
-    """The lossy routing knobs (off by default; epqlab.Session's skip_cold, route_bias, route_delta, adaptive_k)."""
+    """The lossy routing knobs (off by default; epqlab.Session's skip_cold, route_bias, route_delta, adaptive_k,
+    expert_budget)."""
     p.add_argument("--skip-cold", type=float, default=None, metavar="TAU",
                    help="LOSSY: in decode, do not read a non-resident expert whose router weight is below TAU")
-    p.add_argument("--route-bias", default=None, choices=["cache"],
-                   help="LOSSY cache-aware routing: in decode, replace a non-resident expert by the best resident one "
-                        "within --route-delta of its router probability")
+    p.add_argument("--route-bias", default=None, choices=["cache", "batch"],
+                   help="LOSSY routing in decode steps: cache = replace a non-resident expert by the best resident one "
+                        "within --route-delta of its router probability; batch = also by one another token of the "
+                        "same batched step already reads")
     p.add_argument("--route-delta", type=float, default=None, metavar="DELTA",
-                   help="router-probability margin of --route-bias cache (0 changes nothing)")
+                   help="router-probability margin of --route-bias (0 changes nothing)")
+    p.add_argument("--expert-budget", type=int, default=None, metavar="N",
+                   help="LOSSY union budget: at most N distinct experts per MoE layer in a decode step (resident ones "
+                        "first, then by aggregate router probability; colibri EXPERT_BUDGET)")
     p.add_argument("--adaptive-k", default=None, metavar="RULE", nargs="?", const="default",
                    help="LOSSY entropy-adaptive top-k in decode: bare flag = k 1/2/4 below entropy 0.6/1.2 nats; "
                         "or THRESHOLDS:KS, e.g. 1.5,1.9:1,2,3")
@@ -71,7 +76,8 @@ def lossy_kwargs(args) -> dict:
         except ValueError:
             raise ValueError(f"--adaptive-k takes THRESHOLDS:KS, e.g. 1.5,1.9:1,2,3 (one more k than thresholds); got {ak!r}") from None
     return dict(skip_cold=getattr(args, "skip_cold", None), route_bias=getattr(args, "route_bias", None),
-                route_delta=getattr(args, "route_delta", None), adaptive_k=ak)
+                route_delta=getattr(args, "route_delta", None), adaptive_k=ak,
+                expert_budget=getattr(args, "expert_budget", None))
 
 
 def register(sub) -> None:
@@ -141,6 +147,11 @@ def lossy_line(st: dict) -> str:
         on.append(f"route_bias={st['route_bias']} (delta {st['route_delta']:g}, {st['route_substituted']} substituted)")
     if st.get("adaptive_k"):
         on.append(f"adaptive_k={st['adaptive_k']} ({st['adaptive_dropped']} slots dropped)")
+    if st.get("expert_budget"):
+        on.append(f"expert_budget={st['expert_budget']} ({st['budget_dropped']} slots dropped, "
+                  f"{st['budget_overflow']} tokens over)")
+    if st.get("lossy_union_before"):
+        on.append(f"union {st['lossy_union_before']} -> {st['lossy_union_after']} experts")
     if not on:
         return "off (exact)"
     return (", ".join(on) + f"; routing agreement {st['routing_agreement']:.1%}, "

@@ -13,6 +13,7 @@ from ..memory.auto_budget import auto_budget
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
+from .run import add_lossy_args, lossy_kwargs
 
 CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
 
@@ -52,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--no-pager", dest="pager", action="store_false", default=True, help="plain llama.cpp (mmap)")
     p.add_argument("--model-alias", default=None, help="model name in responses (default: the file name)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_lossy_args(p)  # off by default; every answer then differs from exact decoding (the banner says so)
     p.set_defaults(func=run)
 
 
@@ -81,13 +83,17 @@ def run(args) -> int:
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
     with sock, Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
-                 n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch) as s:
+                 n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch, **lossy_kwargs(args)) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         kv = kv_cache_bytes(s.layout, s.n_ctx, max_batch)
         print(f"epqlab: serving {s.model_name} ({s!r}) on http://{args.host}:{args.port}/v1; up to {max_batch} "
               f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else "")
               + ("; API key required" if api_key else ""), file=sys.stderr, flush=True)
+        lossy = {k: v for k, v in lossy_kwargs(args).items() if v is not None}
+        if lossy:
+            print("epqlab: LOSSY routing on (answers differ from exact decoding): "
+                  + ", ".join(f"{k}={v}" for k, v in lossy.items()), file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
               batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes,
               prompt_cache=args.prompt_cache, sock=sock)

@@ -32,7 +32,8 @@ class Options:
         policy, n_expert_used (top-k in the graph and the pager), expert_override (top-k passed to
         llama.cpp as a GGUF override, 0 = the model's), paged, dense_weights (name) and dense_mode
         (native code), skip_cold (tau or None), route_bias ("cache" or None) and route_delta (margin,
-        0 with route_bias None), adaptive_k (``(thresholds, ks)`` or None; :func:`check_lossy`), prefetch (name or None) and prefetch_args (mode code,
+        0 with route_bias None), adaptive_k (``(thresholds, ks)`` or None; :func:`check_lossy`), expert_budget
+        (distinct experts per layer and decode step, 0 = off), prefetch (name or None) and prefetch_args (mode code,
         budget bytes per layer, depth, gate: for the native hook), predictor (an ExpertPredictor, the
         oracle's route table, or None), pipeline_reads, read_segment_bytes and read_rate_limit (bytes,
         bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens; n_ctx per sequence), n_seq_max (sequences
@@ -50,6 +51,7 @@ class Options:
     route_bias: str | None
     route_delta: float
     adaptive_k: tuple | None
+    expert_budget: int
     prefetch: str | None
     prefetch_args: tuple
     predictor: object
@@ -81,17 +83,21 @@ slots in place and gives the matmul the slot of each selected expert (no mmap pe
 per eviction); ``"auto"`` is slots where the model and options allow it (page-multiple expert slices, at least
 top-k slots in every slot class, the arena prefaulted, no skip_cold), else region."""
 
-ROUTE_BIASES = ("cache",)
-"""``route_bias`` values: ``"cache"`` = cache-aware routing (native/engine/hook_lossy.h)."""
+ROUTE_BIASES = ("cache", "batch")
+"""``route_bias`` values (native/engine/hook_lossy.h): ``"cache"`` = cache-aware routing (a non-resident expert may
+become a resident one; colibri CACHE_ROUTE, arXiv 2412.00099); ``"batch"`` = batch-aware routing (also an expert another
+token of the same decode step already reads; after arXiv 2511.02237). Both within ``route_delta``."""
 ADAPTIVE_K_DEFAULT = ((0.6, 1.2), (1, 2, 4))
 """Adaptive-k's published rule: k = 1 if H < 0.6, 2 if H < 1.2, else 4 (H in nats; DOI 10.5281/zenodo.18282008,
 TensorRT-LLM PR #10672)."""
 
 
-def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold=None, prefetch=None,
+def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, expert_budget=None, *, skip_cold=None, prefetch=None,
                 pager=True, n_expert: int | None = None, n_seq_max: int = 1) -> tuple:
-    """Check the lossy routing knobs; returns ``(route_bias, route_delta, adaptive_k)`` resolved:
-    ``route_bias`` None or ``"cache"``, ``route_delta`` a float (0 when off), ``adaptive_k`` None or
+    """Check the lossy routing knobs; returns ``(route_bias, route_delta, adaptive_k, expert_budget)`` resolved:
+    ``route_bias`` None, ``"cache"`` or ``"batch"``, ``route_delta`` a float (0 when off), ``expert_budget`` an int
+    (0 when off: at most that many distinct experts per MoE layer and decode step; colibri EXPERT_BUDGET, colibri
+    issue #220; MoE-Spec arXiv 2602.16052), ``adaptive_k`` None or
     ``(thresholds tuple, ks tuple)``.
 
     ``adaptive_k``: None/False (off), True (:data:`ADAPTIVE_K_DEFAULT`), or ``(thresholds, ks)`` with
@@ -101,26 +107,29 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
     lets the published rule reach 4 on a top-3 model). ``route_delta`` is a difference of two router
     probabilities, so 0..1.
 
-    The knobs rewrite single-token ubatches only (docs/DESIGN.md §3a, §3a'): in a decode step of several
-    sequences they would silently do nothing, so any of them with ``n_seq_max > 1`` is refused.
+    ``route_bias``, ``adaptive_k`` and ``expert_budget`` rewrite every token of a decode step, one sequence's or a
+    batched step's (docs/DESIGN.md §3a'); prompts are evaluated exactly. ``skip_cold`` acts on single-token steps
+    only, so it is refused with ``n_seq_max > 1``.
 
     Raises:
-        ValueError: an unknown ``route_bias``; ``route_delta`` without ``route_bias="cache"``, outside 0..1 or
-            not finite; bad thresholds/ks (a k outside 1..n_expert); a lossy knob without the pager or with
-            ``n_seq_max > 1``; ``route_bias`` with ``skip_cold``
-            (both decide what happens to a non-resident expert) or with ``prefetch`` (its choice depends on
-            residency, which prefetch changes); ``adaptive_k`` with ``skip_cold`` (skip-cold would take the
-            zeroed weights of dropped slots as cold experts).
+        ValueError: an unknown ``route_bias``; ``route_delta`` without ``route_bias``, outside 0..1 or
+            not finite; bad thresholds/ks (a k outside 1..n_expert); ``expert_budget`` not an integer >= 1; a lossy
+            knob without the pager; ``skip_cold`` with ``n_seq_max > 1``; ``route_bias`` or ``expert_budget`` with
+            ``skip_cold`` (both decide what happens to a non-resident expert / skip-cold would take the zeroed weights
+            of dropped slots as cold) or with ``prefetch`` (their choice depends on residency, which prefetch
+            changes); ``adaptive_k`` with ``skip_cold`` (skip-cold would take the zeroed weights of dropped slots as
+            cold experts).
     """
     if route_bias is not None and route_bias not in ROUTE_BIASES:
         raise ValueError(f"unknown route_bias {route_bias!r}; choose one of {', '.join(map(repr, ROUTE_BIASES))} or None")
     if route_delta is not None and route_bias is None:
-        raise ValueError("route_delta is the margin of route_bias='cache': give route_bias='cache' too")
+        raise ValueError("route_delta is the margin of route_bias ('cache' or 'batch'): give route_bias too")
     delta = 0.0
     if route_bias is not None:
         if route_delta is None:
-            raise ValueError("route_bias='cache' needs route_delta, the router-probability margin within which a resident "
-                             "expert may replace a non-resident one (e.g. route_delta=0.05; 0 changes nothing)")
+            raise ValueError(f"route_bias={route_bias!r} needs route_delta, the router-probability margin within which "
+                             "an expert already available may replace one that is not (e.g. route_delta=0.05; 0 changes "
+                             "nothing)")
         if isinstance(route_delta, bool) or not isinstance(route_delta, numbers.Real) or not np.isfinite(route_delta) \
                 or not 0 <= route_delta <= 1:
             raise ValueError(f"route_delta must be a router-probability margin in 0..1 (e.g. 0.05), got {route_delta!r}")
@@ -143,17 +152,27 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
         if not all(np.isfinite(thr)) or any(b <= a for a, b in zip(thr, thr[1:])):
             raise ValueError(f"adaptive_k's entropy thresholds must be finite and increasing (nats), got {thr}")
         ak = (thr, tuple(int(x) for x in ks))
-    if (route_bias is not None or ak is not None) and not pager:
-        raise ValueError("route_bias and adaptive_k rewrite the route in the pager's hook; drop pager=False")
-    if n_seq_max > 1:
-        for name, on in (("skip_cold", skip_cold is not None), ("route_bias", route_bias is not None),
-                         ("adaptive_k", ak is not None)):
-            if on:
-                # docs/DESIGN.md §3a/§3a': the hook rewrites single-token ubatches only, so a batched decode step
-                # of n_seq_max sequences would read exactly the bytes of exact decode
-                raise ValueError(f"{name} acts on single-token forward passes only, so with n_seq_max={n_seq_max} "
-                                 "(batched decode: generate_batch, stream_batch, the server's batching) it would "
-                                 f"silently do nothing; use n_seq_max=1 with {name}, or drop {name}")
+    budget = 0
+    if expert_budget is not None:
+        if isinstance(expert_budget, bool) or not isinstance(expert_budget, numbers.Integral) or expert_budget < 1:
+            raise ValueError(f"expert_budget is the most distinct experts a decode step may use per MoE layer, an "
+                             f"integer >= 1 (e.g. expert_budget=16; None for off), got {expert_budget!r}")
+        budget = int(expert_budget)
+    if (route_bias is not None or ak is not None or budget) and not pager:
+        raise ValueError("route_bias, adaptive_k and expert_budget rewrite the route in the pager's hook; drop pager=False")
+    if n_seq_max > 1 and skip_cold is not None:
+        # docs/DESIGN.md §3a: skip-cold decides per single-token step, so a batched decode step of n_seq_max
+        # sequences would read exactly the bytes of exact decode
+        raise ValueError(f"skip_cold acts on single-token forward passes only, so with n_seq_max={n_seq_max} "
+                         "(batched decode: generate_batch, stream_batch, the server's batching) it would "
+                         "silently do nothing; use n_seq_max=1 with skip_cold, or drop it (route_bias, adaptive_k "
+                         "and expert_budget act on batched steps)")
+    if budget and skip_cold is not None:
+        raise ValueError("expert_budget and skip_cold are exclusive: skip-cold would take the budget's zeroed weights as "
+                         "cold experts; measure one at a time")
+    if budget and prefetch is not None:
+        raise ValueError("expert_budget and prefetch are exclusive: the budget keeps resident experts first, and "
+                         "prefetch changes which are resident; drop one")
     if route_bias is not None and skip_cold is not None:
         raise ValueError("route_bias and skip_cold are exclusive: both decide what happens to a selected expert that "
                          "is not resident (substitute it or compute it on zeros); measure one at a time")
@@ -163,7 +182,7 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, *, skip_cold
     if ak is not None and skip_cold is not None:
         raise ValueError("adaptive_k and skip_cold are exclusive: adaptive-k zeroes the weights of dropped slots, which "
                          "skip-cold would take as cold experts; measure one at a time")
-    return route_bias, delta, ak
+    return route_bias, delta, ak, budget
 
 
 def _skip_cold_tau(lay: ModelLayout, skip_cold) -> float:
@@ -186,7 +205,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                   n_batch=512, n_ubatch=512, n_seq_max=1, pager=True, route_log=None, dense_weights=None, hot_experts=None,
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
-                  read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None,
+                  read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None, expert_budget=None,
                   expert_addressing="auto") -> Options:
     """Check the Session's options against the model ``lay`` (argument meanings: :class:`epqlab.Session`).
 
@@ -218,7 +237,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
         if not pager:
             raise ValueError("skip_cold needs the pager (it skips reads of non-resident experts); drop pager=False")
         tau = _skip_cold_tau(lay, skip_cold)
-    rb, delta, ak = check_lossy(route_bias, route_delta, adaptive_k, skip_cold=tau, prefetch=prefetch, pager=bool(pager),
+    rb, delta, ak, budget = check_lossy(route_bias, route_delta, adaptive_k, expert_budget, skip_cold=tau, prefetch=prefetch, pager=bool(pager),
                                 n_expert=lay.n_expert if lay.is_moe else None, n_seq_max=int(n_seq_max))
     pf = check_prefetch(prefetch, prefetch_budget, skip_cold, bool(pager), prefetch_depth, prefetch_min_precision)
     n_embd = lay.metadata.get(f"{lay.architecture}.embedding_length") if lay.metadata else None
@@ -253,7 +272,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
         raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
     return Options(policy=policy, n_expert_used=k, expert_override=k if expert_used is not None else 0,
                    paged=bool(pager), dense_weights=dense, dense_mode=int(DENSE_MODES[dense]), skip_cold=tau,
-                   route_bias=rb, route_delta=delta, adaptive_k=ak,
+                   route_bias=rb, route_delta=delta, adaptive_k=ak, expert_budget=budget,
                    prefetch=prefetch if pf[0] else None, prefetch_args=pf, predictor=predictor,
                    pipeline_reads=bool(pipeline_reads), read_segment_bytes=segment, read_rate_limit=rate,
                    n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch), n_seq_max=int(n_seq_max),

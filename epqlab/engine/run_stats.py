@@ -19,8 +19,10 @@ PREFETCH_COUNTERS = ("prefetch_units", "prefetch_bytes", "prefetch_used", "prefe
                      "prefetch_cancelled", "prefetch_wait_us", "prefetch_map_us", "pred_layers", "pred_experts", "pred_actual", "pred_correct",
                      "pred_gated")
 
-# The hook's counters of the lossy knobs (skip-cold, cache-aware routing, adaptive-k; native/engine/hook.h).
-LOSSY_COUNTERS = ("lossy_slots", "route_changed", "route_substituted", "adaptive_dropped", "lossy_bytes_saved")
+# The hook's counters of the lossy knobs (skip-cold, cache/batch-aware routing, adaptive-k, the union budget;
+# native/engine/hook.h).
+LOSSY_COUNTERS = ("lossy_slots", "route_changed", "route_substituted", "adaptive_dropped", "lossy_bytes_saved",
+                  "budget_dropped", "budget_overflow", "lossy_union_before", "lossy_union_after")
 
 # Pager + hook counters differenced per run (pager.h / hook.h name each one).
 COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "evictions_current_left",
@@ -32,12 +34,12 @@ COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "
 
 def lossy_fields(session, d: dict) -> dict:
     """The lossy knobs' settings and derived rates from counters ``d``: ``route_bias``, ``route_delta``,
-    ``adaptive_k`` (``[thresholds, ks]`` or None), and ``routing_agreement``: the share of (token, layer,
+    ``adaptive_k`` (``[thresholds, ks]`` or None), ``expert_budget`` (0 = off), and ``routing_agreement``: the share of (token, layer,
     slot) choices a lossy knob examined that were computed with the router's own expert (1.0 when none
     was examined; skip-cold's skipped experts, substitutions and adaptive-k's dropped slots count as changed)."""
     ak = getattr(session, "adaptive_k", None)
     return {"route_bias": getattr(session, "route_bias", None), "route_delta": getattr(session, "route_delta", 0.0),
-            "adaptive_k": [list(ak[0]), list(ak[1])] if ak else None,
+            "adaptive_k": [list(ak[0]), list(ak[1])] if ak else None, "expert_budget": getattr(session, "expert_budget", 0),
             "routing_agreement": 1.0 - d["route_changed"] / d["lossy_slots"] if d.get("lossy_slots") else 1.0}
 
 

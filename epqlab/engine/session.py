@@ -181,19 +181,31 @@ class Session:
             counts skipped experts. Prefill ubatches (more than one token) are never affected, so
             measure perplexity under it with ``n_batch=1``. Residency depends only on the arena's
             history, so results are reproducible (hence not with ``prefetch``). tau = 0 skips nothing.
-        route_bias: ``None`` (default, off) or ``"cache"``: *lossy* cache-aware routing (colibri CACHE_ROUTE,
-            colibri issue #258; arXiv 2412.00099). In single-token decode steps, each selected expert
-            that is not resident is replaced by the resident expert of that layer with the highest
-            router probability that is not already used, when its probability is less than
-            ``route_delta`` below the original's; the combination weights are then the router's own
+        route_bias: ``None`` (default, off), ``"cache"`` or ``"batch"``. ``"cache"``: *lossy* cache-aware routing
+            (colibri CACHE_ROUTE, colibri issue #258; arXiv 2412.00099). In decode steps (each token of a
+            batched step on its own), each selected expert that is not resident is replaced by the resident
+            expert of that layer with the highest router probability that the token does not already use,
+            when its probability is less than ``route_delta`` below the original's. ``"batch"``: batch-aware
+            routing (after Opportunistic Expert Activation, arXiv 2511.02237): the same, but an expert another
+            token of the step already uses counts as available too, so a token stops being the only reason an
+            expert is read (with one sequence it is ``"cache"``); the combination weights are then the router's own
             probabilities of the experts actually used, normalized as the architecture does
             (llama.cpp's graph computes them from the rewritten ids; native/engine/hook_lossy.h).
             Counters: ``route_substituted``, ``route_changed`` / ``lossy_slots`` (routing agreement
-            = 1 - their ratio), ``lossy_bytes_saved``. Not with ``skip_cold`` or ``prefetch``.
-        route_delta: the margin of ``route_bias="cache"`` (router probability, >= 0); 0 substitutes
+            = 1 - their ratio), ``lossy_bytes_saved``, ``lossy_union_before`` / ``lossy_union_after`` (distinct
+            experts per (step, layer), summed). Not with ``skip_cold`` or ``prefetch``.
+        route_delta: the margin of ``route_bias`` (router probability, 0..1); 0 substitutes
             nothing (logits bit-identical to off).
+        expert_budget: ``None`` (default, off) or N >= 1: *lossy* union budget (colibri EXPERT_BUDGET, colibri
+            issue #220; MoE-Spec arXiv 2602.16052): a decode step uses at most N distinct experts per MoE layer
+            across its tokens; the experts kept are the resident ones first, then those of highest aggregate router
+            probability over the step's tokens; a token's slots outside them are dropped (weight 0, the kept
+            weights renormalized as the architecture does), and a token left with none keeps its best one
+            (``budget_overflow``). Applied after ``adaptive_k`` and ``route_bias``. N >= the step's union changes
+            nothing. Counters ``budget_dropped``, ``budget_overflow``, ``lossy_union_before/after``. Not with
+            ``skip_cold`` or ``prefetch``.
         adaptive_k: ``None`` (default, off), ``True`` or ``(thresholds, ks)``: *lossy* entropy-adaptive
-            top-k (DOI 10.5281/zenodo.18282008, TensorRT-LLM PR #10672): in single-token decode steps,
+            top-k (DOI 10.5281/zenodo.18282008, TensorRT-LLM PR #10672): in decode steps (each token of a batched step),
             per layer, k = ks[i] for the first threshold with H < thresholds[i] (H: entropy in nats of
             the router's softmax probabilities), else ks[-1]; default 1 if H < 0.6, 2 if H < 1.2, else 4;
             capped by the graph's k (``expert_used``). llama.cpp's graph keeps its fixed k: dropped
@@ -246,11 +258,12 @@ class Session:
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit
             (:func:`epqlab.engine.prefetch.resolve_predictor`), ``prefetch="oracle"`` without ``route_log``; lossy
             knobs that conflict or are malformed (:func:`epqlab.engine.options.check_lossy`: ``route_bias`` with
-            ``skip_cold`` or ``prefetch``, ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``
+            ``skip_cold`` or ``prefetch``, ``expert_budget`` with ``skip_cold`` or ``prefetch`` or not an integer >= 1,
+            ``adaptive_k`` with ``skip_cold``, ``route_delta`` without ``route_bias``
             or outside 0..1, an adaptive k outside 1..n_expert), ``skip_cold`` that is not a router weight (a bool,
-            or outside 0..1, or 0..``expert_weights_scale`` where the model scales its weights), and any lossy knob
-            (``skip_cold``, ``route_bias``, ``adaptive_k``) with ``n_seq_max > 1``: they rewrite single-token
-            forward passes only (docs/DESIGN.md §3a, §3a'), so batched decode would silently be exact.
+            or outside 0..1, or 0..``expert_weights_scale`` where the model scales its weights), and ``skip_cold``
+            with ``n_seq_max > 1``: it acts on single-token forward passes only (docs/DESIGN.md §3a), so batched
+            decode would silently be exact.
         RouteLogError: ``prefetch="oracle"`` with a file that is not a route log with ubatch ids.
         ArenaTooSmall: the budget cannot hold one layer's top-k experts beside what is already used;
             the message states the smallest budget that works.
@@ -274,6 +287,7 @@ class Session:
                  prefetch_min_precision: float | None = None, skip_cold: float | None = None,
                  # the lossy routing knobs (off by default)
                  route_bias: str | None = None, route_delta: float | None = None, adaptive_k=None,
+                 expert_budget: int | None = None,
                  # what is written down
                  route_log=None, stats_file=None, time_split: bool = True):
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -287,10 +301,11 @@ class Session:
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
                           read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
                           read_rate_limit=read_rate_limit, route_bias=route_bias, route_delta=route_delta,
-                          adaptive_k=adaptive_k, expert_addressing=expert_addressing)
+                          adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing)
         self.options = o
         self.expert_addressing = "region" if o.paged else None  # resolved when the pager is attached
         self.route_bias, self.route_delta, self.adaptive_k = o.route_bias, o.route_delta, o.adaptive_k
+        self.expert_budget = o.expert_budget
         self.policy, self.n_expert_used, self.paged, self.dense_weights = o.policy, o.n_expert_used, o.paged, o.dense_weights
         self.skip_cold, self.prefetch, self.pipeline_reads = o.skip_cold, o.prefetch, o.pipeline_reads
         self.read_segment_bytes, self.read_rate_limit = o.read_segment_bytes, o.read_rate_limit
@@ -354,7 +369,9 @@ class Session:
         if o.skip_cold is not None:
             self.decoder.engine.set_skip_cold(o.skip_cold)
         if o.route_bias is not None:
-            self.decoder.engine.set_route_bias(o.route_delta)
+            self.decoder.engine.set_route_bias(o.route_delta, o.route_bias == "batch")
+        if o.expert_budget:
+            self.decoder.engine.set_expert_budget(o.expert_budget)
         if o.adaptive_k is not None:
             self.decoder.engine.set_adaptive_k(list(o.adaptive_k[0]), list(o.adaptive_k[1]))
         self.decoder.engine.set_prefetch(*o.prefetch_args)

@@ -8,6 +8,7 @@
 // folded into the exception's message as valid UTF-8.
 #include "engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fcntl.h>
@@ -288,6 +289,7 @@ void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * o
         b.logits[i] = all || i == n - 1;
     }
     b.n_tokens = n;
+    if (hook_) hook_->set_decode_step(n == 1);  // a prompt of one sequence is evaluated exactly (hook.h, lossy rewrites)
     run(b);
     const int n_out = all ? n : 1;
     // nv: vocabulary size (checked above)
@@ -315,6 +317,11 @@ void engine::decode_seqs(const int32_t * tokens, const int32_t * pos, const int3
         b.logits[i] = want[i] != 0;
     }
     b.n_tokens = n;
+    {   // a decode step: one token per sequence (the lossy rewrites act on these only; hook.h)
+        std::vector<int32_t> sq(seq, seq + n);
+        std::sort(sq.begin(), sq.end());
+        if (hook_) hook_->set_decode_step(std::adjacent_find(sq.begin(), sq.end()) == sq.end());
+    }
     run(b);
     // llama_get_logits holds the output rows in batch order of the tokens that asked for them
     const float * lg = llama_get_logits(ctx_);

@@ -243,7 +243,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
     }
     if (lossy_on()) note_probs(t);
     if (capture_ && is_layer_node(name, OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) return true;  // captured at its observe
-    return (skip_tau_ >= 0 || !ak_ks_.empty()) && pg_ && is_weights_name(name);
+    return (skip_tau_ >= 0 || !ak_ks_.empty() || budget_ > 0) && pg_ && is_weights_name(name);
 }
 
 int expert_hook::layer_of_block(int il) const {
@@ -466,9 +466,10 @@ void expert_hook::on_topk(ggml_tensor * t) {
         for (int i = 0; i < k; i++)
             ids[(size_t) j * k + i] = *(const int32_t *) (base + j * t->nb[1] + i * t->nb[0]);
     drop_keep_[li].clear();
-    // Lossy route rewrites (hook.h): a decode step's ids, rewritten in place before anything reads them.
-    const bool lossy = pg_ && !abort_ && lossy_on() && n_tokens == 1 && pass_tokens_ == 1;
-    if (lossy) apply_lossy(li, t, ids);
+    // Lossy route rewrites (hook.h): a decode step's ids (every token of it: one per sequence), rewritten in
+    // place before anything reads them.
+    const bool lossy = pg_ && !abort_ && lossy_on() && decode_step_ && n_tokens == pass_tokens_;
+    if (lossy) apply_lossy(li, t, ids, n_tokens);
     int64_t n_union = 0;  // the ubatch's distinct experts in this layer (also decides whether lent slots come back)
     {   // the ubatch's union in this layer: what the tokens of a batch share (counted before any paging)
         std::vector<int32_t> u(ids);
@@ -484,8 +485,10 @@ void expert_hook::on_topk(ggml_tensor * t) {
         for (int j = 0; j < n_tokens; j++)
             std::copy(&ids[(size_t) j * k], &ids[(size_t) j * k] + k, &ub_route_[((size_t) (j + skip) * n_layers_ + li) * k]);
         if (lossy && !drop_keep_[li].empty())  // a dropped slot records the router's own choice (k distinct ids)
-            for (int i = 0; i < k; i++)
-                if (!drop_keep_[li][i]) ub_route_[((size_t) skip * n_layers_ + li) * k + i] = lossy_orig_[i];
+            for (int j = 0; j < n_tokens; j++)
+                for (int i = 0; i < k; i++)
+                    if (!drop_keep_[li][(size_t) j * k + i])
+                        ub_route_[((size_t) (j + skip) * n_layers_ + li) * k + i] = lossy_orig_[(size_t) j * k + i];
         if (capture_) capture_input(li, n_tokens);
     }
     if (!pg_) {
@@ -520,7 +523,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
     try {
         std::vector<int32_t> staged;
         bool queued = false;
-        if (lossy && !drop_keep_[li].empty()) {  // the distinct experts, in slot order
+        if (lossy && !drop_keep_[li].empty() && n_tokens == 1) {  // the distinct experts, in slot order
             std::vector<int32_t> d;
             for (int32_t e : ids)
                 if (std::find(d.begin(), d.end(), e) == d.end()) d.push_back(e);

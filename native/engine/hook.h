@@ -146,6 +146,10 @@ struct hook_stats {
     int64_t route_substituted = 0; // slots given a resident expert instead (cache-aware routing)
     int64_t adaptive_dropped = 0;  // slots dropped by adaptive-k (weight zeroed)
     int64_t lossy_bytes_saved = 0; // slot bytes (pager unit_bytes) of router-chosen non-resident experts not read
+    int64_t budget_dropped = 0;    // slots dropped by the union budget (set_expert_budget; weight zeroed)
+    int64_t budget_overflow = 0;   // tokens the budget left with no slot, that kept their best one
+    int64_t lossy_union_before = 0; // the router's distinct experts per (rewritten step, layer), summed
+    int64_t lossy_union_after = 0;  // the same steps' distinct experts after the rewrites
 };
 
 // One decode call's time in one MoE layer, microseconds (see "Time split" above).
@@ -202,6 +206,8 @@ public:
             throw std::invalid_argument("skip-cold needs region addressing (it maps zeros over a skipped expert's pages): open with expert_addressing='region'");
         if (tau >= 0 && route_delta_ >= 0)
             throw std::invalid_argument("skip-cold and cache-aware routing are exclusive: both decide what happens to a non-resident expert");
+        if (tau >= 0 && budget_ > 0)
+            throw std::invalid_argument("skip-cold and the expert budget are exclusive: skip-cold would read the budget's zeroed weights as cold");
         if (tau >= 0 && !ak_ks_.empty())
             throw std::invalid_argument("skip-cold and adaptive-k are exclusive: skip-cold would read adaptive-k's zeroed weights as cold");
         if (tau >= 0 && pf_mode_ != PF_OFF)
@@ -213,8 +219,17 @@ public:
     double skip_cold() const { return skip_tau_; }
     // Lossy cache-aware routing (see "Lossy route rewrites"; hook_lossy.cpp); delta < 0 = off (the
     // default), 0 = on but substitutes nothing. Throws std::invalid_argument with skip-cold or prefetch on.
-    void set_route_bias(double delta);
+    // batch = true: batch-aware routing (hook_lossy.h): the other tokens' union counts as available too.
+    void set_route_bias(double delta, bool batch = false);
     double route_bias() const { return route_delta_; }
+    bool route_batch() const { return route_batch_; }
+    // Lossy union budget (hook_lossy.h, lossy_step): at most n distinct experts per layer in a step; 0 = off.
+    // Throws std::invalid_argument with skip-cold or prefetch on, or n < 0.
+    void set_expert_budget(int n);
+    int expert_budget() const { return budget_; }
+    // Set by the engine before each llama_decode: true when the call is a decode step (one token per
+    // sequence), the only calls the lossy rewrites act on (a prompt is evaluated exactly).
+    void set_decode_step(bool on) { decode_step_ = on; }
     // Lossy adaptive-k (see above); ks empty = off; ks.size() == thresholds.size() + 1, thresholds
     // increasing (nats). Throws std::invalid_argument with skip-cold on or on bad thresholds.
     void set_adaptive_k(const std::vector<double> & thresholds, const std::vector<int> & ks);
@@ -343,20 +358,23 @@ private:
     std::vector<std::vector<float>>          pend_w_;            // per PENDING layer: their weights
     // lossy route rewrites (hook_lossy.cpp)
     double                                   route_delta_ = -1;  // cache-aware routing margin; < 0: off (0: on, changes nothing)
+    bool                                     route_batch_ = false; // batch-aware routing (route_delta_ its margin)
+    int                                      budget_ = 0;        // union budget; 0: off
+    bool                                     decode_step_ = true; // the current llama_decode is a decode step
     std::vector<double>                      ak_thr_;            // adaptive-k entropy thresholds (nats)
     std::vector<int>                         ak_ks_;             // adaptive-k's k per band; empty: off
     int                                      pass_tokens_ = 0;   // tokens of this pass (its first MoE layer's)
     std::vector<ggml_tensor *>               probs_;             // per layer: ffn_moe_probs-<il> of this pass
-    std::vector<std::vector<uint8_t>>        drop_keep_;         // per layer: adaptive-k's kept slots (empty: none dropped)
+    std::vector<std::vector<uint8_t>>        drop_keep_;         // per layer: kept slots [n_tokens][k] (empty: none dropped)
     std::vector<int64_t>                     layer_k_sum_, layer_k_n_;
     std::vector<float>                       prob_buf_;
-    std::vector<int32_t>                     lossy_orig_;        // the router's ids of the last rewrite
+    std::vector<int32_t>                     lossy_orig_;        // the router's ids of the last rewrite [n_tokens][k]
     std::vector<int32_t>                     kept_log_, ub_kept_;  // adaptive_k_log(), current ubatch
     std::vector<uint8_t>                     res_buf_;
-    bool lossy_on() const { return route_delta_ >= 0 || !ak_ks_.empty(); }
+    bool lossy_on() const { return route_delta_ >= 0 || !ak_ks_.empty() || budget_ > 0; }
     void note_probs(ggml_tensor * t);
-    void router_probs(int li, std::vector<float> & q);
-    void apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & ids);
+    void router_probs(int li, int n_tokens, std::vector<float> & q);
+    void apply_lossy(int li, ggml_tensor * t, std::vector<int32_t> & ids, int n_tokens);
     void zero_dropped(int li, ggml_tensor * t, bool softmax);
     bool                                     record_;
     std::vector<int32_t>                     route_;

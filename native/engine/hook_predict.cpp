@@ -42,6 +42,8 @@ void expert_hook::set_prefetch(int mode, int64_t budget_bytes, int depth, double
         throw std::invalid_argument("prefetch and skip-cold are exclusive: skip-cold's choice depends on residency");
     if (mode != PF_OFF && route_delta_ >= 0)
         throw std::invalid_argument("prefetch and cache-aware routing are exclusive: its choice depends on residency");
+    if (mode != PF_OFF && budget_ > 0)
+        throw std::invalid_argument("prefetch and the expert budget are exclusive: the budget keeps resident experts first");
     if (budget_bytes < 0) throw std::invalid_argument("prefetch budget must be >= 0 bytes");
     if (pg_) pg_->prefetch_finish();
     pf_mode_   = mode;

@@ -39,6 +39,10 @@ static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
         EPQ_FIELD(hook_stats, "route_substituted", s.route_substituted),
         EPQ_FIELD(hook_stats, "adaptive_dropped", s.adaptive_dropped),
         EPQ_FIELD(hook_stats, "lossy_bytes_saved", s.lossy_bytes_saved),
+        EPQ_FIELD(hook_stats, "budget_dropped", s.budget_dropped),
+        EPQ_FIELD(hook_stats, "budget_overflow", s.budget_overflow),
+        EPQ_FIELD(hook_stats, "lossy_union_before", s.lossy_union_before),
+        EPQ_FIELD(hook_stats, "lossy_union_after", s.lossy_union_after),
     };
     return f;
 }
@@ -89,6 +93,30 @@ void register_engine(py::module_ & m) {
         std::copy(r.keep.begin(), r.keep.end(), keep.mutable_data());
         return py::make_tuple(out, keep, r.substituted);
     }, py::arg("q"), py::arg("ids"), py::arg("resident"), py::arg("delta"), py::arg("thresholds"), py::arg("ks"));
+    m.def("lossy_step", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                           py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+                           py::array_t<uint8_t, py::array::c_style | py::array::forcecast> resident, int mode, double delta,
+                           std::vector<double> thresholds, std::vector<int> ks, int budget) {
+        // The hook's rewrite of one decode step (native/engine/hook_lossy.h, lossy_step): q float32
+        // [n_tokens, n_expert], ids int32 [n_tokens, k], resident uint8 [n_expert] -> (ids', keep uint8
+        // [n_tokens, k], dict of counts).
+        if (q.ndim() != 2 || ids.ndim() != 2 || resident.ndim() != 1 || q.shape(0) != ids.shape(0) || resident.shape(0) != q.shape(1))
+            throw std::invalid_argument("lossy_step: q must be [n_tokens, n_expert], ids [n_tokens, k], resident [n_expert]");
+        const int n_tokens = (int) ids.shape(0), k = (int) ids.shape(1);
+        py::array_t<int32_t> out({(py::ssize_t) n_tokens, (py::ssize_t) k});
+        std::copy(ids.data(), ids.data() + (size_t) n_tokens * k, out.mutable_data());
+        lossy_step_result r = lossy_step(q.data(), (int) q.shape(1), out.mutable_data(), k, n_tokens, resident.data(), mode,
+                                         delta, thresholds, ks, budget);
+        py::array_t<uint8_t> keep({(py::ssize_t) n_tokens, (py::ssize_t) k});
+        std::copy(r.keep.begin(), r.keep.end(), keep.mutable_data());
+        py::dict c;
+        c["substituted"] = r.substituted; c["unchanged"] = r.unchanged; c["adaptive_dropped"] = r.adaptive_dropped;
+        c["budget_dropped"] = r.budget_dropped; c["budget_overflow"] = r.budget_overflow;
+        c["union_before"] = r.union_before; c["union_after"] = r.union_after; c["not_read"] = r.not_read;
+        return py::make_tuple(out, keep, c);
+    }, py::arg("q"), py::arg("ids"), py::arg("resident"), py::arg("mode"), py::arg("delta"), py::arg("thresholds"),
+       py::arg("ks"), py::arg("budget"));
+    m.attr("ROUTE_MODES") = py::dict(py::arg("off") = (int) ROUTE_OFF, py::arg("cache") = (int) ROUTE_CACHE, py::arg("batch") = (int) ROUTE_BATCH);
     m.def("router_entropy", [](py::array_t<float, py::array::c_style | py::array::forcecast> q) {
         return router_entropy(q.data(), (int) q.size());
     }, py::arg("q"), "entropy in nats of router probabilities q [n_expert] (adaptive-k's H)");
@@ -185,10 +213,14 @@ void register_engine(py::module_ & m) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_skip_cold(tau);
         }, py::arg("tau"))
-        .def("set_route_bias", [](engine & e, double delta) {
+        .def("set_route_bias", [](engine & e, double delta, bool batch) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
-            e.hook()->set_route_bias(delta);
-        }, py::arg("delta"))
+            e.hook()->set_route_bias(delta, batch);
+        }, py::arg("delta"), py::arg("batch") = false)
+        .def("set_expert_budget", [](engine & e, int n) {
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            e.hook()->set_expert_budget(n);
+        }, py::arg("n"))
         .def("set_adaptive_k", [](engine & e, std::vector<double> thresholds, std::vector<int> ks) {
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             e.hook()->set_adaptive_k(thresholds, ks);
