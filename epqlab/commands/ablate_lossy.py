@@ -30,6 +30,12 @@ def register(kinds) -> None:
                    help=f"eviction policy (default {DEFAULT_POLICY}: LRU keeps nothing of a layer at small arenas, "
                         "which leaves cache-aware routing nothing to substitute)")
     p.add_argument("--json", default=None, help="write the table, settings and reading as JSON here (and .csv, .png beside it)")
+    p.add_argument("--batches", default=None,
+                   help="batched decode instead: batch sizes, e.g. 1,2,4,8 (teacher-forced batches of different held-out "
+                        "windows; the knobs are batch-aware routing per --batch-deltas and the union budget per --budgets)")
+    p.add_argument("--batch-deltas", default="0.05,0.2", help="with --batches: batch-aware routing margins (default 0.05,0.2)")
+    p.add_argument("--budgets", default=None, help="with --batches: union budgets N (default top-k+1, 2 x top-k)")
+    p.add_argument("--windows", type=int, default=8, help="with --batches: held-out windows scored per row (default 8)")
     p.set_defaults(func=run)
 
 
@@ -49,7 +55,37 @@ def _rules(text: str) -> list:
     return out
 
 
+def run_batches(args) -> int:
+    """``--batches``: :func:`epqlab.studies.ablation.batch_lossy.batch_lossy`'s table."""
+    from ..layout import inspect
+    from ..results import write_json
+    from ..studies.ablation.batch_lossy import batch_lossy, batch_settings, best_tradeoff
+
+    sizes = [int(x) for x in args.batches.split(",") if x.strip()]
+    own = inspect(args.model).n_expert_used
+    budgets = [int(x) for x in args.budgets.split(",") if x.strip()] if args.budgets else None
+    settings = batch_settings(own, [float(x) for x in args.batch_deltas.split(",") if x.strip()], budgets)
+    texts = [t for t in args.texts.split(",") if t]
+    df = batch_lossy(args.model, sizes, settings, arenas=floats_or_sizes(args.arenas), windows=args.windows,
+                     score=bool(texts), progress=True, n_threads=args.threads, policy=args.policy)
+    cols = ["point", "knob", "setting", "batch", "ppl_ratio", "decode_tok_s", "speedup", "ssd_mb_per_token", "mb_ratio",
+            "union_before", "union_after", "routing_agreement"]
+    print(df[cols].to_markdown(index=False, floatfmt=".3f"))
+    best = best_tradeoff(df, batch=4 if 4 in sizes else max(sizes))
+    if best:
+        print(f"\nbest at batch {best['batch']} within 1% perplexity: {best['knob']} {best['setting']}: "
+              f"{best['speedup']:.2f}x exact batch {sizes[0]}'s tok/s, {best['mb_ratio']:.2f}x its MB/token")
+    if args.json:
+        out = Path(args.json)
+        write_json({"kind": "batch_lossy", "parameters": {k: v for k, v in vars(args).items() if k != "func"},
+                    "rows": df.to_dict("records"), "attrs": df.attrs}, out)
+        print(f"wrote {out}")
+    return 0
+
+
 def run(args) -> int:
+    if args.batches:
+        return run_batches(args)
     nums = lambda s: [float(x) for x in s.split(",") if x.strip()]  # noqa: E731
     df = lossy_knobs(args.model, arenas=floats_or_sizes(args.arenas), ks=[int(k) for k in nums(args.ks)],
                      taus=nums(args.taus), deltas=nums(args.deltas), adaptive=_rules(args.adaptive),

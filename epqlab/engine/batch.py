@@ -57,6 +57,9 @@ class Request:
             computed and kept with ``keep_logits``; the sampler is not consulted); it generates
             ``min(n_predict, len(forced))`` tokens. For timing and routing on real text (a random-weight
             model's own output repeats itself).
+        score: with ``forced``, record the negative log-likelihood (nats) of each forced token under the logits
+            row it is fed from, in :attr:`nll` (float per token: log-sum-exp of the row minus the token's logit;
+            a teacher-forced perplexity of the batch, without keeping the rows).
 
     Attributes:
         events: ``queue.SimpleQueue`` of ``("piece", index, str)`` as text is produced, then one
@@ -69,7 +72,7 @@ class Request:
 
     def __init__(self, tokens: Sequence[int], n_predict: int, sampler, stops: Sequence[str] = (), *, index: int = 0,
                  keep_logits: bool = False, events: queue.SimpleQueue | None = None,
-                 forced: Sequence[int] | None = None):
+                 forced: Sequence[int] | None = None, score: bool = False):
         self.tokens = [int(t) for t in tokens]
         self.forced = None if forced is None else [int(t) for t in forced]
         self.n_predict = int(n_predict) if forced is None else min(int(n_predict), len(self.forced))
@@ -97,6 +100,9 @@ class Request:
         self.kv_tokens: list[int] = []  # the tokens its sequence's KV cells hold
         self.ubatch_ends: list[int] = []  # where its prompt's ubatches ended, as a fresh run splits it
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
+        if score and forced is None:
+            raise ValueError("score needs forced tokens: it is the likelihood of the forced text")
+        self.nll: list[float] | None = [] if score else None
         self.piece_ends: list[int] = []  # len(out) when each "piece" event was queued (appended before it)
 
     def _put_piece(self, text: str) -> None:
@@ -408,7 +414,14 @@ class Batcher:
         if r.logits is not None:
             r.logits.append(np.array(logits, np.float32, copy=True))
         if r.forced is not None:
-            return r.forced[len(r.out)] if len(r.out) < r.n_predict else None
+            if len(r.out) >= r.n_predict:
+                return None
+            tok = r.forced[len(r.out)]
+            if r.nll is not None:
+                x = np.asarray(logits, np.float64)
+                m = float(x.max())
+                r.nll.append(m + float(np.log(np.exp(x - m).sum())) - float(x[tok]))
+            return tok
         return r.sampler.sample(logits)
 
     def _accept(self, r: Request, tok: int | None) -> None:

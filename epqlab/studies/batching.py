@@ -71,13 +71,20 @@ def _prompt_ids(session, prompts, n: int) -> list[list[int]]:
 
 
 def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, prompt_tokens: int = 32,
-            prompts=None) -> dict:
+            prompts=None, score: bool = False, offset: int = 0) -> dict:
     """One batch of ``b`` sequences on ``session`` (greedy, or teacher-forced on held-out text): the batch
     stats of :func:`epqlab.engine.run_stats.batch_stats` reduced to one row, plus the time split's mean µs
-    per decode step (attn, experts, io wait, map, other)."""
+    per decode step (attn, experts, io wait, map, other), and the lossy knobs' counters per decode step
+    (``union_before`` / ``union_after``: the router's and the rewritten distinct experts per layer and step;
+    ``routing_agreement``; ``budget_dropped``, ``route_substituted``). ``score`` (teacher-forced only) adds
+    ``nll`` (mean negative log-likelihood, nats, of the forced tokens fed from decode steps: the first forced
+    token, fed from the prompt's logits, is left out as no knob touches it) and ``nll_tokens``; ``offset`` skips
+    that many windows of the held-out texts (so several batches score different text)."""
+    if score and not teacher_forced:
+        raise ValueError("score is the likelihood of the forced text: it needs teacher_forced=True")
     if teacher_forced:
-        seqs = forced_sequences(session, b, prompt_tokens, n_predict)
-        reqs = [Request(p, n_predict, Sampler(session.n_vocab, temperature=0.0), forced=f, index=i)
+        seqs = forced_sequences(session, b + int(offset), prompt_tokens, n_predict)[int(offset):]
+        reqs = [Request(p, n_predict, Sampler(session.n_vocab, temperature=0.0), forced=f, index=i, score=score)
                 for i, (p, f) in enumerate(seqs)]
     else:
         reqs = [Request(p, n_predict, Sampler(session.n_vocab, temperature=0.0), index=i)
@@ -87,14 +94,28 @@ def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, pro
     with session.decoder.lock:
         c0, t0 = run_stats.counters(session), time.perf_counter()
         bt.run(reqs)
-        st = run_stats.batch_stats(session, bt, reqs, c0, run_stats.counters(session), time.perf_counter() - t0)
+        c1 = run_stats.counters(session)
+        st = run_stats.batch_stats(session, bt, reqs, c0, c1, time.perf_counter() - t0)
     steps = st["steps"]
     per_seq = [x["decode_tok_s"] for x in st["sequences"] if x.get("decode_tok_s")]
     ts = session.time_split("token")
     multi = ts[ts["n_tokens"] == b] if "n_tokens" in ts else ts.tail(len(steps))  # the decode steps (prompts are longer)
     split = {f"{c[:-3]}_ms": float(multi[c].mean()) / 1000 for c in ("attn_us", "expert_us", "io_us", "map_us", "other_us")
              if c in multi and len(multi)}
+    c = {k: c1.get(k, 0) - c0.get(k, 0) for k in run_stats.LOSSY_COUNTERS}
+    lossy = {}
+    n_steps_layers = max(1, st["decode_steps"]) * max(1, len(session.layout.layers))
+    if c.get("lossy_slots"):
+        lossy = {"union_before": c["lossy_union_before"] / n_steps_layers,
+                 "union_after": c["lossy_union_after"] / n_steps_layers,
+                 "routing_agreement": 1.0 - c["route_changed"] / c["lossy_slots"],
+                 "budget_dropped": c["budget_dropped"], "route_substituted": c["route_substituted"],
+                 "adaptive_dropped": c["adaptive_dropped"], "budget_overflow": c["budget_overflow"]}
+    if score:
+        nll = [x for r in reqs for x in (r.nll or [])[1:]]
+        lossy.update(nll=float(np.mean(nll)) if nll else float("nan"), nll_tokens=len(nll))
     return {
+        **lossy,
         "batch": b, "sequences": len(reqs), "steps": st["decode_steps"], "decode_tok_s": st["decode_tok_s"],
         "per_seq_tok_s": statistics.median(per_seq) if per_seq else 0.0,
         "mean_batch": st["mean_batch"], "union_per_layer": st["union_per_layer"],
