@@ -178,6 +178,7 @@ def main():
                   f"{t['ssd_mb_per_token'] / base['ssd_mb_per_token']:.2f}x SSD MB per token")
     if a.json:
         epqlab.results.write_json({"model": model, "limit": limit, "n": a.n, "repeats": a.repeats, "lossy": a.lossy,
+                                   "parameters": vars(a),
                                    "rows": table, "run": epqlab.results.run_info(model),
                                    "runs": {f"{lab} b{b}": [r["row"] for r in rs] for (lab, b), rs in runs.items()}}, a.json)
 

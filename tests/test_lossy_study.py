@@ -17,7 +17,8 @@ TEXT_CHARS, N_CTX = 150, 32
 def test_notebook_07_small(default_model_path, tmp_path):
     r = run_notebook("07_lossy_knobs", {"arenas": [0.5], "ks": [2], "taus": [0.3], "deltas": [0.0, 0.2],
                                         "adaptive": [[[1.9], [1, 3]]], "texts": ["prose"], "text_chars": TEXT_CHARS,
-                                        "ppl_n_ctx": N_CTX}, tmp_path)
+                                        "ppl_n_ctx": N_CTX, "batch_sizes": [1, 2], "batch_windows": 2,
+                                        "budgets": [4], "batch_deltas": [0.1]}, tmp_path)
     rows = r["rows"]
     assert [(x["knob"], x["setting"]) for x in rows] == [
         ("exact", "off"), ("top-k", "k=2"), ("skip-cold", "tau=0.3"), ("cache-route", "delta=0"),
@@ -49,6 +50,14 @@ def test_notebook_07_small(default_model_path, tmp_path):
     text = (tmp_path / "papers" / "07_lossy_knobs.md").read_text()
     assert any(p.endswith("07_lossy_knobs.md") for p in papers)
     assert "| cache-route" in text and f"x{d2['ppl_ratio_mean']:.3f}" in text
+    # the batched table: exact, batch-route, budget at batch 1 and 2, rendered in papers/07 with its reading
+    b = r["batch_rows"]
+    assert [(x["knob"], x["setting"], x["batch"]) for x in b] == [
+        (k, s_, n) for k, s_ in (("exact", "off"), ("batch-route", "delta=0.1"), ("expert-budget", "N=4")) for n in (1, 2)]
+    assert all(x["ppl_ratio"] == 1.0 for x in b if x["knob"] == "exact")
+    bud2 = next(x for x in b if x["knob"] == "expert-budget" and x["batch"] == 2)
+    assert bud2["union_after"] < bud2["union_before"] and "**Lossy knobs in batched decode**" in text
+    assert f"{bud2['union_before']:.3f}" in text and "exact batching at b = 2" in text
 
 
 def test_cli_run_and_ablate_lossy(default_model_path, tmp_path, capsys):

@@ -215,3 +215,25 @@ def test_every_results_file_the_docs_name_is_in_the_tree():
         if (root / ".git").exists():
             ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(path)]).returncode == 0
             assert not ignored, f"{path} is git-ignored: a clean clone would not have it (.gitignore)"
+
+
+def test_batch_lossy_bench_json_becomes_a_section_of_paper_07(tmp_path):
+    """bench/bench_batching.py --lossy JSON (the committed 35B-shape run) is study 07 and renders one row per
+    (setting, batch) with the ratios over its own exact batch 1, computed here from the rows."""
+    from epqlab.papers import write_papers
+    from epqlab.papers.studies import study_of
+
+    src = Path(__file__).parents[1] / "bench" / "results" / "batch_lossy_qwen35-a3b_4GiB_2026-12-04.json"
+    doc = json.loads(src.read_text())
+    assert study_of(doc) == "07_lossy_knobs"
+    res = tmp_path / "results"
+    res.mkdir()
+    write_papers(res, tmp_path / "papers", extra=[src])
+    md = (tmp_path / "papers" / "07_lossy_knobs.md").read_text()
+    rows = _table(md, "setting")[1:]
+    assert len(rows) == len(doc["rows"])
+    base = doc["rows"][0]
+    for cells, r in zip(rows, doc["rows"]):
+        assert cells[:2] == [r["setting"], str(r["batch"])]
+        assert float(cells[3]) == pytest.approx(r["decode_tok_s"] / base["decode_tok_s"], rel=1e-2)
+        assert float(cells[9]) == pytest.approx(r["union_per_layer"], rel=1e-2)

@@ -58,7 +58,7 @@ def _rules(text: str) -> list:
 def run_batches(args) -> int:
     """``--batches``: :func:`epqlab.studies.ablation.batch_lossy.batch_lossy`'s table."""
     from ..layout import inspect
-    from ..results import write_json
+    from ..results import run_info, write_json
     from ..studies.ablation.batch_lossy import batch_lossy, batch_settings, best_tradeoff
 
     sizes = [int(x) for x in args.batches.split(",") if x.strip()]
@@ -78,7 +78,7 @@ def run_batches(args) -> int:
     if args.json:
         out = Path(args.json)
         write_json({"kind": "batch_lossy", "parameters": {k: v for k, v in vars(args).items() if k != "func"},
-                    "rows": df.to_dict("records"), "attrs": df.attrs}, out)
+                    "rows": df.to_dict("records"), "attrs": df.attrs, "run": run_info(args.model)}, out)
         print(f"wrote {out}")
     return 0
 

@@ -11,7 +11,7 @@ import pandas as pd
 from ..routes import report as routes_report
 from ..studies import batching_report, probe_report, seed_scale_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
-from ..studies.ablation import lossy_report, topk_report
+from ..studies.ablation import batch_lossy_report, lossy_report, topk_report
 from ..units import fmt_bytes
 from .markdown import table
 
@@ -131,14 +131,34 @@ def batching(doc: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _batch_lossy(rows) -> list[str]:
+    df = _frame(rows)
+    return ["**Lossy knobs in batched decode** (the same held-out windows teacher-forced at every batch size; ratios "
+            "over exact at batch 1 of the same point, perplexity over exact at the same batch).",
+            table(df, batch_lossy_report.COLUMNS, floatfmt=".3f"), batch_lossy_report.reading(df)]
+
+
 def lossy_knobs(doc: dict) -> str:
     """07: every lossy knob's perplexity ratio per text, agreement, SSD MB/token, speed and hit rate per arena, and
-    :func:`epqlab.studies.ablation.lossy_report.reading`."""
+    :func:`epqlab.studies.ablation.lossy_report.reading`; the batched knobs' table where the JSON has one
+    (``batch_rows`` of the notebook, ``epqlab ablate lossy --batches`` JSON); a ``bench/bench_batching.py --lossy``
+    JSON: its speed and bytes table under the memory limit."""
+    if batch_lossy_report.is_bench(doc):
+        df = batch_lossy_report.bench_frame(doc)
+        lim = doc.get("limit")
+        return "\n\n".join([f"**Lossy knobs in batched decode under a {fmt_bytes(lim) if lim else 'no'} memory limit** "
+                             f"({doc.get('n')} teacher-forced tokens per sequence, medians of {doc.get('repeats')} "
+                             "interleaved runs; plain: llama.cpp with every weight in RAM, same sequences and threads).",
+                             table(df, batch_lossy_report.BENCH_COLUMNS, floatfmt=".3g")])
+    if doc.get("kind") == "batch_lossy":
+        return "\n\n".join(_batch_lossy(doc["rows"]))
     df = _frame(doc["rows"], doc.get("parameters"))
     cols = {c: h + " %" if c in ("routing_agreement", "hit_rate") else h for c, h in lossy_report.columns(df).items()}
     parts = ["**Lossy knobs against exact** (teacher-forced, one token per decode step; speeds are wall clock on the "
              "machine that ran it).", table(df[list(cols)], cols, floatfmt=".3f"),
              lossy_report.reading(df)]
+    if doc.get("batch_rows"):
+        parts += _batch_lossy(doc["batch_rows"])
     return "\n\n".join(parts)
 
 
@@ -165,6 +185,8 @@ def study_of(doc: dict) -> str | None:
         return "01_io_probe"
     if "simulation" in doc and "union" in doc:
         return "02_route_overlap"
+    if batch_lossy_report.is_bench(doc) or doc.get("kind") == "batch_lossy":
+        return "07_lossy_knobs"
     if {"batch", "union_per_layer"} <= cols:
         return "06_batching"
     if {"knob", "setting", "routing_agreement"} <= cols:
