@@ -61,3 +61,14 @@ def test_ablate_lossy_batches_command(default_path, tmp_path):
     assert "| arena 50% | expert-budget | N=4" in r.stdout and "| arena 25% | batch-route   | delta=0.1" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["kind"] == "batch_lossy" and len(doc["rows"]) == 2 * 3 * 2  # arenas x settings x batches
+
+
+def test_ablate_lossy_batch_flags_are_checked(default_path, capsys):
+    from epqlab.cli import main
+
+    assert main(["ablate", "lossy", str(default_path), "--budgets", "4"]) != 0
+    assert "--budgets apply to the batched table only: add --batches" in capsys.readouterr().err
+    assert main(["ablate", "lossy", str(default_path), "--batches", "1,2", "--windows", "0"]) != 0
+    assert "--windows must be >= 1" in capsys.readouterr().err
+    assert main(["ablate", "lossy", str(default_path), "--batches", "1,2", "--budgets", "2.5"]) != 0
+    assert "--budgets takes integers" in capsys.readouterr().err

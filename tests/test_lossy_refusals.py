@@ -77,3 +77,12 @@ def test_lossy_knob_in_generate_batch_of_one_sequence_at_a_time_acts(mini_gguf):
         s.generate_batch(["Hello there", "The sea"], n_predict=6)
         st = s.stats
     assert st["lossy_slots"] > 0 and st["route_substituted"] > 0
+
+
+def test_budget_above_n_expert_is_n_expert(mini_gguf):
+    """A budget can never drop a slot past n_expert distinct experts: larger values (even past the engine's int) are
+    taken as n_expert, not refused by the binding after the load."""
+    lay = epqlab.inspect(mini_gguf)
+    assert check_options(lay, expert_budget=2**40).expert_budget == lay.n_expert == 8
+    with epqlab.Session(mini_gguf, n_seq_max=2, expert_budget=2**31) as s:
+        assert s.expert_budget == 8

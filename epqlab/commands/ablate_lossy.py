@@ -33,9 +33,9 @@ def register(kinds) -> None:
     p.add_argument("--batches", default=None,
                    help="batched decode instead: batch sizes, e.g. 1,2,4,8 (teacher-forced batches of different held-out "
                         "windows; the knobs are batch-aware routing per --batch-deltas and the union budget per --budgets)")
-    p.add_argument("--batch-deltas", default="0.05,0.2", help="with --batches: batch-aware routing margins (default 0.05,0.2)")
-    p.add_argument("--budgets", default=None, help="with --batches: union budgets N (default top-k+1, 2 x top-k)")
-    p.add_argument("--windows", type=int, default=8, help="with --batches: held-out windows scored per row (default 8)")
+    p.add_argument("--batch-deltas", default=None, help="with --batches: batch-aware routing margins (default 0.05,0.2; '' none)")
+    p.add_argument("--budgets", default=None, help="with --batches: union budgets N (default top-k+1, 2 x top-k; '' none)")
+    p.add_argument("--windows", type=int, default=None, help="with --batches: held-out windows scored per row (default 8)")
     p.set_defaults(func=run)
 
 
@@ -61,12 +61,26 @@ def run_batches(args) -> int:
     from ..results import run_info, write_json
     from ..studies.ablation.batch_lossy import batch_lossy, batch_settings, best_tradeoff
 
-    sizes = [int(x) for x in args.batches.split(",") if x.strip()]
+    def ints(flag, text):
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
+
+    sizes = ints("--batches", args.batches)
+    windows = 8 if args.windows is None else args.windows
+    if windows < 1:
+        raise ValueError(f"--windows must be >= 1 held-out windows, got {windows}")
     own = inspect(args.model).n_expert_used
-    budgets = [int(x) for x in args.budgets.split(",") if x.strip()] if args.budgets else None
-    settings = batch_settings(own, [float(x) for x in args.batch_deltas.split(",") if x.strip()], budgets)
+    budgets = ints("--budgets", args.budgets) if args.budgets is not None else None
+    try:
+        deltas = [float(x) for x in (args.batch_deltas if args.batch_deltas is not None else "0.05,0.2").split(",")
+                  if x.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-deltas takes numbers separated by commas, got {args.batch_deltas!r}") from None
+    settings = batch_settings(own, deltas, budgets)
     texts = [t for t in args.texts.split(",") if t]
-    df = batch_lossy(args.model, sizes, settings, arenas=floats_or_sizes(args.arenas), windows=args.windows,
+    df = batch_lossy(args.model, sizes, settings, arenas=floats_or_sizes(args.arenas), windows=windows,
                      score=bool(texts), progress=True, n_threads=args.threads, policy=args.policy)
     cols = ["point", "knob", "setting", "batch", "ppl_ratio", "decode_tok_s", "speedup", "ssd_mb_per_token", "mb_ratio",
             "union_before", "union_after", "routing_agreement"]
@@ -86,6 +100,10 @@ def run_batches(args) -> int:
 def run(args) -> int:
     if args.batches:
         return run_batches(args)
+    given = [f for f, v in (("--budgets", args.budgets), ("--batch-deltas", args.batch_deltas), ("--windows", args.windows))
+             if v is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} apply to the batched table only: add --batches (e.g. --batches 1,2,4,8)")
     nums = lambda s: [float(x) for x in s.split(",") if x.strip()]  # noqa: E731
     df = lossy_knobs(args.model, arenas=floats_or_sizes(args.arenas), ks=[int(k) for k in nums(args.ks)],
                      taus=nums(args.taus), deltas=nums(args.deltas), adaptive=_rules(args.adaptive),

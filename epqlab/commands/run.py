@@ -53,7 +53,7 @@ def add_lossy_args(p) -> None:
     p.add_argument("--route-bias", default=None, choices=["cache", "batch"],
                    help="LOSSY routing in decode steps: cache = replace a non-resident expert by the best resident one "
                         "within --route-delta of its router probability; batch = also by one another token of the "
-                        "same batched step already reads")
+                        "same batched step already reads (with one sequence, as in epqlab run, batch = cache)")
     p.add_argument("--route-delta", type=float, default=None, metavar="DELTA",
                    help="router-probability margin of --route-bias (0 changes nothing)")
     p.add_argument("--expert-budget", type=int, default=None, metavar="N",

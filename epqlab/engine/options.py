@@ -108,7 +108,8 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, expert_budge
     probabilities, so 0..1.
 
     ``route_bias``, ``adaptive_k`` and ``expert_budget`` rewrite every token of a decode step, one sequence's or a
-    batched step's (docs/DESIGN.md §3a'); prompts are evaluated exactly. ``skip_cold`` acts on single-token steps
+    batched step's, and any one-token forward pass (docs/DESIGN.md §3a'); prompt chunks of several tokens are
+    evaluated exactly. ``skip_cold`` acts on single-token steps
     only, so it is refused with ``n_seq_max > 1``.
 
     Raises:
@@ -157,7 +158,8 @@ def check_lossy(route_bias=None, route_delta=None, adaptive_k=None, expert_budge
         if isinstance(expert_budget, bool) or not isinstance(expert_budget, numbers.Integral) or expert_budget < 1:
             raise ValueError(f"expert_budget is the most distinct experts a decode step may use per MoE layer, an "
                              f"integer >= 1 (e.g. expert_budget=16; None for off), got {expert_budget!r}")
-        budget = int(expert_budget)
+        # N >= n_expert can never drop a slot: the same as n_expert (also keeps it inside the engine's int)
+        budget = min(int(expert_budget), int(n_expert) if n_expert else 2**31 - 1)
     if (route_bias is not None or ak is not None or budget) and not pager:
         raise ValueError("route_bias, adaptive_k and expert_budget rewrite the route in the pager's hook; drop pager=False")
     if n_seq_max > 1 and skip_cold is not None:

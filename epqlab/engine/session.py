@@ -202,7 +202,7 @@ class Session:
             probability over the step's tokens; a token's slots outside them are dropped (weight 0, the kept
             weights renormalized as the architecture does), and a token left with none keeps its best one
             (``budget_overflow``). Applied after ``adaptive_k`` and ``route_bias``. N >= the step's union changes
-            nothing. Counters ``budget_dropped``, ``budget_overflow``, ``lossy_union_before/after``. Not with
+            nothing; N above n_expert is taken as n_expert. With one sequence it caps a token's own top-k. Counters ``budget_dropped``, ``budget_overflow``, ``lossy_union_before/after``. Not with
             ``skip_cold`` or ``prefetch``.
         adaptive_k: ``None`` (default, off), ``True`` or ``(thresholds, ks)``: *lossy* entropy-adaptive
             top-k (DOI 10.5281/zenodo.18282008, TensorRT-LLM PR #10672): in decode steps (each token of a batched step),

@@ -289,7 +289,7 @@ void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * o
         b.logits[i] = all || i == n - 1;
     }
     b.n_tokens = n;
-    if (hook_) hook_->set_decode_step(n == 1);  // a prompt of one sequence is evaluated exactly (hook.h, lossy rewrites)
+    if (hook_) hook_->set_decode_step(n == 1);  // one token is a decode step; a prompt chunk of several is exact (hook.h, lossy rewrites)
     run(b);
     const int n_out = all ? n : 1;
     // nv: vocabulary size (checked above)

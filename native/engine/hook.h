@@ -228,7 +228,8 @@ public:
     void set_expert_budget(int n);
     int expert_budget() const { return budget_; }
     // Set by the engine before each llama_decode: true when the call is a decode step (one token per
-    // sequence), the only calls the lossy rewrites act on (a prompt is evaluated exactly).
+    // sequence, including any one-token pass), the only calls the lossy rewrites act on (a prompt chunk
+    // of several tokens is evaluated exactly).
     void set_decode_step(bool on) { decode_step_ = on; }
     // Lossy adaptive-k (see above); ks empty = off; ks.size() == thresholds.size() + 1, thresholds
     // increasing (nats). Throws std::invalid_argument with skip-cold on or on bad thresholds.

@@ -28,7 +28,7 @@ def reading(df: pd.DataFrame, batch: int = 4, max_ppl_ratio: float = 1.01) -> st
         e = ex.iloc[0]
         s = (f"{point}: exact batching at b = {b} runs {e.speedup:.2f}x exact batch 1's aggregate tok/s and reads "
              f"{e.mb_ratio:.2f}x its MB per token (union {e.union_after:.1f} experts per layer and step).")
-        ok = g[(g.batch == b) & (g.knob != "exact") & (g.ppl_ratio <= max_ppl_ratio)]
+        ok = g[(g.batch == b) & (g.knob != "exact") & (g.ppl_ratio <= max_ppl_ratio) & (g.routing_agreement < 1.0)]
         if ok.empty:
             s += f" No lossy setting stays within {100 * (max_ppl_ratio - 1):.0f}% perplexity there."
         else:
