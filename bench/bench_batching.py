@@ -68,8 +68,8 @@ def parse_lossy(text: str) -> list[tuple[str, dict]]:
 
 def run_row(model, limit, b, n, session_kw, workdir: Path, tag: str, plain: bool = False) -> dict:
     if plain:  # all weights in RAM: warm, no limit
-        session_kw = {k: v for k, v in session_kw.items() if k not in ("expert_budget", "route_bias", "route_delta")}
-        limit, session_kw = None, {k: v for k, v in session_kw.items() if k != "arena_bytes"} | {"pager": False}
+        paging_only = ("arena_bytes", "expert_budget", "route_bias", "route_delta")
+        limit, session_kw = None, {k: v for k, v in session_kw.items() if k not in paging_only} | {"pager": False}
     else:
         drop_page_cache(model)
     spec = {"model": model, "ram_budget": None if limit is None else limit - HEADROOM, "batch": b, "n_predict": n,

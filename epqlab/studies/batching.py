@@ -108,7 +108,7 @@ def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, pro
     if c.get("lossy_slots"):
         lossy = {"union_before": c["lossy_union_before"] / n_steps_layers,
                  "union_after": c["lossy_union_after"] / n_steps_layers,
-                 "routing_agreement": 1.0 - c["route_changed"] / c["lossy_slots"],
+                 "routing_agreement": run_stats.lossy_fields(session, c)["routing_agreement"],
                  "budget_dropped": c["budget_dropped"], "route_substituted": c["route_substituted"],
                  "adaptive_dropped": c["adaptive_dropped"], "budget_overflow": c["budget_overflow"]}
     if score:

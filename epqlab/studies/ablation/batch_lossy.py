@@ -22,6 +22,7 @@ from ...engine.session import Session
 from ...layout import inspect
 from ...models import default_model
 from ..batching import BATCH_SIZES, measure
+from .batch_lossy_report import best_tradeoff
 from .grid import memory_points
 
 
@@ -110,14 +111,6 @@ def batch_lossy(model=None, batch_sizes: Sequence[int] = BATCH_SIZES, settings: 
     df.attrs.update(model=model, batch_sizes=sizes, windows=windows, n_predict=n_predict,
                     n_expert_used=lay.n_expert_used, n_expert=lay.n_expert, session_kw=dict(session_kw))
     return df
-
-
-def best_tradeoff(df: pd.DataFrame, batch: int = 4, max_ppl_ratio: float = 1.01) -> dict | None:
-    """The row at ``batch`` with the highest ``speedup`` (over exact batch 1) whose ``ppl_ratio`` is within
-    ``max_ppl_ratio`` (the issue's 1%), among the settings that changed some route (agreement below 1: a setting that
-    changed nothing differs from exact by timing noise only), or None."""
-    ok = df[(df.batch == batch) & (df.ppl_ratio <= max_ppl_ratio) & (df.knob != "exact") & (df.routing_agreement < 1.0)]
-    return None if ok.empty else ok.sort_values("speedup", ascending=False).iloc[0].to_dict()
 
 
 __all__ = ["batch_lossy", "batch_settings", "best_tradeoff"]
