@@ -174,6 +174,17 @@ class ModelLayout:
         """GGUF block ids of the layers that have routed experts, ascending."""
         return [l.layer for l in self.layers]
 
+    def with_mtp(self) -> "ModelLayout":
+        """This layout with the MTP blocks' routed experts as ordinary MoE layers (appended to :attr:`layers`,
+        counted in :attr:`routed_expert_bytes`): what a Session with an MTP draft context pages, so its arena
+        figures and coverage include them (epqlab/engine/speculative.py). Itself when there are none."""
+        if not self.mtp_layers:
+            return self
+        from dataclasses import replace
+        return replace(self, layers=list(self.layers) + list(self.mtp_layers),
+                       routed_expert_bytes=self.routed_expert_bytes + self.mtp_expert_bytes,
+                       mtp_layers=[], mtp_expert_bytes=0)
+
     @property
     def mtp_moe_layers(self) -> list[int]:
         """GGUF block ids of the MTP blocks that have routed experts (:attr:`mtp_layers`), ascending."""

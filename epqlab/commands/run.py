@@ -43,6 +43,28 @@ def add_session_args(p) -> None:
                    help="how the expert matmuls find a resident expert (docs/DESIGN.md §3f): slots = read the arena's "
                         "slots in place, nothing remapped; region = an mmap per expert; auto (default) = slots where possible")
     add_lossy_args(p)
+    add_spec_args(p)
+
+
+def add_spec_args(p) -> None:
+    """Speculative decoding with the model's MTP block (epqlab.Session's speculative, draft_max, draft_p_min; the
+    names of llama.cpp's --spec-type draft-mtp, --spec-draft-n-max, --draft-p-min)."""
+    p.add_argument("--spec-type", default=None, choices=["draft-mtp"],
+                   help="speculative decoding: draft-mtp drafts with the model's MTP block (its experts paged like any "
+                        "layer's); one sequence at a time")
+    p.add_argument("--spec-draft-n-max", type=int, default=None, metavar="N",
+                   help="--spec-type draft-mtp: most tokens drafted per verify pass, 1..8 (default 3)")
+    p.add_argument("--draft-p-min", type=float, default=None, metavar="P",
+                   help="--spec-type draft-mtp: stop a draft at a token whose probability is below P (default 0)")
+
+
+def spec_kwargs(args) -> dict:
+    """Session keyword arguments of :func:`add_spec_args`' flags."""
+    on = getattr(args, "spec_type", None) == "draft-mtp"
+    n, p = getattr(args, "spec_draft_n_max", None), getattr(args, "draft_p_min", None)
+    if not on and (n is not None or p is not None):
+        raise ValueError("--spec-draft-n-max and --draft-p-min go with --spec-type draft-mtp")
+    return dict(speculative="mtp", draft_max=n, draft_p_min=p) if on else {}
 
 
 def add_lossy_args(p) -> None:
@@ -127,6 +149,9 @@ def stats_table(st: dict, session) -> str:
     rows += [
         ("prefill", f"{st['n_prompt']} tokens, {st['prefill_tok_s']:.1f} tok/s"),
         ("decode", f"{st['n_gen']} tokens, {st['decode_tok_s']:.2f} tok/s"),
+        *([("speculative (MTP)", f"{st['spec_accepted']} of {st['spec_drafted']} drafted tokens accepted "
+                                 f"({st['spec_acceptance']:.1%}) in {st['spec_verify_steps']} verify passes, "
+                                 f"{st['spec_mean_accepted']:.2f} per pass")] if st.get("speculative") else []),
         ("load", f"{st['load_s']:.2f} s, "
                  + (f"{fmt_bytes(st['load_bytes_read'])} read from storage" if st.get("load_bytes_read") is not None else "bytes read unknown")
                  + f"; dense weights: {st['dense_weights']}"),
@@ -173,7 +198,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
                  read_segment_bytes=getattr(args, "read_segment", None),
                  pipeline_reads=False if getattr(args, "no_pipeline_reads", False) else None,
                  expert_addressing=getattr(args, "expert_addressing", "auto") if args.pager else "auto",
-                 **lossy_kwargs(args)) as s:
+                 **lossy_kwargs(args), **spec_kwargs(args)) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         prompt = args.prompt

@@ -13,7 +13,7 @@ from ..memory.auto_budget import auto_budget
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
-from .run import add_lossy_args, lossy_kwargs
+from .run import add_lossy_args, add_spec_args, lossy_kwargs, spec_kwargs
 
 CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
 
@@ -54,6 +54,7 @@ def register(sub) -> None:
     p.add_argument("--model-alias", default=None, help="model name in responses (default: the file name)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_lossy_args(p)  # off by default; every answer then differs from exact decoding (the banner says so)
+    add_spec_args(p)  # --spec-type draft-mtp: one request at a time
     p.set_defaults(func=run)
 
 
@@ -78,18 +79,26 @@ def run(args) -> int:
     sock = bind_socket(args.host, args.port)
     api_key = args.api_key or os.environ.get("EPQLAB_API_KEY") or None
     max_batch = args.max_batch
+    if spec_kwargs(args):  # speculative decoding serves one sequence at a time (epqlab/engine/speculative.py)
+        if max_batch not in (None, 1):
+            raise ValueError(f"--spec-type draft-mtp serves one sequence at a time; drop --max-batch {max_batch} (or give 1)")
+        max_batch = 1
     if max_batch is None:
         rb = args.ram_budget
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
     with sock, Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
-                 n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch, **lossy_kwargs(args)) as s:
+                 n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch, **lossy_kwargs(args),
+                 **spec_kwargs(args)) as s:
         if s.auto_budget is not None:
             print(f"epqlab: {s.auto_budget.describe()}", file=sys.stderr)
         kv = kv_cache_bytes(s.layout, s.n_ctx, max_batch)
         print(f"epqlab: serving {s.model_name} ({s!r}) on http://{args.host}:{args.port}/v1; up to {max_batch} "
               f"sequences of {s.n_ctx} tokens per step" + (f" (KV cache {fmt_bytes(kv)})" if kv else "")
               + ("; API key required" if api_key else ""), file=sys.stderr, flush=True)
+        if s.speculative:
+            print(f"epqlab: speculative decoding with the MTP block (draft up to {s.draft_max} tokens, p_min "
+                  f"{s.draft_p_min:g}); one request at a time", file=sys.stderr, flush=True)
         lossy = {k: v for k, v in lossy_kwargs(args).items() if v is not None}
         if lossy:
             print("epqlab: LOSSY routing on (answers differ from exact decoding): "

@@ -206,6 +206,15 @@ def choice_events(session, prompts: list[list[int]], n: int, max_tokens, stops: 
                   batcher: Batcher | None, cancel: threading.Event | None, strict: bool = False) -> Iterator[tuple]:
     """The events (module docstring) of ``n`` choices per prompt; raises ValueError / TypeError before any
     work for a bad request."""
+    if getattr(session, "speculative", None) and batcher is not None:
+        # speculative decoding runs one sequence at a time (epqlab/engine/speculative.py): the server's requests
+        # take turns on the session instead of joining the batcher
+        if len(prompts) != 1 or n != 1:
+            raise ValueError("this server decodes speculatively (speculative='mtp'), one sequence at a time: send one "
+                             f"prompt with n=1 per request (got {len(prompts)} prompt(s), n={n})")
+        toks = prompts[0]
+        m = _max_tokens(session, max_tokens, len(toks), strict)
+        return _serial_events(session, toks, m, make_sampler(session, seed, sampling), stops, cancel)
     if len(prompts) == 1 and n == 1 and batcher is None:
         toks = prompts[0]
         m = _max_tokens(session, max_tokens, len(toks), strict)
@@ -229,6 +238,24 @@ def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: li
         st.close()
     g: Generation = st.result
     yield "end", 0, g, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)}, _records(sampler, g)
+
+
+_SERIAL = threading.Lock()  # guards the creation of a session's turn lock
+
+
+def _serial_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str],
+                   cancel: threading.Event | None) -> Iterator[tuple]:
+    """:func:`_single_events` in turn with the session's other serial requests: a plain lock (released by whichever
+    thread ends the iterator), taken when the first event is asked for and held until the generation ends."""
+    with _SERIAL:
+        turn = session.__dict__.setdefault("_serial_turn", threading.Lock())
+    while not turn.acquire(timeout=CANCEL_POLL_S):
+        if cancel is not None and cancel.is_set():
+            return
+    try:
+        yield from _single_events(session, toks, m, sampler, stops)
+    finally:
+        turn.release()
 
 
 def run_all(session, events: Iterator[tuple], local: bool) -> tuple[list, dict]:

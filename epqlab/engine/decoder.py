@@ -65,6 +65,11 @@ class Decoder:
         self.n_vocab = int(engine.n_vocab)
         self.n_ctx = int(engine.n_ctx)
         self.n_batch = int(engine.n_batch)  # llama.cpp caps n_batch at the requested n_ctx
+        # speculative="mtp": every target decode is followed by the MTP context's catch-up (epqlab/engine/speculative.py)
+        self.mtp = None
+        if getattr(engine, "has_mtp", False):
+            from .speculative import MtpFollower
+            self.mtp = MtpFollower(engine)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check_open(self) -> None:
@@ -96,6 +101,8 @@ class Decoder:
         if not kept:
             self.engine.clear()
             self.kv = []
+            if self.mtp is not None:
+                self.mtp.reset()
         if self.record_routes:
             # routes of a decode whose caller was interrupted before taking them (KeyboardInterrupt
             # as llama_decode returned): they belong to no recorded operation
@@ -155,8 +162,10 @@ class Decoder:
                                       "start a new operation")
                 try:
                     out = self.engine.decode(chunk, pos0 + s, bool(all_logits))
+                    if self.mtp is not None:
+                        self.mtp.follow(chunk, pos0 + s)
                 except BaseException:
-                    self.kv = []
+                    self.lost()
                     raise
                 self.kv.extend(int(t) for t in chunk)
                 if self.record_routes:
@@ -186,6 +195,36 @@ class Decoder:
         for last in self.decode_blocks(list(tokens)[pos0:], pos0, self.record_routes, phase, epoch):
             pass
         return last[-1]
+
+    def lost(self) -> None:
+        """A decode failed or was interrupted: the engine cleared its contexts (engine.h), so nothing is held."""
+        self.kv = []
+        if self.mtp is not None:
+            self.mtp.reset()
+
+    def check_epoch(self, epoch: int) -> None:
+        """Raises EpqlabError when ``epoch`` is no longer the current operation, or the context was closed."""
+        self.check_open()
+        if epoch != self.epoch:
+            raise EpqlabError("this generator's context was reset by another call on the same Session (one KV cache per "
+                              "Session); finish or discard a stream before starting another operation")
+        self.check_file()
+
+    def rollback(self, p_keep: int, epoch: int) -> None:
+        """Keep positions < ``p_keep`` of sequence 0 in the target and the MTP context (a rejected draft's tail,
+        inside the last decode; a hybrid model's recurrent state rolls back through llama.cpp's snapshots,
+        ``n_rs_seq``). Raises RuntimeError where llama.cpp cannot (more rejected tokens than snapshots)."""
+        with self.lock:
+            self.check_epoch(epoch)
+            try:
+                self.engine.seq_rm(0, int(p_keep))
+                self.engine.mtp_seq_rm(0, int(p_keep))
+            except BaseException:
+                self.engine.clear()
+                self.lost()
+                raise
+            del self.kv[int(p_keep):]
+            self.mtp.keep(int(p_keep))
 
     def step(self, token: int, pos: int, epoch: int) -> np.ndarray:
         """Decode one generated token at ``pos`` (a single-token forward pass, phase decode); returns

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .run_stats import append_jsonl, counters, run_stats
+from .speculative import MtpSpeculator
 from .stop_text import StopText
 
 
@@ -45,12 +46,12 @@ class Stream:
     """
 
     def __init__(self, session, toks: list[int], n_predict: int, sampler, stop: Sequence[str] | None,
-                 reuse_kv: bool = False, forced: list[int] | None = None):
+                 reuse_kv: bool = False, forced: list[int] | None = None, draft_accept: tuple | None = None):
         self.result: Generation | None = None
         self.tokens: list[int] = []  # generated ids so far (grows while the stream runs)
         if forced is not None:
             n_predict = min(n_predict, len(forced))
-        self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self, forced)
+        self._gen = _run(session, toks, n_predict, sampler, list(stop or []), reuse_kv, self, forced, draft_accept)
 
     def __iter__(self):
         return self
@@ -81,7 +82,7 @@ class Stream:
 
 
 def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv: bool, holder: Stream,
-         forced: list[int] | None = None):
+         forced: list[int] | None = None, draft_accept: tuple | None = None):
     d = s.decoder
     d.prompt_hash = hashlib.sha256(np.asarray(toks, np.int32).tobytes()).hexdigest()[:16]
     with d.lock:
@@ -99,8 +100,24 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
     t1 = time.perf_counter()
     pos = len(toks)
     interrupted = True  # until the loop ends by itself: Ctrl-C, an error, or a caller that stopped reading
+    spec = None
+    if getattr(s, "speculative", None) == "mtp" and n_predict > 0:
+        a, seed = draft_accept if draft_accept is not None else (1.0, 0)
+        spec = MtpSpeculator(d, epoch, s.draft_max, s.draft_p_min, forced=forced, accept_rate=a, seed=seed)
+        u0 = d.layer_unions()
     try:
-        while len(out) < n_predict:
+        for tok in (spec.tokens(logits, pos, sampler, n_predict, forced_base=pos) if spec is not None else ()):
+            if forced is None and d.is_eog(tok):
+                reason = "stop"
+                break
+            out.append(tok)
+            piece = text.add(d.piece(tok))
+            if piece or forced is not None:  # teacher forcing: one piece per token (may be "")
+                yield piece
+            if text.stopped:
+                reason = "stop"
+                break
+        while spec is None and len(out) < n_predict:
             if forced is not None:  # teacher forcing: same graph, hook and stats; the text's token
                 out.append(forced[len(out)])
                 yield text.add(d.piece(out[-1]))  # may be "" (a character cut between tokens): one piece per token
@@ -138,8 +155,13 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
             # the oracle's carried batch for a next token (a log longer than this run): its reads
             # belong to this run's bytes (in vain), not the next run's
             s.pager.native.prefetch_finish()
-        st = run_stats(s, len(toks), len(out), pos - len(toks), t_prefill, t_decode, c0, c1, counters(s),
+        passes = pos - len(toks) if spec is None else max(0, len(out) - 1)  # tokens from decode (decode_tok_s)
+        st = run_stats(s, len(toks), len(out), passes, t_prefill, t_decode, c0, c1, counters(s),
                        n_prompt_reused=reused)
+        if spec is not None:
+            st.update(spec.stats.fields())
+            st.update(_spec_unions(s, u0, d.layer_unions(), spec.stats))
+        st["speculative"] = getattr(s, "speculative", None)
         st["teacher_forced"] = forced is not None
         st["interrupted"] = interrupted  # the stats line of a cut-short run says so (--stats-file JSONL)
         s.runs.append(st)
@@ -148,6 +170,19 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         # a character cut by the last token is dropped, as llama-cpp-python does
         holder.result = Generation(text.text, out, toks, st, reason)
         sampler.free()
+
+
+def _spec_unions(s, u0, u1, stats) -> dict:
+    """``spec_verify_union``: distinct experts per trunk layer and target pass of the decode phase (a verify pass of
+    1 + d tokens reads each expert of its union once); ``spec_mtp_union``: per MTP pass (draft and catch-up)."""
+    if u0 is None or u1 is None:
+        return {}
+    du = np.asarray(u1, np.int64) - np.asarray(u0, np.int64)
+    mtp = np.isin(np.asarray(s.layout.moe_layers), s.mtp_blocks)
+    target = stats.verify_steps + stats.plain_steps
+    mtp_passes = stats.draft_passes + target  # each target pass is followed by one catch-up pass
+    return {"spec_verify_union": float(du[~mtp].mean()) / target if target and (~mtp).any() else 0.0,
+            "spec_mtp_union": float(du[mtp].sum()) / mtp_passes if mtp_passes and mtp.any() else 0.0}
 
 
 __all__ = ["Generation", "Stream"]

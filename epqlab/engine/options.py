@@ -38,7 +38,8 @@ class Options:
         oracle's route table, or None), pipeline_reads, read_segment_bytes and read_rate_limit (bytes,
         bytes/s; 0 = off), n_ctx / n_batch / n_ubatch (tokens; n_ctx per sequence), n_seq_max (sequences
         decoded side by side), n_threads / io_threads (None = default), expert_addressing (``"auto"``,
-        ``"slots"`` or ``"region"``: :data:`EXPERT_ADDRESSINGS`).
+        ``"slots"`` or ``"region"``: :data:`EXPERT_ADDRESSINGS`), speculative (``"mtp"`` or None), draft_max
+        (tokens drafted per verify pass, 0 when off) and draft_p_min (:func:`epqlab.engine.speculative.check_speculative`).
     """
 
     policy: str
@@ -65,6 +66,9 @@ class Options:
     n_threads: int | None
     io_threads: int | None
     expert_addressing: str = "auto"
+    speculative: str | None = None
+    draft_max: int = 0
+    draft_p_min: float = 0.0
 
 
 def _check_int(name: str, v, hi: int | None = None) -> None:
@@ -208,7 +212,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
                   read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None, expert_budget=None,
-                  expert_addressing="auto") -> Options:
+                  expert_addressing="auto", speculative=None, draft_max=None, draft_p_min=None) -> Options:
     """Check the Session's options against the model ``lay`` (argument meanings: :class:`epqlab.Session`).
 
     Raises:
@@ -269,6 +273,10 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                          "(or 'auto', which picks it)")
     if expert_addressing != "auto" and not pager:
         raise ValueError(f"expert_addressing={expert_addressing!r} is how the pager presents experts; drop pager=False")
+    from .speculative import check_speculative
+    spec = check_speculative(lay, speculative, draft_max, draft_p_min, n_seq_max=int(n_seq_max), prefetch=prefetch,
+                             route_log=route_log,
+                             lossy=any(x is not None for x in (skip_cold, route_bias, expert_budget)) or ak is not None)
     dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
     if dense not in DENSE_MODES:
         raise ValueError(f"unknown dense_weights {dense_weights!r}; choose one of {', '.join(DENSE_MODES)}")
@@ -280,7 +288,8 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                    n_ctx=int(n_ctx), n_batch=int(n_batch), n_ubatch=int(n_ubatch), n_seq_max=int(n_seq_max),
                    n_threads=None if n_threads is None else int(n_threads),
                    io_threads=None if io_threads is None else int(io_threads),
-                   expert_addressing="region" if expert_addressing == "auto" and skip_cold is not None else expert_addressing)
+                   expert_addressing="region" if expert_addressing == "auto" and skip_cold is not None else expert_addressing,
+                   speculative=spec[0], draft_max=spec[1], draft_p_min=spec[2])
 
 
 __all__ = ["Options", "check_options", "check_lossy", "EXPERT_ADDRESSINGS", "ROUTE_BIASES", "ADAPTIVE_K_DEFAULT", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]

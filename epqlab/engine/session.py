@@ -88,7 +88,8 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bo
         engine = core.Engine(str(lay.path), None, lay.architecture, o.expert_override, o.n_ctx * o.n_seq_max, o.n_batch,
                              o.n_ubatch, int(o.n_threads or cpu_threads()), (o.paged or record) and lay.is_moe,
                              lay.moe_layers, names, record, o.dense_mode, [(off, n) for _, off, n in lay.dense_tensors],
-                             files, list(lay.dense_files) if files else [], o.n_seq_max, False, LOGITS_BLOCK_BYTES)
+                             files, list(lay.dense_files) if files else [], o.n_seq_max, False, LOGITS_BLOCK_BYTES,
+                             o.speculative == "mtp", o.draft_max)
     except RuntimeError as e:
         # llama.cpp's refusals (no memory for the KV cache, a file it cannot load) and the lazy
         # load's (no relocations, mlock limit): one EpqlabError class naming the cause.
@@ -212,6 +213,19 @@ class Session:
             slots repeat the best kept expert with weight 0 (nothing extra read; the kept weights
             renormalized as the architecture does). :meth:`adaptive_k_per_layer` gives the mean k.
             Not with ``skip_cold``.
+        speculative: ``None`` (default) or ``"mtp"``: speculative decoding with the model's own MTP block (llama.cpp's
+            ``--spec-type draft-mtp``; :mod:`epqlab.engine.speculative` states the loop): an MTP draft context over the
+            same model drafts up to ``draft_max`` tokens, one target pass verifies them, and each is accepted while the
+            request's sampler, run on the verify rows in order, picks it (greedy output equals non-speculative greedy
+            output). The MTP block's routed experts are paged in the same arena, inside the same budget. Works in
+            :meth:`generate`, :meth:`stream`, :meth:`create_completion` / chat and the server, one sequence at a time
+            (``n_seq_max=1``). Stats: ``spec_drafted``, ``spec_accepted``, ``spec_acceptance``, ``spec_mean_accepted``,
+            ``spec_verify_union`` (distinct experts per trunk layer and target pass). Not with ``prefetch``,
+            ``route_log`` or a lossy knob.
+        draft_max: with ``speculative``: most tokens drafted per verify pass, 1..8 (default 3, llama.cpp's
+            ``--spec-draft-n-max``).
+        draft_p_min: with ``speculative``: a draft stops at a token whose probability among the MTP head's 10 best
+            is below this (default 0, llama.cpp's ``--draft-p-min``).
         arena_bytes: size the arena directly (bytes or "256MiB"), ignoring ``ram_budget``; for
             experiments that fix the arena rather than the process budget.
         prefetch: ``None`` (default) or a next-layer predictor, ``"lookahead"`` | ``"previous"`` |
@@ -288,6 +302,8 @@ class Session:
                  # the lossy routing knobs (off by default)
                  route_bias: str | None = None, route_delta: float | None = None, adaptive_k=None,
                  expert_budget: int | None = None,
+                 # speculative decoding with the model's MTP block
+                 speculative: str | None = None, draft_max: int | None = None, draft_p_min: float | None = None,
                  # what is written down
                  route_log=None, stats_file=None, time_split: bool = True):
         # A dense GGUF is accepted with pager=False (plain runs, perplexity baselines).
@@ -301,8 +317,13 @@ class Session:
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
                           read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
                           read_rate_limit=read_rate_limit, route_bias=route_bias, route_delta=route_delta,
-                          adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing)
+                          adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing,
+                          speculative=speculative, draft_max=draft_max, draft_p_min=draft_p_min)
         self.options = o
+        self.speculative, self.draft_max, self.draft_p_min = o.speculative, o.draft_max, o.draft_p_min
+        self.mtp_blocks = list(lay.mtp_moe_layers) if o.speculative else []
+        if o.speculative:  # the MTP block's experts are paged in the same arena (epqlab/engine/speculative.py)
+            self.layout = lay = lay.with_mtp()
         self.expert_addressing = "region" if o.paged else None  # resolved when the pager is attached
         self.route_bias, self.route_delta, self.adaptive_k = o.route_bias, o.route_delta, o.adaptive_k
         self.expert_budget = o.expert_budget
@@ -480,7 +501,8 @@ class Session:
     def stream(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
                seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-               reuse_kv: bool = False, forced: str | Sequence[int] | None = None) -> Stream:
+               reuse_kv: bool = False, forced: str | Sequence[int] | None = None,
+               draft_accept: float | None = None, draft_seed: int = 0) -> Stream:
         """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
 
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
@@ -497,11 +519,22 @@ class Session:
         real token sequence. Use it to time decode on a random-weight model, whose own greedy output
         repeats itself and routes alike token after token (hit rates far above a real model's).
 
+        ``draft_accept`` (study mode of ``speculative="mtp"``, with ``forced``): the acceptance a, 0..1. Random
+        weights draft nonsense, so acceptance is set: each draft token is the forced text's next token, replaced by
+        a wrong one with probability 1 - a (``draft_seed`` seeds the choice), and accepted while it equals the text.
+        The MTP draft passes, the verify passes and the rollbacks all run, so time and bytes are measured.
+
         Returns:
             a :class:`~epqlab.engine.generation.Stream`; once it ends, ``.result`` is the
             :class:`Generation` and ``.stats`` its run stats (as :meth:`generate` returns them).
         """
         self.decoder.check_open()
+        if draft_accept is not None:
+            if self.speculative is None or forced is None:
+                raise ValueError("draft_accept is the study mode of speculative='mtp' with forced text: open the Session "
+                                 "with speculative='mtp' and pass forced=...")
+            if isinstance(draft_accept, bool) or not isinstance(draft_accept, numbers.Real) or not 0 <= draft_accept <= 1:
+                raise ValueError(f"draft_accept is a probability in 0..1, got {draft_accept!r}")
         if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
             raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
         if n_predict < 0:
@@ -519,7 +552,8 @@ class Session:
             forced = self.prompt_tokens(forced, False)
         sampler = Sampler(self.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
-        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv, forced=forced)
+        return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv, forced=forced,
+                      draft_accept=None if draft_accept is None else (float(draft_accept), int(draft_seed)))
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
                  seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,

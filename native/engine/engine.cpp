@@ -75,6 +75,8 @@ static std::string take_errors() {
 
 void engine_set_verbose(bool verbose) { g_verbose = verbose; }
 
+std::string engine_take_errors() { return take_errors(); }
+
 bool malloc_release() { return malloc_trim(0) != 0; }
 
 int64_t malloc_bytes() {
@@ -95,6 +97,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     mp.load_mode       = LLAMA_LOAD_MODE_MMAP;
     mp.use_extra_bufts = false;  // repacking would copy quantized experts into RAM
     mp.check_tensors   = false;
+    mp.load_mtp        = cfg.mtp;  // the nextn blocks are TENSOR_SKIP otherwise (src/models/qwen35moe.cpp)
     std::vector<llama_model_kv_override> kvo;
     if (cfg.expert_used > 0) {
         llama_model_kv_override o{};
@@ -178,6 +181,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
     cp.no_perf = true;
     cp.n_seq_max = (uint32_t) std::max(1, cfg.n_seq_max);
     cp.kv_unified = cfg.kv_unified;
+    cp.n_rs_seq = (uint32_t) std::max(0, cfg.n_rs_seq);
     if (cfg.logits_block_bytes > 0) {  // engine.h: reserve the graph for the outputs a ubatch can really have
         const int64_t n_vocab = std::max<int32_t>(1, llama_vocab_n_tokens(vocab_));
         const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(cfg.n_batch, cfg.logits_block_bytes / (4 * n_vocab)));
@@ -197,9 +201,21 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) +
                                  "; a smaller n_ctx needs less memory)" + take_errors());
     }
+    if (cfg.mtp) {
+        try {
+            create_mtp_context(cp);
+        } catch (...) {
+            llama_free(ctx_);
+            ctx_ = nullptr;
+            llama_model_free(model_);
+            model_ = nullptr;
+            throw;
+        }
+    }
 }
 
 engine::~engine() {
+    if (mtp_ctx_) llama_free(mtp_ctx_);
     if (ctx_) llama_free(ctx_);
     if (model_) llama_model_free(model_);
 }
@@ -234,7 +250,10 @@ void engine::attach_pager(pager * pg) {
     hook_->set_pager(pg);
 }
 
-void engine::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+void engine::clear() {
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    if (mtp_ctx_) llama_memory_clear(llama_get_memory(mtp_ctx_), true);
+}
 
 void engine::seq_rm(int32_t seq, int32_t p0) {
     if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
@@ -291,6 +310,7 @@ void engine::decode(const int32_t * tokens, int n, int pos0, bool all, float * o
     b.n_tokens = n;
     if (hook_) hook_->set_decode_step(n == 1);  // one token is a decode step; a prompt chunk of several is exact (hook.h, lossy rewrites)
     run(b);
+    last_n_tokens_ = n;
     const int n_out = all ? n : 1;
     // nv: vocabulary size (checked above)
     const float * lg = llama_get_logits(ctx_);
@@ -323,6 +343,7 @@ void engine::decode_seqs(const int32_t * tokens, const int32_t * pos, const int3
         if (hook_) hook_->set_decode_step(std::adjacent_find(sq.begin(), sq.end()) == sq.end());
     }
     run(b);
+    last_n_tokens_ = n;
     // llama_get_logits holds the output rows in batch order of the tokens that asked for them
     const float * lg = llama_get_logits(ctx_);
     memcpy(out, lg, sizeof(float) * (size_t) n_out * nv);

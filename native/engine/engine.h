@@ -55,6 +55,12 @@ struct engine_config {
     // and the index in paths of the file holding each dense range. Empty: one file.
     std::vector<std::string> paths;
     std::vector<int32_t>     dense_files;
+    // MTP speculative decoding (engine_mtp.cpp): load the model's nextn (MTP) blocks and create a second
+    // context of type LLAMA_CONTEXT_TYPE_MTP over the same model, with the same expert hook, so the MTP
+    // block's routed experts are paged like any layer's. n_rs_seq: recurrent-state snapshots per sequence
+    // kept by the target context, so a hybrid model's state can roll back that many rejected tokens.
+    bool        mtp = false;
+    int32_t     n_rs_seq = 0;
 };
 
 struct engine_load_report {
@@ -105,6 +111,23 @@ public:
     int32_t n_threads() const;
     bool    is_eog(int32_t token) const;
     expert_hook * hook() { return hook_.get(); }
+
+    // MTP speculation (engine_mtp.cpp; engine_config::mtp). The target context outputs the post-norm hidden
+    // state of every token of a decode (llama_set_embeddings_nextn, unmasked), the MTP context that of its
+    // output tokens only.
+    bool    has_mtp() const { return mtp_ctx_ != nullptr; }
+    int32_t n_embd() const;
+    int32_t n_rs_seq() const;  // snapshots the target keeps per sequence (0: no partial rollback)
+    // The hidden rows [n, n_embd] of the last target decode's first n tokens (n <= its token count).
+    void    nextn_rows(int n, float * out) const;
+    // One pass of the MTP context over n tokens of sequence seq: token i at position pos[i], paired with the
+    // target's hidden row h[i] ([n, n_embd]); logits ([n_out, n_vocab]) and hidden rows ([n_out, n_embd]) of
+    // the tokens with want[i] != 0, in order. Same refusals and failure rule as decode (both contexts are
+    // cleared on failure).
+    void    mtp_decode(const int32_t * tokens, const int32_t * pos, const float * h, const uint8_t * want, int n,
+                       int32_t seq, float * logits_out, float * h_out);
+    // Frees the MTP context's cells of sequence seq from p0 on (p0 <= 0: all).
+    void    mtp_seq_rm(int32_t seq, int32_t p0);
     const engine_load_report & load_report() const { return load_; }
     void attach_pager(pager * pg);
 
@@ -112,6 +135,9 @@ private:
     void run(struct llama_batch & b);  // llama_decode with the hook's begin/end; throws as decode() says
     llama_model *                 model_ = nullptr;
     llama_context *               ctx_ = nullptr;
+    llama_context *               mtp_ctx_ = nullptr;  // engine_config::mtp
+    int32_t                       last_n_tokens_ = 0;   // tokens of the last target decode (nextn_rows)
+    void create_mtp_context(const struct llama_context_params & cp);
     const llama_vocab *           vocab_ = nullptr;
     std::unique_ptr<expert_hook>  hook_;
     engine_load_report            load_;
@@ -125,3 +151,5 @@ int64_t malloc_bytes();
 // load is then not inflated by an earlier load's freed heap.
 bool malloc_release();
 void    engine_set_verbose(bool verbose);
+// llama.cpp's error lines logged since the last call, folded into " [llama.cpp: ...]" (empty when none).
+std::string engine_take_errors();

@@ -126,7 +126,8 @@ void register_engine(py::module_ & m) {
                          int n_batch, int n_ubatch, int n_threads, bool install_hook, std::vector<int32_t> blocks,
                          std::vector<std::tuple<std::string, int, int>> names, bool record, int dense_mode,
                          std::vector<std::pair<int64_t, int64_t>> dense_ranges, std::vector<std::string> paths,
-                         std::vector<int32_t> dense_files, int n_seq_max, bool kv_unified, int64_t logits_block_bytes) {
+                         std::vector<int32_t> dense_files, int n_seq_max, bool kv_unified, int64_t logits_block_bytes,
+                         bool mtp, int n_rs_seq) {
                  engine_config c;
                  c.path = path;
                  c.arch = arch;
@@ -144,6 +145,9 @@ void register_engine(py::module_ & m) {
                  c.n_seq_max = n_seq_max;
                  c.kv_unified = kv_unified;
                  c.logits_block_bytes = logits_block_bytes;
+                 c.mtp = mtp;
+                 if (n_rs_seq < 0) throw std::invalid_argument("n_rs_seq must be >= 0");
+                 c.n_rs_seq = n_rs_seq;
                  py::gil_scoped_release nogil;
                  return new engine(c, pg, blocks, names, record);
              }),
@@ -152,7 +156,40 @@ void register_engine(py::module_ & m) {
              py::arg("blocks"), py::arg("names"), py::arg("record"), py::arg("dense_mode") = (int) DENSE_MMAP,
              py::arg("dense_ranges") = std::vector<std::pair<int64_t, int64_t>>{},
              py::arg("paths") = std::vector<std::string>{}, py::arg("dense_files") = std::vector<int32_t>{},
-             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false, py::arg("logits_block_bytes") = 0)
+             py::arg("n_seq_max") = 1, py::arg("kv_unified") = false, py::arg("logits_block_bytes") = 0,
+             py::arg("mtp") = false, py::arg("n_rs_seq") = 0)
+        .def_property_readonly("has_mtp", &engine::has_mtp)
+        .def_property_readonly("n_embd", &engine::n_embd)
+        .def_property_readonly("n_rs_seq", &engine::n_rs_seq)
+        .def("nextn_rows", [](const engine & e, int n) {
+            // float32 [n, n_embd]: the post-norm hidden rows of the last target decode's first n tokens
+            py::array_t<float> out({(py::ssize_t) n, (py::ssize_t) e.n_embd()});
+            e.nextn_rows(n, out.mutable_data());
+            return out;
+        }, py::arg("n"))
+        .def("mtp_decode", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> toks,
+                              py::array_t<int32_t, py::array::c_style | py::array::forcecast> pos,
+                              py::array_t<float, py::array::c_style | py::array::forcecast> h,
+                              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> want, int32_t seq) {
+            // One MTP-context pass (native/engine/engine.h mtp_decode): returns (logits float32 [n_out, n_vocab],
+            // hidden float32 [n_out, n_embd]) of the tokens with want != 0, in order.
+            const int n = (int) toks.size();
+            if (n == 0) throw std::invalid_argument("mtp_decode needs at least one token");
+            if (pos.size() != n || want.size() != n || h.size() != (py::ssize_t) n * e.n_embd())
+                throw std::invalid_argument("mtp_decode: tokens, pos and want must have n entries and h n x n_embd");
+            int n_out = 0;
+            for (int i = 0; i < n; i++) n_out += want.data()[i] != 0;
+            py::array_t<float> lg({(py::ssize_t) n_out, (py::ssize_t) e.n_vocab()});
+            py::array_t<float> hr({(py::ssize_t) n_out, (py::ssize_t) e.n_embd()});
+            const int32_t * t = toks.data(); const int32_t * p = pos.data(); const float * hh = h.data();
+            const uint8_t * w = want.data(); float * dl = lg.mutable_data(); float * dh = hr.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                e.mtp_decode(t, p, hh, w, n, seq, dl, dh);
+            }
+            return py::make_tuple(lg, hr);
+        }, py::arg("tokens"), py::arg("pos"), py::arg("h"), py::arg("want"), py::arg("seq") = 0)
+        .def("mtp_seq_rm", &engine::mtp_seq_rm, py::arg("seq"), py::arg("p0") = -1)
         .def("load_report", [](const engine & e) { return epq_bind::to_dict(e.load_report(), load_fields()); })
         .def("tokenize", &engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
         .def("piece", [](const engine & e, int32_t tok) { return py::bytes(e.piece(tok)); })
