@@ -31,6 +31,7 @@ while they equal the text; the MTP passes still run, so the cost is measured, no
 from __future__ import annotations
 
 import numbers
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,7 @@ class MtpFollower:
         self.pending_h = np.zeros(self.n_embd, np.float32)
         self.last_rows: np.ndarray | None = None  # the last target decode's hidden rows [n, n_embd]
         self.last_pos0 = 0  # and the position of its first token
+        self.seconds = 0.0  # wall time of every catch-up pass so far
 
     def reset(self) -> None:
         self.pending_h = np.zeros(self.n_embd, np.float32)
@@ -112,6 +114,13 @@ class MtpFollower:
         self.pending_h = self.last_rows[p_keep - 1 - self.last_pos0].copy()
 
     def follow(self, tokens: np.ndarray, pos0: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._follow(tokens, pos0)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _follow(self, tokens: np.ndarray, pos0: int) -> None:
         n = len(tokens)
         h = self.engine.nextn_rows(n)
         hin = np.empty_like(h)
@@ -133,6 +142,9 @@ class SpecStats:
     verify_steps: int = 0     # target passes that verified a draft (1 + draft tokens each)
     plain_steps: int = 0      # target passes of one token (an empty draft)
     draft_passes: int = 0     # MTP passes that drafted (one token each)
+    draft_s: float = 0.0      # wall time of the draft passes, s
+    verify_s: float = 0.0     # wall time of the target passes of the decode phase (verify and plain), s
+    catchup_s: float = 0.0    # wall time of the MTP catch-up passes that follow them, s
     accepted_per_pos: list = field(default_factory=list)  # accepted drafts at draft position i (llama.cpp's n_accepted_per_pos)
 
     def fields(self) -> dict:
@@ -140,7 +152,8 @@ class SpecStats:
                 "spec_plain_steps": self.plain_steps, "spec_draft_passes": self.draft_passes,
                 "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
                 "spec_mean_accepted": self.accepted / self.verify_steps if self.verify_steps else 0.0,
-                "spec_accepted_per_pos": list(self.accepted_per_pos)}
+                "spec_accepted_per_pos": list(self.accepted_per_pos),
+                "spec_draft_s": self.draft_s, "spec_verify_s": self.verify_s, "spec_catchup_s": self.catchup_s}
 
 
 def _top_p(logits: np.ndarray) -> tuple[int, float]:
@@ -178,6 +191,7 @@ class MtpSpeculator:
             return out
         h = f.pending_h[None, :]
         tok = last
+        t0 = time.perf_counter()
         with d.lock:
             d.check_epoch(self.epoch)
             try:
@@ -197,6 +211,7 @@ class MtpSpeculator:
             except BaseException:
                 d.lost()
                 raise
+        self.stats.draft_s += time.perf_counter() - t0
         return out
 
     def tokens(self, logits: np.ndarray, pos: int, sampler, n_predict: int, forced_base: int = 0):
@@ -215,7 +230,11 @@ class MtpSpeculator:
         while n_out < n_predict:
             drafts = self._draft(last, pos, n_predict - n_out - 1)
             seq = [last] + drafts
+            t0, c0 = time.perf_counter(), d.mtp.seconds
             rows = d.decode(seq, pos, True, 1, self.epoch)  # PHASE_DECODE; the follower catches the MTP context up
+            dc = d.mtp.seconds - c0
+            self.stats.catchup_s += dc
+            self.stats.verify_s += time.perf_counter() - t0 - dc
             k = len(drafts)
             if k:
                 self.stats.verify_steps += 1

@@ -12,6 +12,7 @@
 // llama_set_embeddings_nextn itself changes (the last layer then computes every row, as for all-logits decodes).
 #include "engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,8 @@ LLAMA_API void    llama_set_embeddings_nextn(struct llama_context * ctx, bool va
 LLAMA_API float * llama_get_embeddings_nextn(struct llama_context * ctx);
 LLAMA_API float * llama_get_embeddings_nextn_ith(struct llama_context * ctx, int32_t i);
 
+static constexpr uint32_t MTP_UBATCH = 64;  // tokens per ubatch of the MTP context (create_mtp_context)
+
 void engine::create_mtp_context(const llama_context_params & cp_tgt) {
     if (llama_model_n_layer_nextn(model_) <= 0)
         throw std::invalid_argument("this model has no MTP (nextn) block: speculative=\"mtp\" needs a GGUF with "
@@ -31,6 +34,11 @@ void engine::create_mtp_context(const llama_context_params & cp_tgt) {
     llama_context_params dp = cp_tgt;
     dp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     dp.n_rs_seq = 0;  // the MTP context's memory is attention KV only (src/llama-model.cpp, create_memory)
+    // Its compute buffer grows with n_ubatch and its output rows: a draft pass outputs one row per sequence and a
+    // catch-up pass none, so it is reserved for that many outputs, and a long catch-up (a prompt chunk) runs in
+    // ubatches of MTP_UBATCH tokens instead of n_ubatch (the same tokens and positions; memory within the budget).
+    dp.n_ubatch = std::min<uint32_t>(cp_tgt.n_ubatch, MTP_UBATCH);
+    dp.n_outputs_max = std::max<uint32_t>(1, cp_tgt.n_seq_max);
     mtp_ctx_ = llama_init_from_model(model_, dp);
     if (!mtp_ctx_)
         throw std::runtime_error("llama.cpp could not create the MTP draft context (does this architecture support "
