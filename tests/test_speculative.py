@@ -235,3 +235,42 @@ def test_chat_completion_and_cli(model, capsys):
     assert "speculative (MTP)" in out and "drafted tokens accepted" in out
     assert main(["run", str(model), "-n", "2", "--spec-draft-n-max", "2"]) != 0
     assert "go with --spec-type draft-mtp" in capsys.readouterr().err
+
+
+def test_mtp_experts_inside_a_cgroup_of_the_budget(tmp_path):
+    """A qwen35moe whose MTP block pages from the same arena, under a memory cgroup of ram_budget + 16 MiB: the
+    budget is the smallest that works plus 8 MiB (an arena of about half the routed experts), and a speculative run
+    of held-out text at a = 0.8 decodes, reads the MTP block's experts, and stays under the limit."""
+    import json
+    import re
+    import sys
+
+    from epqlab.memory import limits
+    from epqlab.models import synthesize
+
+    if limits.cgroup_unavailable_reason() is not None:
+        pytest.skip(f"no writable memory cgroup here: {limits.cgroup_unavailable_reason()}")
+    m = tmp_path / "q35s.gguf"
+    synthesize(m, "qwen35-a3b", progress=False, n_layer=4, n_embd=512, n_head=4, n_head_kv=2, head_dim=128,
+               n_expert=128, n_expert_used=4, n_ff_exp=256, n_vocab=0)
+    lay = epqlab.inspect(m)
+    all_experts = lay.routed_expert_bytes + lay.mtp_expert_bytes
+
+    def child(budget, tag, limit=None):
+        spec = {"model": str(m), "ram_budget": budget, "n_predict": 16, "prompt_tokens": 16, "accept": 0.8,
+                "draft_max": 3, "seed": 1, "session_kw": {"n_threads": 1, "n_ctx": 256}}
+        (tmp_path / f"{tag}.json").write_text(json.dumps(spec))
+        argv = [sys.executable, "-m", "epqlab.studies.speculative_child", str(tmp_path / f"{tag}.json"),
+                str(tmp_path / f"{tag}.out")]
+        lim = limits.run_limited(argv, limit or 8 * 2**30, timeout_s=600)
+        return lim, json.loads((tmp_path / f"{tag}.out").read_text())
+
+    _, probe = child(64 * 2**20, "probe")  # refused: the message names the smallest budget that works
+    need = int(re.search(r"smallest budget that works is (\d+) bytes", probe["reason"]).group(1))
+    budget = need + 8 * 2**20
+    lim, out = child(budget, "run", budget + 16 * 2**20)
+    assert not lim.killed and out["status"] == "PASS", (lim.reason, out.get("reason"))
+    row = out["row"]
+    assert out["arena_bytes"] < all_experts  # the experts compete for the arena
+    assert row["mtp_union"] > 0 and row["ssd_mb_per_token"] > 0 and row["drafted"] > 0
+    assert lim.cgroup_peak is not None and lim.cgroup_peak <= budget + 16 * 2**20
