@@ -1,4 +1,4 @@
-"""MTP speculative decoding with paged experts (docs/DESIGN.md §3e): ``Session(speculative="mtp")``.
+"""MTP speculative decoding with paged experts (docs/DESIGN.md §3g): ``Session(speculative="mtp")``.
 
 A model with a multi-token-prediction block (``<arch>.nextn_predict_layers``: Qwen3.5/3.6's one MTP block) drafts
 with it: llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) runs the block on a token and the target's hidden

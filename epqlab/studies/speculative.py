@@ -1,5 +1,5 @@
 """The MTP speculation study: does drafting with the model's MTP block pay when the experts stream from disk?
-(docs/DESIGN.md §3e; bench/bench_mtp.py runs it under memory limits.)
+(docs/DESIGN.md §3g; bench/bench_mtp.py runs it under memory limits.)
 
 A random-weight model drafts nonsense, so acceptance is *set*, not measured: the Session's study mode
 (:meth:`epqlab.Session.stream` with ``forced`` and ``draft_accept=a``) feeds held-out text one token per position,

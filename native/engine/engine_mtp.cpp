@@ -1,5 +1,5 @@
 // engine_mtp: the MTP (multi-token prediction, "nextn") draft context of an engine, for speculative decoding
-// with paged experts (docs/DESIGN.md §3e).
+// with paged experts (docs/DESIGN.md §3g).
 //
 // Invariant: the MTP context is a second llama.cpp context over the engine's own model, created with the
 // same parameters and the same expert hook, so its graph's MoE layer (the nextn block, GGUF block n_layer)
