@@ -237,3 +237,27 @@ def test_batch_lossy_bench_json_becomes_a_section_of_paper_07(tmp_path):
         assert cells[:2] == [r["setting"], str(r["batch"])]
         assert float(cells[3]) == pytest.approx(r["decode_tok_s"] / base["decode_tok_s"], rel=1e-2)
         assert float(cells[9]) == pytest.approx(r["union_per_layer"], rel=1e-2)
+
+
+def test_mtp_bench_json_becomes_a_section_of_paper_06(tmp_path):
+    """bench/bench_mtp.py's JSON (the committed 8 GiB run on the 35B shape) is study 06 and renders one row per
+    (level, d, a) with tok/s over the same level's row without speculation and over plain, computed here."""
+    from epqlab.papers import write_papers
+    from epqlab.papers.studies import study_of
+
+    src = Path(__file__).parents[1] / "bench" / "results" / "mtp_8gib.json"
+    doc = json.loads(src.read_text())
+    assert study_of(doc) == "06_batching"
+    res = tmp_path / "results"
+    res.mkdir()
+    write_papers(res, tmp_path / "papers", extra=[src])
+    md = (tmp_path / "papers" / "06_batching.md").read_text()
+    assert "MTP speculative decoding with paged experts" in md
+    rows = _table(md, "level")[1:]
+    assert len(rows) == len(doc["rows"])
+    base = {r["level"]: r["tok_s"] for r in doc["rows"] if not r["draft_max"]}
+    for cells, r in zip(rows, doc["rows"]):
+        assert cells[0] == r["level"] and float(cells[3]) == pytest.approx(r["tok_s"], rel=2e-3)
+        assert float(cells[4]) == pytest.approx(r["tok_s"] / base[r["level"]], rel=2e-3)
+        assert float(cells[5]) == pytest.approx(r["tok_s"] / doc["plain_tok_s"], rel=2e-3)
+    assert "published acceptance a = 0.8" in md

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..routes import report as routes_report
-from ..studies import batching_report, probe_report, seed_scale_report, strict_report
+from ..studies import batching_report, probe_report, seed_scale_report, speculative_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
 from ..studies.ablation import batch_lossy_report, lossy_report, topk_report
 from ..units import fmt_bytes
@@ -119,6 +119,14 @@ def memory_levels(doc: dict) -> str:
 def batching(doc: dict) -> str:
     """06: one row per (memory point, batch size), the speculation table, and
     :func:`epqlab.studies.batching_report.reading`."""
+    if speculative_report.is_mtp_bench(doc):
+        df = speculative_report.frame(doc)
+        p = doc.get("parameters") or {}
+        return "\n\n".join([f"**MTP speculative decoding with paged experts** ({p.get('n')} teacher-forced tokens of "
+                             f"held-out text per run, acceptance set: each draft the text's next token, wrong with "
+                             f"probability 1 - a; medians of {p.get('repeats')} interleaved runs; plain: llama.cpp with "
+                             "every weight in RAM).", table(df, speculative_report.COLUMNS, floatfmt=".3g"),
+                             "\n".join(f"- {s}" for s in speculative_report.reading(doc))])
     df = _frame(doc["rows"], doc.get("parameters"))
     parts = ["**Several sequences per forward pass.**", table(df, batching_report.COLUMNS)]
     spec = doc.get("speculation") or {}
@@ -185,6 +193,8 @@ def study_of(doc: dict) -> str | None:
         return "01_io_probe"
     if "simulation" in doc and "union" in doc:
         return "02_route_overlap"
+    if speculative_report.is_mtp_bench(doc):
+        return "06_batching"
     if batch_lossy_report.is_bench(doc) or doc.get("kind") == "batch_lossy":
         return "07_lossy_knobs"
     if {"batch", "union_per_layer"} <= cols:
