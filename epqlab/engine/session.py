@@ -113,7 +113,9 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bo
     # at 4 GiB then outgrew its budget by ~190 MiB and was OOM-killed).
     dense_anon = int(report.get("dense_bytes") or 0) if o.dense_weights != "mmap" else 0
     malloc_rss = max(0, (after.rss_anon - before.rss_anon) - dense_anon)
-    untouched = max(0, (core.malloc_bytes() - m0) - malloc_rss)
+    # less what llama.cpp's schedulers malloc for split-input copies that a CPU-only graph never writes
+    # (native/engine/engine.cpp sched_idle; ~464 MiB per context on the 35B shape, docs/DESIGN.md §5)
+    untouched = max(0, (core.malloc_bytes() - m0) - malloc_rss - int(report.get("sched_idle_bytes") or 0))
     return engine, load_s, report, max(0, after.total - freed) + untouched
 
 

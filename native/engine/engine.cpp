@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cstdlib>
 #include <cstring>
 #include <malloc.h>
 #include <mutex>
@@ -26,12 +27,29 @@ static bool g_verbose = false;
 static std::mutex g_log_mu;
 static std::string g_errors;  // llama.cpp's error lines since the last take_errors() (capped)
 
+static int64_t g_sched_nodes = 0;  // graph size of the last scheduler llama.cpp created ("max_nodes = N", sched_reserve)
+
 static void log_cb(ggml_log_level level, const char * text, void *) {
     if (g_verbose) fputs(text, stderr);
     if (level == GGML_LOG_LEVEL_ERROR) {
         std::lock_guard<std::mutex> lk(g_log_mu);
         if (g_errors.size() < 4096) g_errors += text;
     }
+    if (const char * m = strstr(text, "max_nodes = "); m && strstr(text, "sched_reserve")) {
+        std::lock_guard<std::mutex> lk(g_log_mu);
+        g_sched_nodes = atoll(m + 12);
+    }
+}
+
+// Bytes of one scheduler's context buffer that a CPU-only graph never touches (engine.h, sched_idle_bytes): the
+// buffer ggml_backend_sched_new mallocs holds graph_size x GGML_SCHED_MAX_SPLIT_INPUTS (30) x 2 tensor headers for
+// the copies of split inputs, then the graph (ggml/src/ggml-backend.cpp); ggml_init does not clear a buffer it is
+// given, and with one backend and no pipeline copies no split input is copied, so only the graph at its start is
+// written. SCHED_TOUCH_MARGIN of it is charged anyway.
+static constexpr int64_t SCHED_TOUCH_MARGIN = 16ll << 20;
+static int64_t sched_idle(int64_t nodes) {
+    const int64_t inputs = nodes * 30 * 2 * (int64_t) sizeof(struct ggml_tensor);
+    return std::max<int64_t>(0, inputs - SCHED_TOUCH_MARGIN);
 }
 
 // s with every byte that is not part of valid UTF-8 written as \xNN: llama.cpp quotes names
@@ -187,6 +205,10 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(cfg.n_batch, cfg.logits_block_bytes / (4 * n_vocab)));
         cp.n_outputs_max = (uint32_t) std::max<int64_t>(rows, cp.n_seq_max);
     }
+    {
+        std::lock_guard<std::mutex> lk(g_log_mu);
+        g_sched_nodes = 0;
+    }
     if (cfg.install_hook) {
         hook_ = std::make_unique<expert_hook>(hook_pager, (int) blocks.size(), blocks, names, record_routes);
         cp.cb_eval = expert_hook::cb_eval;
@@ -201,9 +223,16 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
         throw std::runtime_error("llama.cpp could not create a context (n_ctx=" + std::to_string(cfg.n_ctx) +
                                  "; a smaller n_ctx needs less memory)" + take_errors());
     }
+    {
+        std::lock_guard<std::mutex> lk(g_log_mu);
+        load_.sched_idle_bytes += sched_idle(g_sched_nodes);
+        g_sched_nodes = 0;
+    }
     if (cfg.mtp) {
         try {
             create_mtp_context(cp);
+            std::lock_guard<std::mutex> lk(g_log_mu);
+            load_.sched_idle_bytes += sched_idle(g_sched_nodes);
         } catch (...) {
             llama_free(ctx_);
             ctx_ = nullptr;

@@ -73,6 +73,9 @@ struct engine_load_report {
     bool    dense_locked = false;
     double  dense_s = 0.0;
     double  model_s = 0.0;              // llama_model_load_from_file, seconds
+    // Of the bytes malloc handed out to the contexts' schedulers, those a CPU-only graph never writes (engine.cpp,
+    // sched_idle): malloc'd address space that stays untouched, so the Session does not charge it to the budget.
+    int64_t sched_idle_bytes = 0;
 };
 
 class engine {

@@ -59,6 +59,7 @@ static const std::vector<epq_bind::field<engine_load_report>> & load_fields() {
         EPQ_FIELD(engine_load_report, "dense_locked", s.dense_locked),
         EPQ_FIELD(engine_load_report, "dense_s", s.dense_s),
         EPQ_FIELD(engine_load_report, "model_load_s", s.model_s),
+        EPQ_FIELD(engine_load_report, "sched_idle_bytes", s.sched_idle_bytes),
     };
     return f;
 }
