@@ -103,6 +103,8 @@ def _drafts_from(ref_toks, pattern):
 def test_refusals(model, default_model_path):
     with pytest.raises(ValueError, match="nextn_predict_layers"):
         epqlab.Session(default_model_path, speculative="mtp", n_ctx=256)
+    with pytest.raises(ValueError, match="n_ubatch >= 5"):  # llama.cpp would abort in split_equal
+        epqlab.Session(model, speculative="mtp", n_ubatch=4, n_ctx=256)
     bad = [dict(speculative="eagle"), dict(speculative="mtp", draft_max=0), dict(speculative="mtp", draft_max=9),
            dict(speculative="mtp", draft_max=True), dict(speculative="mtp", draft_p_min=1.5),
            dict(draft_max=2), dict(speculative="mtp", n_seq_max=2), dict(speculative="mtp", prefetch="lookahead"),
@@ -113,6 +115,14 @@ def test_refusals(model, default_model_path):
     with epqlab.Session(model, n_ctx=256, n_threads=1) as s:
         with pytest.raises(ValueError, match="draft_accept"):
             s.stream(PROMPT, 4, forced=[5, 6, 7], draft_accept=0.5)
+    with epqlab.Session(model, n_ctx=256, n_threads=1, speculative="mtp") as s:
+        for seed in (-1, 1.5, "x"):
+            with pytest.raises(ValueError, match="draft_seed"):
+                s.stream(PROMPT, 4, forced=[5, 6, 7], draft_accept=0.5, draft_seed=seed)
+        with pytest.raises(ValueError, match="draft_seed"):
+            s.stream(PROMPT, 4, draft_seed=1)
+        g = s.generate(PROMPT, 0)  # nothing decoded: the counters are there, zero
+        assert g.stats["spec_drafted"] == 0 and g.stats["speculative"] == "mtp"
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "ls"])
@@ -274,3 +284,18 @@ def test_mtp_experts_inside_a_cgroup_of_the_budget(tmp_path):
     assert out["arena_bytes"] < all_experts  # the experts compete for the arena
     assert row["mtp_union"] > 0 and row["ssd_mb_per_token"] > 0 and row["drafted"] > 0
     assert lim.cgroup_peak is not None and lim.cgroup_peak <= budget + 16 * 2**20
+
+
+def test_near_the_context_end_speculation_stops_where_plain_decoding_does(model):
+    """A prompt 6 tokens short of n_ctx: drafts are cut so no verify pass crosses the context, and the generation
+    ends with the same error, after the same tokens, as non-speculative decoding."""
+    prompt = [3 + (i * 7) % 300 for i in range(250)]
+    outs = []
+    for kw in (dict(), dict(speculative="mtp", draft_max=3)):
+        with epqlab.Session(model, n_threads=1, n_ctx=256, pager=False, **kw) as s:
+            st = s.stream(prompt, 20)
+            with pytest.raises(ValueError, match="exceed the context"):
+                for _ in st:
+                    pass
+            outs.append(list(st.tokens))
+    assert outs[0] == outs[1] and len(outs[0]) == 256 - 250 + 1  # the last one sampled from position 255

@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import EpqlabError
 from .file_watch import FileWatch
 from .fair_lock import FairRLock
+from .speculative import MtpFollower
 from .tokens import token_array
 
 LOGITS_BLOCK_BYTES = 16 * 2**20
@@ -66,10 +67,7 @@ class Decoder:
         self.n_ctx = int(engine.n_ctx)
         self.n_batch = int(engine.n_batch)  # llama.cpp caps n_batch at the requested n_ctx
         # speculative="mtp": every target decode is followed by the MTP context's catch-up (epqlab/engine/speculative.py)
-        self.mtp = None
-        if getattr(engine, "has_mtp", False):
-            from .speculative import MtpFollower
-            self.mtp = MtpFollower(engine)
+        self.mtp = MtpFollower(engine) if getattr(engine, "has_mtp", False) else None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check_open(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .run_stats import append_jsonl, counters, run_stats
-from .speculative import MtpSpeculator
+from .speculative import MtpSpeculator, SpecStats
 from .stop_text import StopText
 
 
@@ -161,6 +161,8 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         if spec is not None:
             st.update(spec.stats.fields())
             st.update(_spec_unions(s, u0, d.layer_unions(), spec.stats))
+        elif getattr(s, "speculative", None):  # nothing decoded (n_predict 0): the counters are there, zero
+            st.update(SpecStats().fields())
         st["speculative"] = getattr(s, "speculative", None)
         st["teacher_forced"] = forced is not None
         st["interrupted"] = interrupted  # the stats line of a cut-short run says so (--stats-file JSONL)

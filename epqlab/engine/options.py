@@ -17,6 +17,7 @@ from ..layout import ModelLayout
 from ..paging.pager import MAX_IO_THREADS, POLICIES
 from ..units import parse_bytes
 from .prefetch import check_prefetch, resolve_predictor
+from .speculative import check_speculative
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp's compute threadpool holds at most this many
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h): sequences one context can hold
@@ -273,9 +274,8 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                          "(or 'auto', which picks it)")
     if expert_addressing != "auto" and not pager:
         raise ValueError(f"expert_addressing={expert_addressing!r} is how the pager presents experts; drop pager=False")
-    from .speculative import check_speculative
     spec = check_speculative(lay, speculative, draft_max, draft_p_min, n_seq_max=int(n_seq_max), prefetch=prefetch,
-                             route_log=route_log,
+                             route_log=route_log, n_batch=int(n_batch), n_ubatch=int(n_ubatch),
                              lossy=any(x is not None for x in (skip_cold, route_bias, expert_budget)) or ak is not None)
     dense = dense_weights if dense_weights is not None else ("anon" if pager else "mmap")
     if dense not in DENSE_MODES:

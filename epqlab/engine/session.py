@@ -218,12 +218,20 @@ class Session:
         speculative: ``None`` (default) or ``"mtp"``: speculative decoding with the model's own MTP block (llama.cpp's
             ``--spec-type draft-mtp``; :mod:`epqlab.engine.speculative` states the loop): an MTP draft context over the
             same model drafts up to ``draft_max`` tokens, one target pass verifies them, and each is accepted while the
-            request's sampler, run on the verify rows in order, picks it (greedy output equals non-speculative greedy
-            output). The MTP block's routed experts are paged in the same arena, inside the same budget. Works in
-            :meth:`generate`, :meth:`stream`, :meth:`create_completion` / chat and the server, one sequence at a time
-            (``n_seq_max=1``). Stats: ``spec_drafted``, ``spec_accepted``, ``spec_acceptance``, ``spec_mean_accepted``,
-            ``spec_verify_union`` (distinct experts per trunk layer and target pass). Not with ``prefetch``,
-            ``route_log`` or a lossy knob.
+            request's sampler, run on the verify rows in order, picks it. Greedy output equals non-speculative greedy
+            output up to the floating-point differences of a multi-row pass (~1e-3 in the logits), so a near-tie can
+            resolve differently. The MTP block's routed experts are paged in the same arena, inside the same budget.
+            :meth:`generate`, :meth:`stream`, :meth:`create_completion` / chat with one prompt and ``n=1``, and the
+            server speculate, one sequence at a time (``n_seq_max=1``; the server serves such requests in turn and
+            refuses several choices); :meth:`generate_batch` and several choices in-process decode without
+            speculation. Needs ``n_ubatch >= draft_max + 2``. Run stats: ``spec_drafted``, ``spec_accepted``,
+            ``spec_acceptance`` (accepted / drafted), ``spec_mean_accepted`` (per verify pass),
+            ``spec_accepted_per_pos`` (accepted drafts per draft position), ``spec_verify_steps`` (verify passes),
+            ``spec_plain_steps`` (target passes without a draft), ``spec_draft_passes`` (MTP draft passes),
+            ``spec_draft_s`` / ``spec_verify_s`` / ``spec_catchup_s`` (wall time of the draft passes, the target passes
+            and the MTP catch-up passes, s) and, with the pager, ``spec_verify_union`` (distinct experts per trunk
+            layer and target pass) and ``spec_mtp_union`` (per MTP pass). Not with ``prefetch``, ``route_log`` or a
+            lossy knob.
         draft_max: with ``speculative``: most tokens drafted per verify pass, 1..8 (default 3, llama.cpp's
             ``--spec-draft-n-max``).
         draft_p_min: with ``speculative``: a draft stops at a token whose probability among the MTP head's 10 best
@@ -504,7 +512,7 @@ class Session:
                seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True, *,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                reuse_kv: bool = False, forced: str | Sequence[int] | None = None,
-               draft_accept: float | None = None, draft_seed: int = 0) -> Stream:
+               draft_accept: float | None = None, draft_seed: int | None = None) -> Stream:
         """Yield the text of each generated token as it is produced (greedy when temperature <= 0).
 
         Stops after ``n_predict`` tokens, at an end-of-generation token, or when the text contains
@@ -523,7 +531,8 @@ class Session:
 
         ``draft_accept`` (study mode of ``speculative="mtp"``, with ``forced``): the acceptance a, 0..1. Random
         weights draft nonsense, so acceptance is set: each draft token is the forced text's next token, replaced by
-        a wrong one with probability 1 - a (``draft_seed`` seeds the choice), and accepted while it equals the text.
+        a wrong one with probability 1 - a (``draft_seed``, an integer >= 0, default 0, seeds the choice), and
+        accepted while it equals the text.
         The MTP draft passes, the verify passes and the rollbacks all run, so time and bytes are measured.
 
         Returns:
@@ -537,6 +546,11 @@ class Session:
                                  "with speculative='mtp' and pass forced=...")
             if isinstance(draft_accept, bool) or not isinstance(draft_accept, numbers.Real) or not 0 <= draft_accept <= 1:
                 raise ValueError(f"draft_accept is a probability in 0..1, got {draft_accept!r}")
+        if draft_seed is not None:
+            if draft_accept is None:
+                raise ValueError("draft_seed seeds draft_accept's draws: give draft_accept too (or drop draft_seed)")
+            if isinstance(draft_seed, bool) or not isinstance(draft_seed, numbers.Integral) or draft_seed < 0:
+                raise ValueError(f"draft_seed must be an integer >= 0, got {draft_seed!r}")
         if isinstance(n_predict, bool) or not isinstance(n_predict, numbers.Integral):
             raise ValueError(f"n_predict must be an integer, got {n_predict!r}")
         if n_predict < 0:
@@ -555,7 +569,7 @@ class Session:
         sampler = Sampler(self.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
         return Stream(self, toks, int(n_predict), sampler, stop, reuse_kv=reuse_kv, forced=forced,
-                      draft_accept=None if draft_accept is None else (float(draft_accept), int(draft_seed)))
+                      draft_accept=None if draft_accept is None else (float(draft_accept), int(draft_seed or 0)))
 
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, temperature: float = 0.0,
                  seed: int | None = None, stop: Sequence[str] | None = None, add_special: bool = True,

@@ -16,7 +16,9 @@ rollback):
 - one verify pass of the target over ``[last sampled, drafts...]``; its rows are sampled in order with the
   request's own sampler, each draft accepted while the sampled token equals it (llama.cpp's
   ``common_sampler_sample_and_accept_n``): every emitted token is the target's own sample given the accepted
-  prefix, so greedy output equals non-speculative greedy output;
+  prefix. Greedy output equals non-speculative greedy output up to the floating-point differences of a multi-row pass
+  (its rows take other kernels than a one-token pass: ~1e-3 in the logits on qwen35moe), so a near-tie between the
+  top two tokens can resolve differently, as in llama.cpp's own speculative decoding;
 - the rejected tail is removed from both contexts; a hybrid model's recurrent state rolls back through
   llama.cpp's per-token snapshots (``n_rs_seq`` = ``draft_max``, src/llama-memory-recurrent.cpp).
 
@@ -47,7 +49,7 @@ with the best one's probability among them."""
 
 
 def check_speculative(lay, speculative, draft_max, draft_p_min, *, n_seq_max: int = 1, prefetch=None,
-                      route_log=None, lossy: bool = False) -> tuple:
+                      route_log=None, lossy: bool = False, n_batch: int = 512, n_ubatch: int = 512) -> tuple:
     """Check the speculative-decoding options; returns ``(speculative, draft_max, draft_p_min)`` resolved
     (``(None, 0, 0.0)`` when off).
 
@@ -78,6 +80,10 @@ def check_speculative(lay, speculative, draft_max, draft_p_min, *, n_seq_max: in
                          "Qwen3.5/3.6 '-MTP' GGUF, or epqlab model synth qwen35-a3b), or drop speculative")
     if n_seq_max != 1:
         raise ValueError(f"speculative='mtp' decodes one sequence at a time; use n_seq_max=1 (got {n_seq_max})")
+    if n_ubatch < d + 2 or n_batch < d + 1:
+        raise ValueError(f"speculative='mtp' with draft_max={d} needs n_ubatch >= {d + 2} and n_batch >= {d + 1} (a verify "
+                         f"pass of {d + 1} tokens in one ubatch, with llama.cpp's rollback snapshots); got n_ubatch="
+                         f"{n_ubatch}, n_batch={n_batch}: raise them or lower draft_max")
     if prefetch is not None:
         raise ValueError("speculative='mtp' and prefetch are exclusive here: the MTP passes would interleave with the "
                          "predictor's layer-to-layer predictions (a trained predictor knows only the trunk's layers); drop one")
@@ -184,12 +190,11 @@ class MtpSpeculator:
     def _draft(self, last: int, pos: int, n_left: int) -> list[int]:
         """Up to draft_max tokens after ``last`` (at ``pos``, not yet decoded by the target)."""
         d = self.d
-        f = d.mtp
         n = min(self.draft_max, n_left)
         out: list[int] = []
         if n <= 0:
             return out
-        h = f.pending_h[None, :]
+        h = d.mtp.pending_h[None, :]
         tok = last
         t0 = time.perf_counter()
         with d.lock:
@@ -228,7 +233,9 @@ class MtpSpeculator:
         yield last
         n_out += 1
         while n_out < n_predict:
-            drafts = self._draft(last, pos, n_predict - n_out - 1)
+            # a draft never takes the verify past the context: the pass of the last token alone hits the limit
+            # where non-speculative decoding would
+            drafts = self._draft(last, pos, min(n_predict - n_out - 1, d.n_ctx - pos - 1))
             seq = [last] + drafts
             t0, c0 = time.perf_counter(), d.mtp.seconds
             rows = d.decode(seq, pos, True, 1, self.epoch)  # PHASE_DECODE; the follower catches the MTP context up

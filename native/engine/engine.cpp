@@ -21,6 +21,7 @@
 #include <stdexcept>
 
 #include "dense_weights.h"
+#include "ggml-backend.h"
 #include "llama.h"
 
 static bool g_verbose = false;
@@ -48,6 +49,9 @@ static void log_cb(ggml_log_level level, const char * text, void *) {
 // written. SCHED_TOUCH_MARGIN of it is charged anyway.
 static constexpr int64_t SCHED_TOUCH_MARGIN = 16ll << 20;
 static int64_t sched_idle(int64_t nodes) {
+    // only where every backend device is the CPU: with another backend (BLAS, a GPU) split inputs are copied there
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++)
+        if (ggml_backend_dev_type(ggml_backend_dev_get(i)) != GGML_BACKEND_DEVICE_TYPE_CPU) return 0;
     const int64_t inputs = nodes * 30 * 2 * (int64_t) sizeof(struct ggml_tensor);
     return std::max<int64_t>(0, inputs - SCHED_TOUCH_MARGIN);
 }
@@ -233,6 +237,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
             create_mtp_context(cp);
             std::lock_guard<std::mutex> lk(g_log_mu);
             load_.sched_idle_bytes += sched_idle(g_sched_nodes);
+            g_sched_nodes = 0;
         } catch (...) {
             llama_free(ctx_);
             ctx_ = nullptr;
