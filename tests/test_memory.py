@@ -100,8 +100,10 @@ def test_untouched_buffers_counted_wherever_dense_weights_live(private_model):
                             n_batch=2048, dense_weights=mode) as s:
             m = s.memory_parts()
             got[mode] = (m["used_before_arena"] - m["now"]["total"], m["dense"])
+            # the scheduler's split-input buffer (docs/DESIGN.md §5) is never touched, so it is not counted
+            assert s.load_report["sched_idle_bytes"] > 0
     assert got["anon"][1] > 64 * MiB and got["mmap"][1] == 0
-    assert got["mmap"][0] > 64 * MiB  # the ubatch's compute buffer, not yet touched
+    assert got["mmap"][0] > 48 * MiB  # the ubatch's compute buffer (~63 MiB here), not yet touched
     assert abs(got["anon"][0] - got["mmap"][0]) < 16 * MiB, got
 
 
