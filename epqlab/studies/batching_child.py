@@ -9,36 +9,26 @@ SPEC is a JSON file ``{"model", "ram_budget" (bytes or null), "batch", "n_predic
 """
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 from ..engine.session import Session
-from ..results import clean_json
 from .batching import measure
+from .child_run import run_child
+
+
+def _row(spec: dict, res: dict) -> None:
+    with Session(spec["model"], ram_budget=spec.get("ram_budget"), n_seq_max=int(spec["batch"]),
+                 **spec.get("session_kw", {})) as s:
+        res["row"] = measure(s, int(spec["batch"]), int(spec["n_predict"]),
+                             teacher_forced=bool(spec.get("teacher_forced", True)),
+                             prompt_tokens=int(spec.get("prompt_tokens", 32)))
+        res["memory"] = s.memory_parts()
+        res["load_s"] = s.load_s
+        res["arena_bytes"] = s.pager.arena_bytes if s.pager else 0
 
 
 def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    res: dict = {"status": "FAIL", "reason": None}
-    try:
-        with Session(spec["model"], ram_budget=spec.get("ram_budget"), n_seq_max=int(spec["batch"]),
-                     **spec.get("session_kw", {})) as s:
-            res["row"] = measure(s, int(spec["batch"]), int(spec["n_predict"]),
-                                 teacher_forced=bool(spec.get("teacher_forced", True)),
-                                 prompt_tokens=int(spec.get("prompt_tokens", 32)))
-            res["memory"] = s.memory_parts()
-            res["load_s"] = s.load_s
-            res["arena_bytes"] = s.pager.arena_bytes if s.pager else 0
-        res["status"] = "PASS"
-    except Exception as e:  # noqa: BLE001 - reported in OUT, the parent makes it a FAIL row
-        res["reason"] = f"{type(e).__name__}: {e}"
-        res["traceback"] = traceback.format_exc()[-4000:]
-    with open(out_path, "w") as f:
-        json.dump(clean_json(res), f)
-    return 0 if res["status"] == "PASS" else 1
+    return run_child(argv, _row)
 
 
 if __name__ == "__main__":

@@ -9,39 +9,29 @@ when ``accept`` is given), runs :func:`epqlab.studies.speculative.measure` and w
 """
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 from ..engine.session import Session
-from ..results import clean_json
+from .child_run import run_child
 from .speculative import measure
 
 
-def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    res: dict = {"status": "FAIL", "reason": None}
+def _row(spec: dict, res: dict) -> None:
     accept = spec.get("accept")
     kw = dict(spec.get("session_kw", {}))
     if accept is not None:
         kw.update(speculative="mtp", draft_max=int(spec["draft_max"]))
-    try:
-        with Session(spec["model"], ram_budget=spec.get("ram_budget"), **kw) as s:
-            res["row"] = measure(s, int(spec["n_predict"]), accept=accept, prompt_tokens=int(spec.get("prompt_tokens", 32)),
-                                 seed=int(spec.get("seed", 0)), window=int(spec.get("window", 0)))
-            res["memory"] = s.memory_parts()
-            res["load_s"] = s.load_s
-            res["arena_bytes"] = s.pager.arena_bytes if s.pager else 0
-            res["peak_total"] = s.peak.peak_total
-        res["status"] = "PASS"
-    except Exception as e:  # noqa: BLE001 - reported in OUT, the parent makes it a FAIL row
-        res["reason"] = f"{type(e).__name__}: {e}"
-        res["traceback"] = traceback.format_exc()[-4000:]
-    with open(out_path, "w") as f:
-        json.dump(clean_json(res), f)
-    return 0 if res["status"] == "PASS" else 1
+    with Session(spec["model"], ram_budget=spec.get("ram_budget"), **kw) as s:
+        res["row"] = measure(s, int(spec["n_predict"]), accept=accept, prompt_tokens=int(spec.get("prompt_tokens", 32)),
+                             seed=int(spec.get("seed", 0)), window=int(spec.get("window", 0)))
+        res["memory"] = s.memory_parts()
+        res["load_s"] = s.load_s
+        res["arena_bytes"] = s.pager.arena_bytes if s.pager else 0
+        res["peak_total"] = s.peak.peak_total
+
+
+def main(argv: list[str]) -> int:
+    return run_child(argv, _row)
 
 
 if __name__ == "__main__":
