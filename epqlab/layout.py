@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -180,7 +180,6 @@ class ModelLayout:
         figures and coverage include them (epqlab/engine/speculative.py). Itself when there are none."""
         if not self.mtp_layers:
             return self
-        from dataclasses import replace
         return replace(self, layers=list(self.layers) + list(self.mtp_layers),
                        routed_expert_bytes=self.routed_expert_bytes + self.mtp_expert_bytes,
                        mtp_layers=[], mtp_expert_bytes=0)

@@ -240,15 +240,12 @@ def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: li
     yield "end", 0, g, {"usage": _usage(len(toks), len(g.tokens)), "epqlab": clean_json(g.stats)}, _records(sampler, g)
 
 
-_SERIAL = threading.Lock()  # guards the creation of a session's turn lock
-
-
 def _serial_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str],
                    cancel: threading.Event | None) -> Iterator[tuple]:
-    """:func:`_single_events` in turn with the session's other serial requests: a plain lock (released by whichever
-    thread ends the iterator), taken when the first event is asked for and held until the generation ends."""
-    with _SERIAL:
-        turn = session.__dict__.setdefault("_serial_turn", threading.Lock())
+    """:func:`_single_events` in turn with the session's other serial requests: the Session's ``serial_turn``, a plain
+    lock (released by whichever thread ends the iterator), taken when the first event is asked for and held until the
+    generation ends."""
+    turn = session.serial_turn
     while not turn.acquire(timeout=CANCEL_POLL_S):
         if cancel is not None and cancel.is_set():
             return

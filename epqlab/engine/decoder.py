@@ -149,12 +149,7 @@ class Decoder:
             chunk = tokens[s:s + step]
             last = s + step >= len(tokens)
             with self.lock:
-                self.check_open()
-                if epoch != self.epoch:
-                    raise EpqlabError(
-                        "this generator's context was reset by another call on the same Session (one KV cache per "
-                        "Session); finish or discard a stream before starting another operation")
-                self.check_file()
+                self.check_epoch(epoch)
                 if pos0 + s != len(self.kv):  # the engine clears the KV on a failed decode
                     raise EpqlabError("this generator's context was lost (a decode failed or was interrupted); "
                                       "start a new operation")

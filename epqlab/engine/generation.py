@@ -105,42 +105,24 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         a, seed = draft_accept if draft_accept is not None else (1.0, 0)
         spec = MtpSpeculator(d, epoch, s.draft_max, s.draft_p_min, forced=forced, accept_rate=a, seed=seed)
         u0 = d.layer_unions()
+        source = spec.tokens(logits, pos, sampler, n_predict, forced_base=pos)
+    else:
+        source = _step_tokens(d, epoch, logits, pos, sampler, n_predict, forced)
+    yielded = 0  # token ids the source gave: every one but the first came from a decode
     try:
-        for tok in (spec.tokens(logits, pos, sampler, n_predict, forced_base=pos) if spec is not None else ()):
+        for tok in source:
+            yielded += 1
             if forced is None and d.is_eog(tok):
                 reason = "stop"
                 break
             out.append(tok)
             piece = text.add(d.piece(tok))
-            if piece or forced is not None:  # teacher forcing: one piece per token (may be "")
+            # teacher forcing: one piece per token (may be "": a character cut between tokens); no stop strings
+            if piece or forced is not None:
                 yield piece
             if text.stopped:
                 reason = "stop"
                 break
-        while spec is None and len(out) < n_predict:
-            if forced is not None:  # teacher forcing: same graph, hook and stats; the text's token
-                out.append(forced[len(out)])
-                yield text.add(d.piece(out[-1]))  # may be "" (a character cut between tokens): one piece per token
-                if len(out) >= n_predict:
-                    break
-                logits = d.step(out[-1], pos, epoch)
-                pos += 1
-                continue
-            tok = sampler.sample(logits)
-            if d.is_eog(tok):
-                reason = "stop"
-                break
-            out.append(tok)
-            piece = text.add(d.piece(tok))
-            if piece:
-                yield piece
-            if text.stopped:
-                reason = "stop"
-                break
-            if len(out) >= n_predict:
-                break
-            logits = d.step(tok, pos, epoch)
-            pos += 1
         rest = text.flush()  # held back in case it began a stop string; the generation is over
         if rest:
             yield rest
@@ -155,7 +137,7 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
             # the oracle's carried batch for a next token (a log longer than this run): its reads
             # belong to this run's bytes (in vain), not the next run's
             s.pager.native.prefetch_finish()
-        passes = pos - len(toks) if spec is None else max(0, len(out) - 1)  # tokens from decode (decode_tok_s)
+        passes = max(0, yielded - 1)  # tokens that came from a decode (decode_tok_s)
         st = run_stats(s, len(toks), len(out), passes, t_prefill, t_decode, c0, c1, counters(s),
                        n_prompt_reused=reused)
         if spec is not None:
@@ -172,6 +154,17 @@ def _run(s, toks: list[int], n_predict: int, sampler, stops: list[str], reuse_kv
         # a character cut by the last token is dropped, as llama-cpp-python does
         holder.result = Generation(text.text, out, toks, st, reason)
         sampler.free()
+
+
+def _step_tokens(d, epoch: int, logits, pos: int, sampler, n_predict: int, forced: list[int] | None):
+    """Up to ``n_predict`` token ids, one single-token decode step each: the forced text's (teacher forcing: same
+    graph, hook and stats), or sampled from the last logits. A token's own step runs only when the next one is asked
+    for, so an end-of-generation token, a stop string's last token or the last token is never decoded."""
+    for i in range(n_predict):
+        tok = forced[i] if forced is not None else sampler.sample(logits)
+        yield tok
+        if i + 1 < n_predict:
+            logits = d.step(tok, pos + i, epoch)
 
 
 def _spec_unions(s, u0, u1, stats) -> dict:

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import numbers
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -350,6 +351,9 @@ class Session:
         self._pager: Pager | None = None
         self.peak = PeakTracker()
         self.runs: list[dict] = []
+        # speculative requests of a server take turns on the one sequence (epqlab/engine/completion_run.py); a plain
+        # lock: a streamed request's iterator may end on another thread than the one that started it
+        self.serial_turn = threading.Lock()
         self.time_split_log = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
         record = self.route_log_path is not None
         # no local name holds the engine: a refusal's traceback (ArenaTooSmall below) must not keep the model alive

@@ -26,7 +26,7 @@ The MTP block's routed experts are paged in the same arena as the trunk's (the l
 :meth:`epqlab.layout.ModelLayout.with_mtp`), so the budget covers them. One sequence at a time
 (``n_seq_max=1``).
 
-Study mode (:meth:`epqlab.Session.speculative_forced`): random weights draft nonsense, so acceptance is *set*:
+Study mode (:meth:`epqlab.Session.stream` with ``forced`` and ``draft_accept``): random weights draft nonsense, so acceptance is *set*:
 the drafts are the teacher text's next tokens, each replaced by a wrong one with probability 1 - a, and accepted
 while they equal the text; the MTP passes still run, so the cost is measured, not the quality.
 """
@@ -165,11 +165,8 @@ class SpecStats:
 def _top_p(logits: np.ndarray) -> tuple[int, float]:
     """The best token and its probability among the :data:`DRAFT_TOP_K` best logits."""
     k = min(DRAFT_TOP_K, len(logits))
-    top = np.argpartition(logits, -k)[-k:]
-    best = int(np.argmax(logits))
-    z = logits[top].astype(np.float64)
-    p = np.exp(z - z.max())
-    return best, float(np.exp(float(logits[best]) - z.max()) / p.sum())
+    z = logits[np.argpartition(logits, -k)[-k:]].astype(np.float64)
+    return int(np.argmax(logits)), float(1.0 / np.exp(z - z.max()).sum())  # the best one's exp(0) = 1 over the sum
 
 
 class MtpSpeculator:

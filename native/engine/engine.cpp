@@ -309,15 +309,23 @@ bool engine::memory_is_recurrent() const { return llama_model_is_recurrent(model
 
 int32_t engine::n_swa() const { return llama_model_n_swa(model_); }
 
-void engine::run(llama_batch & b) {
+int engine::hooked_call(const std::function<int()> & call) {
     if (hook_) hook_->begin_decode();
-    const int rc = llama_decode(ctx_, b);
+    const int rc = call();
     if (hook_) hook_->end_decode();
-    llama_batch_free(b);
     if (hook_ && hook_->failed()) {
         clear();
         hook_->rethrow_if_failed();
     }
+    return rc;
+}
+
+void engine::run(llama_batch & b) {
+    const int rc = hooked_call([&] {
+        const int r = llama_decode(ctx_, b);
+        llama_batch_free(b);
+        return r;
+    });
     if (rc != 0) {
         clear();
         throw std::runtime_error("llama_decode failed with status " + std::to_string(rc) +

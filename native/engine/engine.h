@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -136,6 +137,9 @@ public:
 
 private:
     void run(struct llama_batch & b);  // llama_decode with the hook's begin/end; throws as decode() says
+    // A llama.cpp decode call (which frees its batch) bracketed by the hook's begin/end: a hook failure clears both
+    // contexts and is rethrown; otherwise returns the call's status.
+    int hooked_call(const std::function<int()> & call);
     llama_model *                 model_ = nullptr;
     llama_context *               ctx_ = nullptr;
     llama_context *               mtp_ctx_ = nullptr;  // engine_config::mtp

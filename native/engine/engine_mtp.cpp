@@ -92,17 +92,12 @@ void engine::mtp_decode(const int32_t * tokens, const int32_t * pos, const float
             outs.push_back(idx);
         }
     }
-    if (hook_) {
-        hook_->set_decode_step(n == 1);
-        hook_->begin_decode();
-    }
-    const int rc = llama_process(mtp_ctx_, LLAMA_PROCESS_TYPE_DECODE, b);
-    if (hook_) hook_->end_decode();
-    llama_batch_ext_free(b);
-    if (hook_ && hook_->failed()) {
-        clear();
-        hook_->rethrow_if_failed();
-    }
+    if (hook_) hook_->set_decode_step(n == 1);
+    const int rc = hooked_call([&] {
+        const int r = llama_process(mtp_ctx_, LLAMA_PROCESS_TYPE_DECODE, b);
+        llama_batch_ext_free(b);
+        return r;
+    });
     if (rc != 0) {
         clear();
         throw std::runtime_error("llama.cpp's MTP decode failed with status " + std::to_string(rc) + engine_take_errors());
