@@ -26,13 +26,16 @@ plain tok/s. Run it alone: a build, a test suite or a helper beside it measures 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import time
 
 import epqlab
 from epqlab.data import heldout_texts
+from epqlab.engine.predictor import ExpertPredictor
 from epqlab.paging.pager import default_io_threads
 from epqlab.studies import roofline, strict, strict_report
 from epqlab.studies.strict import DEFAULT_PROMPT
@@ -61,14 +64,18 @@ def prefetch_variants(a) -> dict:
         name = name.strip()
         if name == "off":
             out[name] = {}
-        elif name == "trained":
+        elif name == "trained" or name.startswith("trained-"):
             path = a.predictor or os.path.splitext(a.model)[0] + ".predictor.npz"
             if not os.path.exists(path):
                 from epqlab.studies.predictor_fit import fit_for_model
 
                 print(f"fitting the prefetch predictor on the shipped calibration texts -> {path}", flush=True)
                 fit_for_model(a.model, depth=1).save(path)
-            out[name] = {"prefetch": "trained", "prefetch_predictor": path}
+            if name != "trained":  # trained-bf16, trained-q8_0: a copy of it kept in that weight type
+                p = ExpertPredictor.load(path)
+                path = dataclasses.replace(p, weight_type=name.split("-", 1)[1]).save(
+                    os.path.join(tempfile.mkdtemp(prefix="epq-pred-"), f"{name}.npz"))
+            out[name] = {"prefetch": "trained", "prefetch_predictor": str(path)}
         else:
             out[name] = {"prefetch": name}
     addrs = [x.strip() for x in a.addressing.split(",")]
@@ -99,7 +106,8 @@ def main():
     ap.add_argument("--mmap-n", type=int, default=8, help="tokens of the mmap baseline run (0: skip it)")
     ap.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill run (0: skip it)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain-in-RAM reference")
-    ap.add_argument("--prefetch", default="off", help="comma-separated: off and/or a predictor (lookahead, trained, ...)")
+    ap.add_argument("--prefetch", default="off", help="comma-separated: off and/or a predictor (lookahead, trained, ...); "
+                    "trained-bf16 / trained-q8_0: the trained predictor kept in that weight type")
     ap.add_argument("--predictor", default=None, help="prefetch=trained: a predictor .npz (fitted and saved here if absent)")
     ap.add_argument("--addressing", default="auto",
                     help="comma-separated expert addressings to compare (slots, region; default auto): each prefetch "

@@ -59,10 +59,47 @@ def test_bf16_round_hand_values():
     assert np.array_equal(P.bf16_round(x), want)
 
 
-def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
+def test_engine_predictor_logits_equal_numpy(default_path, heldout, fitted):
+    """The hook's trained predictor (W in Q8_0 with ggml-cpu's vec_dot over a Q8_0 input, or W in bfloat16 over the
+    float32 input) against NumPy's float64 product of the same rounded operands (gguf-py's Q8_0), per layer and depth;
+    the two types' logits differ by far more than the tolerance, so a hook applying the wrong type fails."""
+    import dataclasses
+
+    H, _ = heldout
+    p = fitted[0]
+    got = {}
+    with epqlab.Session(default_path, arena_bytes="6MiB") as s:
+        eng = s.decoder.engine
+        for wt in P.WEIGHT_TYPES:
+            q = dataclasses.replace(p, weight_type=wt)
+            eng.set_predictor(q.W, q.b, wt)
+            for d in (1, 2):
+                for l in (0, H.shape[1] // 2, H.shape[1] - 1 - d):
+                    rows = H[::37, l]
+                    want = (P.applied_input(rows, wt).astype(np.float64) @ P.applied_weights(q.W[d - 1, l], wt).T.astype(np.float64)
+                            + q.b[d - 1, l])
+                    eng_l = np.stack([eng.predictor_logits(l, d, r) for r in rows])
+                    scale = np.abs(want).max()
+                    assert np.abs(eng_l - want).max() <= 2e-6 * scale, (wt, d, l, np.abs(eng_l - want).max() / scale)
+                    got[wt, d, l] = eng_l
+        with pytest.raises(ValueError, match="outside the predictor"):
+            eng.predictor_logits(0, 3, H[0, 0])
+        with pytest.raises(ValueError, match="width"):
+            eng.predictor_logits(0, 1, H[0, 0, :-1])
+        with pytest.raises(ValueError, match="'q8_0' or 'bf16'"):
+            eng.set_predictor(p.W, p.b, "q4_0")
+    gap = max(np.abs(got["q8_0", k[1], k[2]] - got["bf16", k[1], k[2]]).max() / np.abs(got["bf16", k[1], k[2]]).max()
+              for k in got if k[0] == "bf16")
+    assert gap > 1e-3, gap
+
+
+@pytest.mark.parametrize("weight_type", P.WEIGHT_TYPES)
+def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path, weight_type):
     """The engine's scored prediction (depth 1) against a NumPy top-k of W h + b on the router inputs it
-    saw, decode steps only."""
-    p, _, _ = fitted
+    saw, decode steps only, with W (and for Q8_0 h) rounded as the engine holds them in each weight type."""
+    import dataclasses
+
+    p = dataclasses.replace(fitted[0], weight_type=weight_type)
     with epqlab.Session(default_path, arena_bytes="6MiB", prefetch="trained", prefetch_predictor=p, prefetch_depth=2,
                         route_log=tmp_path / "r.npz") as s:
         s.decoder.capture_router_inputs(True)
@@ -75,7 +112,8 @@ def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path):
     u, c = np.unique(ubs, return_counts=True)
     single = np.isin(ubs, u[c == 1])  # single-token ubatches: the decode steps that prefetch
     assert single.sum() == 11
-    hits = sum(F._hits(F._topk(H[single, l].astype(np.float64) @ P.bf16_round(p.W[0, l]).T.astype(np.float64) + p.b[0, l], k),
+    hits = sum(F._hits(F._topk(P.applied_input(H[single, l], weight_type).astype(np.float64)
+                               @ P.applied_weights(p.W[0, l], weight_type).T.astype(np.float64) + p.b[0, l], k),
                        routes[single, l + 1]) for l in range(L - 1))
     assert st["pred_experts"] == single.sum() * (L - 1) * k
     assert abs(st["pred_correct"] - hits) <= 2, (st["pred_correct"], hits)
@@ -109,6 +147,14 @@ def test_predictor_errors(default_path, fitted, tmp_path):
     fewer = P.ExpertPredictor(p.W[:, :, :-1], p.b[:, :, :-1], p.alpha, p.n_tokens)  # one expert short
     with pytest.raises(ValueError, match="fit one on this model"):
         epqlab.Session(default_path, prefetch="trained", prefetch_predictor=fewer)
+    with pytest.raises(ValueError, match="weight_type must be one of q8_0, bf16"):
+        dataclasses.replace(p, weight_type="q4_0")
+    narrow = P.ExpertPredictor(p.W[..., :48], p.b, p.alpha, p.n_tokens)  # width 48: not whole Q8_0 blocks
+    with pytest.raises(ValueError, match="not a multiple of q8_0's block of 32"):
+        narrow.check_model(*narrow.shape)
+    dataclasses.replace(narrow, weight_type="bf16").check_model(*narrow.shape)
+    bf = P.ExpertPredictor.load(dataclasses.replace(p, weight_type="bf16").save(tmp_path / "bf.npz"))
+    assert bf.weight_type == "bf16" and np.array_equal(bf.W, p.W)
     for content in (b"no", b""):
         bad = tmp_path / "not.npz"
         bad.write_bytes(content)
@@ -142,12 +188,13 @@ def test_cli_fit_and_eval(default_path, tmp_path, capsys):
     out = tmp_path / "p.npz"
     assert main(["predictor", "fit", str(default_path), str(out), "--depth", "5"]) == 1  # refused before recording
     assert "depth must be 1..4" in capsys.readouterr().err
-    assert main(["predictor", "fit", str(default_path), str(out), "--tokens", "200", "--depth", "1"]) == 0
+    assert main(["predictor", "fit", str(default_path), str(out), "--tokens", "200", "--depth", "1", "--weight-type", "bf16"]) == 0
     assert os.path.exists(out)
-    assert P.ExpertPredictor.load(out).model_fingerprint == P.router_fingerprint(default_path)
+    q = P.ExpertPredictor.load(out)
+    assert q.model_fingerprint == P.router_fingerprint(default_path) and q.weight_type == "bf16"
     assert main(["predictor", "eval", str(default_path), str(out), "--text", "legal", "--tokens", "64"]) == 0
     text = capsys.readouterr().out
-    assert "1 layer(s) ahead: lookahead" in text and "trained" in text
+    assert "1 layer(s) ahead: lookahead" in text and "trained q8_0" in text and "trained bf16" in text
     assert main(["run", str(default_path), "-n", "4", "--prefetch", "trained",
                  "--predictor", str(out)]) == 0
     assert "trained: precision" in capsys.readouterr().out

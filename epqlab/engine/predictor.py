@@ -32,13 +32,50 @@ from ..layout import _open_reader, inspect
 
 
 
+WEIGHT_TYPES = ("q8_0", "bf16")
+"""Types the engine can keep a trained predictor's ``W`` in (native/engine/hook.h ``set_predictor``), with the
+bytes a token streams per depth on a 40-layer, 256-expert, 2048-wide model: Q8_0 22 MB (the default), bfloat16
+42 MB. Q4_0 (12 MB) is not offered: on the 35B-A3B shape its top-8 recall on held-out prose fell to 0.835 from
+bfloat16's 0.919 (Q8_0: 0.917), below router lookahead's 0.858 (bench/README.md)."""
+
+
 def bf16_round(a: np.ndarray) -> np.ndarray:
     """``a`` (float32) rounded to bfloat16 (nearest, ties to even) and widened back to float32: the
-    weights the engine computes with (it keeps ``W`` in bfloat16, half the bytes a token streams;
-    native/engine/hook.h ``set_predictor``). Finite inputs only."""
+    weights the engine computes with when it keeps ``W`` in bfloat16 (native/engine/hook.h
+    ``set_predictor``). Finite inputs only."""
     u = np.ascontiguousarray(a, np.float32).view(np.uint32)
     r = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32) << 16
     return r.view(np.float32).reshape(np.shape(a))
+
+
+def check_weight_type(weight_type: str) -> str:
+    """Raises ValueError unless ``weight_type`` is one of :data:`WEIGHT_TYPES`; returns it."""
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"predictor weight_type must be one of {', '.join(WEIGHT_TYPES)}, got {weight_type!r}")
+    return weight_type
+
+
+def _ggml_round_trip(a: np.ndarray, weight_type: str) -> np.ndarray:
+    """Rows of ``a`` (float32 [..., n], n a multiple of 32) quantized with ggml's block format and
+    dequantized again (gguf-py's NumPy port of ggml's reference quantizers)."""
+    from gguf.constants import GGMLQuantizationType as T  # gguf-py: ~0.3 s to import, only needed here
+    from gguf.quants import dequantize, quantize
+
+    t = {"q8_0": T.Q8_0}[weight_type]
+    a = np.ascontiguousarray(a, np.float32)
+    return dequantize(quantize(a, t), t).astype(np.float32).reshape(a.shape)
+
+
+def applied_weights(W: np.ndarray, weight_type: str) -> np.ndarray:
+    """``W`` (float32 [..., n_embd]) as the engine holds it in ``weight_type``, widened back to float32."""
+    return bf16_round(W) if check_weight_type(weight_type) == "bf16" else _ggml_round_trip(W, weight_type)
+
+
+def applied_input(h: np.ndarray, weight_type: str) -> np.ndarray:
+    """Router inputs ``h`` (float32 [..., n_embd]) as the engine's dot product sees them: unchanged for bfloat16
+    weights; for Q8_0 weights quantized to Q8_0 first, as ggml-cpu's ``vec_dot`` of that type takes its second
+    operand (``vec_dot_type``; ggml-cpu.c)."""
+    return h if check_weight_type(weight_type) == "bf16" else _ggml_round_trip(h, "q8_0")
 
 
 def check_depth(depth: int) -> None:
@@ -54,13 +91,16 @@ class ExpertPredictor:
     Attributes:
         W: float32 [depth, n_layers, n_expert, n_embd]: ``W[d-1, l]`` maps MoE layer l's router input
             to MoE layer l+d's router logits (rows for l+d >= n_layers are zero and unused). The engine
-            keeps it in bfloat16 (:func:`bf16_round`): 2 bytes per weight in RAM, e.g. 42 MB per depth
-            for 40 layers x 256 experts x 2048.
+            keeps it in :attr:`weight_type` (Q8_0: 22 MB per depth for 40 layers x 256 experts x 2048).
         b: float32 [depth, n_layers, n_expert]: intercepts.
         alpha: the ridge strength chosen per depth (relative; see the module docstring).
         n_tokens: calibration tokens the fit used.
         model_fingerprint: :func:`router_fingerprint` of the model it was fitted on ("" = unknown); a
             Session refuses a predictor whose fingerprint is not the model's.
+        weight_type: the type the engine keeps ``W`` in (:data:`WEIGHT_TYPES`): ``"q8_0"`` (default: 1.06
+            bytes per weight) or ``"bf16"`` (2). A token streams ``W`` once per depth, so the
+            type sets the predictor's time per token; its recall on held-out text is in bench/README.md.
+            ``dataclasses.replace(p, weight_type="bf16")`` makes a copy in another type.
     """
 
     W: np.ndarray
@@ -68,6 +108,10 @@ class ExpertPredictor:
     alpha: tuple
     n_tokens: int
     model_fingerprint: str = ""
+    weight_type: str = "q8_0"
+
+    def __post_init__(self):
+        check_weight_type(self.weight_type)
 
     @property
     def depth(self) -> int:
@@ -80,15 +124,16 @@ class ExpertPredictor:
 
     def logits(self, h: np.ndarray, layer: int, d: int = 1) -> np.ndarray:
         """Predicted router logits of MoE layer ``layer + d`` from layer ``layer``'s router inputs
-        ``h`` [T, n_embd]: float32 [T, n_expert], with ``W`` rounded to bfloat16 as the engine applies it
-        (:func:`bf16_round`)."""
-        return h @ bf16_round(self.W[d - 1, layer]).T + self.b[d - 1, layer]
+        ``h`` [T, n_embd]: float32 [T, n_expert], with ``W`` and ``h`` rounded as the engine applies them in
+        :attr:`weight_type` (:func:`applied_weights`, :func:`applied_input`)."""
+        return (applied_input(h, self.weight_type) @ applied_weights(self.W[d - 1, layer], self.weight_type).T
+                + self.b[d - 1, layer])
 
     def save(self, path) -> Path:
         """Write the predictor as NPZ (``.npz`` appended when missing, as NumPy does); returns the path written."""
         path = Path(path)
         np.savez(path, W=self.W, b=self.b, alpha=np.asarray(self.alpha, np.float64), n_tokens=self.n_tokens,
-                 model_fingerprint=np.asarray(self.model_fingerprint))
+                 model_fingerprint=np.asarray(self.model_fingerprint), weight_type=np.asarray(self.weight_type))
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
 
     @classmethod
@@ -98,7 +143,8 @@ class ExpertPredictor:
             with np.load(path) as z:
                 W, b = z["W"].astype(np.float32, copy=False), z["b"].astype(np.float32, copy=False)
                 fp = str(z["model_fingerprint"]) if "model_fingerprint" in z.files else ""
-                p = cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]), fp)
+                wt = str(z["weight_type"]) if "weight_type" in z.files else cls.weight_type  # files saved before it
+                p = cls(W, b, tuple(float(a) for a in z["alpha"]), int(z["n_tokens"]), fp, wt)
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as e:
             raise EpqlabError(f"{path} is not an epqlab expert predictor ({e}); fit one with "
                               "epqlab.studies.predictor_fit.fit_predictor and save it with .save(path)") from None
@@ -110,11 +156,15 @@ class ExpertPredictor:
         return p
 
     def check_model(self, n_layers: int, n_expert: int, n_embd: int | None = None) -> None:
-        """Raises ValueError when the predictor was fitted for another shape of model (n_embd None: not checked)."""
+        """Raises ValueError when the predictor was fitted for another shape of model (n_embd None: not checked), or
+        its width is not a multiple of the 32-weight blocks of a quantized :attr:`weight_type`."""
         L, E, D = self.shape
         if (L, E) != (n_layers, n_expert) or (n_embd is not None and D != n_embd):
             raise ValueError(f"the predictor was fitted for {L} MoE layers x {E} experts x width {D}, the model has "
                              f"{n_layers} x {n_expert} x {n_embd}: fit one on this model (epqlab.studies.predictor_fit.fit_predictor)")
+        if self.weight_type != "bf16" and D % 32:
+            raise ValueError(f"the predictor's width {D} is not a multiple of {self.weight_type}'s block of 32 weights: "
+                             "use dataclasses.replace(predictor, weight_type='bf16')")
 
 
 def router_fingerprint(model) -> str:

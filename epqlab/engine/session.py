@@ -101,9 +101,9 @@ def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bo
     report["load_bytes_read"] = io1 - io0 if io0 is not None and io1 is not None else None
     freed = 0
     if o.prefetch == "trained":
-        # the hook's own copy (W in bfloat16) is made before the budget's sample, so it is counted; a
+        # the hook's own copy (W in its weight_type) is made before the budget's sample, so it is counted; a
         # NumPy copy loaded from a path is freed right after (Session.__init__), so it is not
-        engine.set_predictor(o.predictor.W, o.predictor.b)
+        engine.set_predictor(o.predictor.W, o.predictor.b, o.predictor.weight_type)
         if predictor_owned:
             freed = o.predictor.W.nbytes + o.predictor.b.nbytes
     after = sample()

@@ -243,9 +243,19 @@ public:
     void set_prefetch(int mode, int64_t budget_bytes, int depth = 1, double min_precision = 0);
     int  prefetch() const { return pf_mode_; }
     // The TRAINED predictor's weights: W float32 [depth][n_layers][n_expert][n_embd], b [depth][n_layers][n_expert].
-    // W is kept in bfloat16 (rounded to nearest, ties to even: half the bytes streamed per token, and
-    // half the memory); b stays float32. epqlab.engine.predictor.bf16_round is the same rounding in NumPy.
-    void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd);
+    // W is kept in w_type, the bytes a token streams per depth (40 layers x 256 x 2048 weights):
+    //   GGML_TYPE_BF16: rounded to nearest, ties to even, applied to the float32 router input (42 MB);
+    //   GGML_TYPE_Q8_0: ggml's own quantization of each row (22 MB), applied by ggml-cpu's vec_dot
+    //   to the router input quantized to Q8_0 (the type's vec_dot_type), as a llama.cpp matmul of
+    //   Q8_0 weights computes; n_embd must be a multiple of 32. (Q4_0 lost 8 points of recall.)
+    // b stays float32. epqlab.engine.predictor.ExpertPredictor.logits applies the same roundings in NumPy.
+    // Throws std::invalid_argument for another type or a width the type's blocks do not divide.
+    void set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd,
+                       int w_type);
+    // The TRAINED predictor applied to router input x [n_embd] of MoE layer li: layer li+d's predicted
+    // router logits into out [n_expert], exactly as predict computes them. Throws std::invalid_argument
+    // without a predictor, for li / d outside it, or for another width.
+    void predictor_logits(int li, int d, const float * x, int64_t n_embd, std::vector<float> & out);
     // The ORACLE's routes: int32 [n_steps][n_layers][k], row i = the experts each MoE layer
     // selects in the i-th single-token ubatch counted from this call; follows[i] != 0 when the
     // forward pass right after row i's is row i+1's (its predictions past the last layer then
@@ -433,11 +443,14 @@ private:
     std::vector<std::vector<int32_t>>        pred_;         // per layer: this pass's prediction
     std::vector<uint8_t>                     has_pred_;
     std::vector<float>                       row_buf_, logit_buf_;
-    std::vector<uint16_t>                    pw_;           // TRAINED predictor's W, bfloat16 (set_predictor)
+    std::vector<uint8_t>                     pw_;           // TRAINED predictor's W rows in pw_type_ (set_predictor)
     std::vector<float>                       pb_;           // and its b, float32
-    int                                      pw_depth_ = 0, pw_exp_ = 0;
+    std::vector<uint8_t>                     xq_;           // the router input in the vec_dot type (quantized types)
+    int                                      pw_depth_ = 0, pw_exp_ = 0, pw_type_ = 0;
     int64_t                                  pw_embd_ = 0;
+    size_t                                   pw_row_ = 0;   // bytes per row of W
     void predict(int li, int nl, int k, std::vector<int32_t> & out);
+    void trained_logits(int li, int d, const float * x, std::vector<float> & out);  // W h + b of the TRAINED predictor
     void top_of_logits(int k, std::vector<int32_t> & out);  // top-k of logit_buf_ (ties: lower id)
     // Slot addressing (hook_slots.cpp; pager::set_slot_addressing, docs/DESIGN.md §3f).
     using weight_shape = expert_hook_weight_shape;

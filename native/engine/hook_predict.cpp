@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "io_pool.h"
 
@@ -67,13 +68,6 @@ static float dot8(const float * r, const float * x, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// float32 -> bfloat16, round to nearest, ties to even (inputs are finite: set_predictor checks).
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return (uint16_t) ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 // A dot product of bfloat16 weights with float32 inputs. A bfloat16 is the high half of a float32,
 // so widening is a 16-bit shift (SSE2: interleave with zeros); two 4-wide partial sums. Memory-bound
 // on the weights: bfloat16 halves what a token streams (84 MB -> 42 MB for 40 layers x 256 x 2048).
@@ -101,9 +95,16 @@ static float dot_bf16(const uint16_t * r, const float * x, int64_t n) {
     return s;
 }
 
-void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd) {
+void expert_hook::set_predictor(const float * W, const float * b, int depth, int n_layers, int n_expert, int64_t n_embd,
+                                int w_type) {
     if (n_layers != n_layers_) throw std::invalid_argument("the predictor has " + std::to_string(n_layers) + " layers, the model " + std::to_string(n_layers_));
     if (depth < 1 || depth > kMaxDepth || n_expert < 1 || n_embd < 1) throw std::invalid_argument("bad predictor shape");
+    if (w_type != GGML_TYPE_BF16 && w_type != GGML_TYPE_Q8_0)
+        throw std::invalid_argument("the predictor's weight type must be bf16 or q8_0 (ggml type " + std::to_string(w_type) + " given)");
+    const ggml_type t = (ggml_type) w_type;
+    if (n_embd % ggml_blck_size(t) != 0)
+        throw std::invalid_argument("the predictor's width " + std::to_string(n_embd) + " is not a multiple of " + ggml_type_name(t) +
+                                    "'s block of " + std::to_string(ggml_blck_size(t)) + " weights: use bf16");
     if (pg_ && n_expert != pg_->n_expert())
         throw std::invalid_argument("the predictor has " + std::to_string(n_expert) + " experts per layer, the model " + std::to_string(pg_->n_expert()));
     if (pf_mode_ == PF_TRAINED && depth < pf_depth_)
@@ -114,12 +115,17 @@ void expert_hook::set_predictor(const float * W, const float * b, int depth, int
     if (!std::all_of(b, b + nb, [](float v) { return std::isfinite(v); }))
         throw std::invalid_argument("the predictor's biases are not finite (NaN or inf): refit it");
     if (pg_) pg_->prefetch_finish();
-    pw_.resize(nw);
-    std::transform(W, W + nw, pw_.begin(), to_bf16);
+    pw_row_ = ggml_row_size(t, n_embd);
+    pw_.assign(pw_row_ * nb, 0);
+    pw_.shrink_to_fit();  // a smaller type frees the old weights' memory
+    // ggml's reference quantization (BF16: round to nearest, ties to even), row by row
+    ggml_quantize_chunk(t, W, pw_.data(), 0, (int64_t) nb, n_embd, nullptr);
+    if (t != GGML_TYPE_BF16) xq_.assign(ggml_row_size(ggml_get_type_traits_cpu(t)->vec_dot_type, n_embd), 0);
     pb_.assign(b, b + nb);
     pw_depth_ = depth;
     pw_exp_ = n_expert;
     pw_embd_ = n_embd;
+    pw_type_ = w_type;
 }
 
 void expert_hook::set_oracle(const int32_t * routes, const uint8_t * follows, int64_t n_steps, int n_layers, int k) {
@@ -159,12 +165,35 @@ void expert_hook::predict(int li, int nl, int k, std::vector<int32_t> & out) {
     if (h->ne[0] != pw_embd_ || g->ne[1] != pw_exp_)  // stored and reported after llama_decode
         throw std::runtime_error("the trained predictor (" + std::to_string(pw_exp_) + " experts x width " + std::to_string(pw_embd_) +
                                  ") does not fit this model's routers (" + std::to_string(g->ne[1]) + " x " + std::to_string(h->ne[0]) + ")");
-    const int64_t n_embd = pw_embd_, n_exp = pw_exp_;
-    const float * x = (const float *) h->data;
-    const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
-    logit_buf_.assign((size_t) n_exp, 0.0f);
-    for (int64_t e = 0; e < n_exp; e++) logit_buf_[e] = pb_[base + e] + dot_bf16(&pw_[(base + e) * n_embd], x, n_embd);
+    trained_logits(li, d, (const float *) h->data, logit_buf_);
     top_of_logits(k, out);
+}
+
+void expert_hook::trained_logits(int li, int d, const float * x, std::vector<float> & out) {
+    const int64_t n_embd = pw_embd_, n_exp = pw_exp_;
+    const size_t base = ((size_t) (d - 1) * n_layers_ + li) * n_exp;
+    out.assign((size_t) n_exp, 0.0f);
+    const uint8_t * rows = pw_.data() + base * pw_row_;
+    if (pw_type_ == GGML_TYPE_BF16) {
+        for (int64_t e = 0; e < n_exp; e++) out[e] = pb_[base + e] + dot_bf16((const uint16_t *) (rows + e * pw_row_), x, n_embd);
+    } else {  // ggml-cpu's kernels: the input quantized to the vec_dot type, then one dot per row
+        const auto * tr = ggml_get_type_traits_cpu((ggml_type) pw_type_);
+        ggml_get_type_traits_cpu(tr->vec_dot_type)->from_float(x, xq_.data(), n_embd);
+        for (int64_t e = 0; e < n_exp; e++) {
+            float s = 0.0f;
+            tr->vec_dot((int) n_embd, &s, 0, rows + e * pw_row_, 0, xq_.data(), 0, 1);
+            out[e] = pb_[base + e] + s;
+        }
+    }
+}
+
+void expert_hook::predictor_logits(int li, int d, const float * x, int64_t n_embd, std::vector<float> & out) {
+    if (pw_depth_ == 0) throw std::invalid_argument("no trained predictor is set (set_predictor)");
+    if (d < 1 || d > pw_depth_ || li < 0 || li + d >= n_layers_)
+        throw std::invalid_argument("layer " + std::to_string(li) + " + depth " + std::to_string(d) + " is outside the predictor (" +
+                                    std::to_string(n_layers_) + " layers, depth " + std::to_string(pw_depth_) + ")");
+    if (n_embd != pw_embd_) throw std::invalid_argument("the router input has width " + std::to_string(n_embd) + ", the predictor " + std::to_string(pw_embd_));
+    trained_logits(li, d, x, out);
 }
 
 void expert_hook::top_of_logits(int k, std::vector<int32_t> & out) {

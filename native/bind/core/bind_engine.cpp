@@ -11,10 +11,18 @@
 
 #include "bind_common.h"
 #include "engine.h"
+#include "ggml.h"
 #include "hook_lossy.h"
 #include "registry.h"
 
 namespace py = pybind11;
+
+// The ggml type the hook keeps a trained predictor's W in, by name (epqlab.engine.predictor.WEIGHT_TYPES).
+static int predictor_type(const std::string & name) {
+    if (name == "q8_0") return GGML_TYPE_Q8_0;
+    if (name == "bf16") return GGML_TYPE_BF16;
+    throw std::invalid_argument("the predictor's weight type must be 'q8_0' or 'bf16', got '" + name + "'");
+}
 
 // The hook's counters (hook_stats): Engine.hook_stats() and HOOK_COUNTERS come from this table.
 static const std::vector<epq_bind::field<hook_stats>> & hook_fields() {
@@ -275,13 +283,24 @@ void register_engine(py::module_ & m) {
             e.hook()->set_prefetch(mode, budget_bytes, depth, min_precision);
         }, py::arg("mode"), py::arg("budget_bytes") = 0, py::arg("depth") = 1, py::arg("min_precision") = 0.0)
         .def("set_predictor", [](engine & e, py::array_t<float, py::array::c_style | py::array::forcecast> W,
-                                 py::array_t<float, py::array::c_style | py::array::forcecast> b) {
-            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/engine/hook.h TRAINED).
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> b, const std::string & w_type) {
+            // W float32 [depth, n_layers, n_expert, n_embd], b [depth, n_layers, n_expert] (native/engine/hook.h TRAINED);
+            // w_type: "q8_0" or "bf16", the type the hook keeps W in.
             if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
             if (W.ndim() != 4 || b.ndim() != 3 || b.shape(0) != W.shape(0) || b.shape(1) != W.shape(1) || b.shape(2) != W.shape(2))
                 throw std::invalid_argument("predictor W must be [depth, n_layers, n_expert, n_embd] and b [depth, n_layers, n_expert]");
-            e.hook()->set_predictor(W.data(), b.data(), (int) W.shape(0), (int) W.shape(1), (int) W.shape(2), (int64_t) W.shape(3));
-        }, py::arg("W"), py::arg("b"))
+            e.hook()->set_predictor(W.data(), b.data(), (int) W.shape(0), (int) W.shape(1), (int) W.shape(2), (int64_t) W.shape(3),
+                                    predictor_type(w_type));
+        }, py::arg("W"), py::arg("b"), py::arg("w_type") = "q8_0")
+        .def("predictor_logits", [](engine & e, int layer, int d, py::array_t<float, py::array::c_style | py::array::forcecast> h) {
+            // The trained predictor as the hook applies it: layer+d's router logits from layer's router
+            // input h float32 [n_embd] -> float32 [n_expert] (native/engine/hook.h predictor_logits).
+            if (!e.hook()) throw std::logic_error("engine was created without the expert hook");
+            if (h.ndim() != 1) throw std::invalid_argument("h must be one router input, float32 [n_embd]");
+            std::vector<float> out;
+            e.hook()->predictor_logits(layer, d, h.data(), (int64_t) h.shape(0), out);
+            return py::array_t<float>((py::ssize_t) out.size(), out.data());
+        }, py::arg("layer"), py::arg("d"), py::arg("h"))
         .def("set_oracle", [](engine & e, py::array_t<int32_t, py::array::c_style | py::array::forcecast> routes,
                               py::array_t<uint8_t, py::array::c_style | py::array::forcecast> follows) {
             // routes int32 [n_steps, n_layers, k], follows uint8 [n_steps] (native/engine/hook.h ORACLE).
