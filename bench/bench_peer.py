@@ -64,7 +64,7 @@ def _epqlab_row(spec: dict, res: dict) -> None:
         res.update(prompt_ids=prompt, forced_ids=forced, arena_bytes=s.pager.arena_bytes if s.pager else 0,
                    load_s=s.load_s, memory=s.memory_parts(),
                    row={k: st.get(k) for k in ("decode_tok_s", "decode_s", "decode_passes", "prefill_s",
-                                                "decode_hit_rate", "decode_ssd_bytes_per_token", "teacher_forced")})
+                                                "decode_hit_rate", "decode_ssd_bytes_per_token", "teacher_forced", "time_split")})
         if spec.get("argmax"):  # the same tokens once more, untimed: the argmax after the prefill and each decode
             d = s.decoder
             with d.lock:
@@ -81,7 +81,8 @@ def run_epqlab(model: str, level: int, a, workdir: Path, tag: str, argmax: bool)
 
     drop_page_cache(model)
     spec = {"model": model, "ram_budget": level - HEADROOM, "prompt": a.prompt, "forced": a.forced_text, "n": a.n,
-            "argmax": argmax, "session_kw": {"n_threads": a.threads, "n_ctx": a.n_ctx, "io_threads": a.io_threads, **a.epqlab_kw}}
+            "argmax": argmax, "session_kw": {"n_threads": a.threads, "n_ctx": a.n_ctx, **({"io_threads": a.io_threads} if a.io_threads_set else {}),
+                           **a.epqlab_kw}}
     sp, op = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
     sp.write_text(json.dumps(spec))
     lim = run_limited([sys.executable, str(Path(__file__).resolve()), "--child", str(sp), str(op)], level,
@@ -164,6 +165,7 @@ def main():
     bad = [x for x in modes if x not in PEER_MODES]
     if bad or not modes:
         raise SystemExit(f"--peer-modes: unknown {bad}; choose from {', '.join(PEER_MODES)}")
+    a.io_threads_set = a.io_threads is not None  # epqlab gets it only when given (its default otherwise)
     a.io_threads = a.io_threads or default_io_threads()
     a.epqlab_kw = json.loads(a.epqlab_kw)
     a.forced_text = heldout_texts()["prose"]
