@@ -3,7 +3,8 @@ expert-cache size, same memory limit, decode tok/s of each and epqlab / peer.
 
     bench/peer/build_bigmoeonedge.sh /work/peer/src /work/src/llama_cpp_python-0.3.36/vendor/llama.cpp /work/peer/b
     .venv/bin/python bench/bench_peer.py --model /work/big/q35.gguf --peer-bin /work/peer/b/build/cli/bmoe-cli \
-        --levels 4GiB,8GiB --n 32 --repeats 3 --json bench/results/peer.json
+        --levels 4GiB,8GiB --n 64 --repeats 3 --epqlab-prefetch off,trained --predictor /work/big/q35.predictor.npz \
+        --check-argmax --json bench/results/peer_qwen35-a3b.json
 
 The peer is BigMoeOnEdge (github.com/Helldez/BigMoeOnEdge) built against llama-cpp-python 0.3.36's llama.cpp with
 bench/peer/*.patch (bench/README.md, "The peer side by side"). Per level and repeat, each engine runs once as a
@@ -19,13 +20,15 @@ epqlab first because its run supplies the token ids and the cache size).
 - Cache: epqlab's Session with ``ram_budget`` = level - 16 MiB sizes its arena; the peer gets ``--cache-mb`` =
   that arena in MiB (``--force-cache`` below its 1500 MiB floor). The peer's rows for a level wait for epqlab's
   first passing run there; without one they are recorded as skipped.
-- epqlab runs its Session defaults (prefetch off, ``dense_weights="anon"``) plus ``--epqlab-kw``.
+- epqlab runs its Session defaults (prefetch off, ``dense_weights="anon"``) plus ``--epqlab-kw``; with
+  ``--epqlab-prefetch off,trained`` a second epqlab row runs ``prefetch="trained"`` with ``--predictor``.
 - Both with ``--threads`` compute threads and ``--io-threads`` read threads (default: epqlab's default, <= 8
   for the peer). The peer streams with ``--moe-stream --dense-weights anon`` plus each ``--peer-modes`` entry
   (``serial``: nothing more; ``overlap``: ``--overlap``, reads overlapped with the expert matmuls through the
   expert-ready hook) and ``--peer-args``.
 - decode tok/s = decoded tokens / wall time of the decode loop (load and prefill excluded) for both; the peer's
   own figure (``llama_decode`` time only) is kept as ``peer_llama_decode_tok_s``.
+- epqlab / peer: an epqlab row over the peer's best row at its level; a peer row: epqlab's best row over it.
 - A run killed by the limit, timed out or failed is recorded as such (its reason in the JSON), never fatal.
 
 ``--check-argmax`` (round 1 only, not timed): epqlab's child decodes the same tokens once more through its decoder
@@ -75,14 +78,14 @@ def _epqlab_row(spec: dict, res: dict) -> None:
             res["argmax"] = am
 
 
-def run_epqlab(model: str, level: int, a, workdir: Path, tag: str, argmax: bool) -> dict:
+def run_epqlab(model: str, level: int, a, workdir: Path, tag: str, argmax: bool, kw: dict | None = None) -> dict:
     from epqlab.memory.limits import run_limited
     from epqlab.memory.usage import drop_page_cache
 
     drop_page_cache(model)
     spec = {"model": model, "ram_budget": level - HEADROOM, "prompt": a.prompt, "forced": a.forced_text, "n": a.n,
             "argmax": argmax, "session_kw": {"n_threads": a.threads, "n_ctx": a.n_ctx, **({"io_threads": a.io_threads} if a.io_threads_set else {}),
-                           **a.epqlab_kw}}
+                           **a.epqlab_kw, **(kw or {})}}
     sp, op = workdir / f"{tag}.spec.json", workdir / f"{tag}.out.json"
     sp.write_text(json.dumps(spec))
     lim = run_limited([sys.executable, str(Path(__file__).resolve()), "--child", str(sp), str(op)], level,
@@ -150,6 +153,10 @@ def main():
     ap.add_argument("--peer-args", default="", help="extra bmoe-cli flags for every peer run (one string)")
     ap.add_argument("--epqlab-kw", default="{}",
                     help='extra Session keywords for epqlab as JSON, e.g. \'{"prefetch": "lookahead"}\' (default: none)')
+    ap.add_argument("--epqlab-prefetch", default="off",
+                    help="comma-separated epqlab rows: off (Session defaults) and/or trained (prefetch='trained' with "
+                         "--predictor, fitted on the shipped calibration texts, never on the timed prose)")
+    ap.add_argument("--predictor", default=None, help="the trained predictor .npz for --epqlab-prefetch trained")
     ap.add_argument("--check-argmax", action="store_true", help="compare the engines' argmax per step (round 1)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
     ap.add_argument("--json", default=None, help="write the table and every run here")
@@ -177,7 +184,12 @@ def main():
           f"rounds, {a.threads} threads, {a.io_threads} read threads; peer {a.peer_bin} ({', '.join(modes)})",
           flush=True)
 
-    engines = ["epqlab"] + [f"peer {m}" for m in modes]
+    variants = [x.strip() for x in a.epqlab_prefetch.split(",") if x.strip()]
+    if variants[:1] != ["off"] or not set(variants) <= {"off", "trained"}:
+        raise SystemExit("--epqlab-prefetch: off first (it sizes the peer's cache), then optionally trained")
+    if "trained" in variants and not (a.predictor and Path(a.predictor).is_file()):
+        raise SystemExit("--epqlab-prefetch trained needs --predictor P.npz (epqlab predictor fit MODEL P.npz)")
+    engines = ["epqlab"] + (["epqlab trained"] if "trained" in variants else []) + [f"peer {m}" for m in modes]
     runs: dict[tuple, list[dict]] = {(lvl, e): [] for lvl in levels for e in engines}
     ids: tuple | None = None          # (prompt ids, forced ids) from the first passing epqlab run
     cache: dict[int, int] = {}        # level -> epqlab's arena bytes there
@@ -189,7 +201,10 @@ def main():
                     order = engines if rep % 2 == 0 else engines[1:] + engines[:1]
                     for e in order:
                         tag = f"{e.replace(' ', '_')}_{lvl}_r{rep}"
-                        if e == "epqlab":
+                        if e == "epqlab trained":
+                            r = run_epqlab(model, lvl, a, Path(td), tag, argmax=False,
+                                           kw={"prefetch": "trained", "prefetch_predictor": str(Path(a.predictor).resolve())})
+                        elif e == "epqlab":
                             r = run_epqlab(model, lvl, a, Path(td), tag, argmax=a.check_argmax and rep == 0)
                             if r.get("status") == "PASS":
                                 ids = ids or (r["prompt_ids"], r["forced_ids"])
@@ -225,7 +240,7 @@ def main():
         if ok:
             t["tok_s"] = statistics.median(t["tok_s_runs"])
             t["ms_per_token"] = 1000.0 / t["tok_s"] if t["tok_s"] else None
-            if e == "epqlab":
+            if e.startswith("epqlab"):
                 t["hit_rate"] = statistics.median(r["row"]["decode_hit_rate"] or 0 for r in ok)
                 t["mb_per_token"] = statistics.median((r["row"]["decode_ssd_bytes_per_token"] or 0) / 1e6 for r in ok)
             else:
@@ -236,10 +251,13 @@ def main():
                 ag = next((r.get("argmax_agreement") for r in ok if r.get("argmax_agreement")), None)
                 t["argmax_agreement"] = ag
         table.append(t)
-    for t in table:
-        if t["engine"] != "epqlab":
-            ep = next(u for u in table if u["limit"] == t["limit"] and u["engine"] == "epqlab")
-            t["epqlab_over_peer"] = ep["tok_s"] / t["tok_s"] if ep["tok_s"] and t["tok_s"] else None
+    for t in table:  # each epqlab row over the peer's best mode at its level, and each peer row under epqlab's best
+        mine = [u["tok_s"] for u in table if u["limit"] == t["limit"] and u["engine"].startswith("epqlab") and u["tok_s"]]
+        peer = [u["tok_s"] for u in table if u["limit"] == t["limit"] and u["engine"].startswith("peer") and u["tok_s"]]
+        if t["tok_s"] and t["engine"].startswith("epqlab") and peer:
+            t["epqlab_over_peer"] = t["tok_s"] / max(peer)
+        elif t["tok_s"] and t["engine"].startswith("peer") and mine:
+            t["epqlab_over_peer"] = max(mine) / t["tok_s"]
 
     def f(v, spec):
         return "-" if v is None else format(v, spec)
