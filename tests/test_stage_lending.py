@@ -25,7 +25,7 @@ def tiny_ref(tiny_gguf):
 def test_lending_is_bit_identical_and_gives_everything_back(tiny_gguf, tiny_ref, addressing, pipeline):
     toks, (rp, rs, rg) = tiny_ref
     with epqlab.Session(tiny_gguf, arena_bytes=ARENA, expert_addressing=addressing, n_threads=THREADS,
-                        io_threads=2, pipeline_reads=pipeline) as s:
+                        io_threads=2, pipeline_reads=pipeline, io_uring=True) as s:
         native = s.pager.native
         native.stage_lending = True
         p, st, gen = s.greedy_trace(toks, 8)
@@ -35,6 +35,8 @@ def test_lending_is_bit_identical_and_gives_everything_back(tiny_gguf, tiny_ref,
     assert np.array_equal(p, rp) and np.array_equal(st, rs[:8]) and gen == rg[:8]
     assert stats["staged_layers"] > 0
     assert stats["stage_lends"] > 0 and stats["stage_lent_bytes"] > 0
+    if addressing == "slots":  # reads land in the registered arena: lending unpins and re-pins its chunks
+        assert stats["io_uring"] == "registered buffers" and stats["fixed_reads"] > 0, stats["io_uring"]
 
 
 def _tiny_pager(tiny_gguf):

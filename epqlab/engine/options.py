@@ -67,6 +67,7 @@ class Options:
     n_threads: int | None
     io_threads: int | None
     expert_addressing: str = "auto"
+    io_uring: bool = False
     speculative: str | None = None
     draft_max: int = 0
     draft_p_min: float = 0.0
@@ -213,7 +214,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                   skip_cold=None, prefetch=None, prefetch_budget=None, prefetch_depth=1, prefetch_min_precision=None,
                   prefetch_predictor=None, read_segment_bytes=None, pipeline_reads=None,
                   read_rate_limit=None, route_bias=None, route_delta=None, adaptive_k=None, expert_budget=None,
-                  expert_addressing="auto", speculative=None, draft_max=None, draft_p_min=None) -> Options:
+                  expert_addressing="auto", speculative=None, draft_max=None, draft_p_min=None, io_uring=False) -> Options:
     """Check the Session's options against the model ``lay`` (argument meanings: :class:`epqlab.Session`).
 
     Raises:
@@ -267,6 +268,8 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                          "which experts to read; use one of them")
     if pipeline_reads and not pager:
         raise ValueError("pipeline_reads needs the pager (it orders the arena's reads); drop pager=False")
+    if not isinstance(io_uring, bool):
+        raise ValueError(f"io_uring must be True or False, got {io_uring!r}")
     if expert_addressing not in EXPERT_ADDRESSINGS:
         raise ValueError(f"unknown expert_addressing {expert_addressing!r}; choose one of {', '.join(map(repr, EXPERT_ADDRESSINGS))}")
     if expert_addressing == "slots" and skip_cold is not None:
@@ -289,7 +292,7 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                    n_threads=None if n_threads is None else int(n_threads),
                    io_threads=None if io_threads is None else int(io_threads),
                    expert_addressing="region" if expert_addressing == "auto" and skip_cold is not None else expert_addressing,
-                   speculative=spec[0], draft_max=spec[1], draft_p_min=spec[2])
+                   io_uring=io_uring, speculative=spec[0], draft_max=spec[1], draft_p_min=spec[2])
 
 
 __all__ = ["Options", "check_options", "check_lossy", "EXPERT_ADDRESSINGS", "ROUTE_BIASES", "ADAPTIVE_K_DEFAULT", "DENSE_MODES", "MAX_THREADS", "MAX_SEQ"]

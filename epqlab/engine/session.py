@@ -260,6 +260,14 @@ class Session:
             ``"region"``: each resident expert is mapped at its own offset of the tensor (an mmap per load, a
             zap per eviction). ``"auto"`` (default): slots where possible, else region; the choice is
             :attr:`expert_addressing` and ``stats()["expert_addressing"]``. Logits are the same either way.
+        io_uring: read experts through io_uring into registered arena buffers (default False; docs/DESIGN.md §3e):
+            the arena's pages are pinned once instead of by every read. Beside 629 MB/s of reads it left plain
+            llama.cpp's decode 5% slower where pread left it 12-18% slower, but paged decode on the 35B-A3B shape
+            did not gain from it (8 GiB with the trained prefetch 113 against 116 ms/token, 4 GiB without
+            prefetch 211 against 194; bench/README.md), so it is off by default. Falls back to pread, with the
+            reason in ``stats()["io_uring"]``, where the kernel refuses (before 5.19, io_uring disabled,
+            ``ulimit -l`` too low without CAP_IPC_LOCK) or the arena is not prefaulted. The kernel keeps 16 bytes
+            per arena page for the registration (22 MB at a 5.4 GiB arena), outside the budget.
         read_segment_bytes: split each expert slice read on a miss into segments of this many bytes
             spread over the I/O threads (``None``/0: one read per slice).
         pipeline_reads: queue a layer's missing experts' reads matrix by matrix in the order the graph
@@ -307,6 +315,7 @@ class Session:
                  # expert reads
                  io_threads: int | None = None, direct_io: bool = True, read_segment_bytes=None,
                  pipeline_reads: bool | None = None, read_rate_limit=None, expert_addressing: str = "auto",
+                 io_uring: bool = False,
                  # prefetch (timing only) and the lossy skip-cold knob
                  prefetch: str | None = None, prefetch_predictor=None, prefetch_budget=None, prefetch_depth: int = 1,
                  prefetch_min_precision: float | None = None, skip_cold: float | None = None,
@@ -328,7 +337,7 @@ class Session:
                           prefetch_min_precision=prefetch_min_precision, prefetch_predictor=prefetch_predictor,
                           read_segment_bytes=read_segment_bytes, pipeline_reads=pipeline_reads,
                           read_rate_limit=read_rate_limit, route_bias=route_bias, route_delta=route_delta,
-                          adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing,
+                          adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing, io_uring=io_uring,
                           speculative=speculative, draft_max=draft_max, draft_p_min=draft_p_min)
         self.options = o
         self.speculative, self.draft_max, self.draft_p_min = o.speculative, o.draft_max, o.draft_p_min
@@ -336,6 +345,7 @@ class Session:
         if o.speculative:  # the MTP block's experts are paged in the same arena (epqlab/engine/speculative.py)
             self.layout = lay = lay.with_mtp()
         self.expert_addressing = "region" if o.paged else None  # resolved when the pager is attached
+        self.io_uring = None  # likewise: "registered buffers" or "off: <why>"
         self.route_bias, self.route_delta, self.adaptive_k = o.route_bias, o.route_delta, o.adaptive_k
         self.expert_budget = o.expert_budget
         self.policy, self.n_expert_used, self.paged, self.dense_weights = o.policy, o.n_expert_used, o.paged, o.dense_weights
@@ -398,6 +408,9 @@ class Session:
             raise ValueError(f"expert_addressing='slots' is not possible for {lay.path.name}: {why}; "
                              "use expert_addressing='auto' (or 'region')")
         self.expert_addressing = "slots" if self._pager.native.slot_addressed else "region"
+        # after slot addressing (the slots' layout is final) and before any read
+        why = self._pager.native.use_io_uring() if o.io_uring else "io_uring=False"
+        self.io_uring = "registered buffers" if not why else f"off: {why}"
         if hot_experts is not None:
             self._pager.set_hot(hot_experts)
         self.decoder.engine.attach_pager(self._pager.native)

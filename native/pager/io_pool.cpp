@@ -1,6 +1,6 @@
 // io_pool: worker threads executing positioned reads; see io_pool.h for the invariant.
 // Jobs are queued (pointers, FIFO) under one mutex; each worker claims the front job, reads it
-// with pread (looping over partial reads until EOF, error or len), records the result in the
+// with io_uring READ_FIXED or pread (looping over partial reads until EOF, error or len), records the result in the
 // job itself, and marks it done under the mutex. A wait sleeps until its jobs are all done.
 #include "io_pool.h"
 
@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <climits>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -24,7 +25,7 @@ io_pool::io_pool(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     for (int i = 0; i < n_threads; i++) {
         try {
-            workers_.emplace_back([this] { worker(); });
+            workers_.emplace_back([this, i] { worker(i); });
         } catch (const std::system_error & e) {
             // Thread or address-space limit: stop and join the workers already started (a
             // joinable std::thread destroyed would terminate the process), then report.
@@ -54,7 +55,69 @@ void io_pool::inject_fault(int64_t nth, int err) {
     fault_err_       = err;
 }
 
-void io_pool::exec(io_job & j) {
+std::string io_pool::use_fixed_buffers(const std::vector<std::pair<char *, int64_t>> & bufs) {
+    if (!rings_.empty()) return "already in use";
+    if (bufs.empty()) return "no buffers";
+    std::vector<std::unique_ptr<uring>> rings;
+    for (size_t i = 0; i <= workers_.size(); i++) {
+        auto r = std::make_unique<uring>();
+        std::string why = r->init();
+        // the first ring pins the buffers; the others share its table where the kernel can
+        if (why.empty() && (i == 0 || !r->clone_buffers(*rings[0]).empty())) why = r->register_buffers(bufs);
+        if (!why.empty()) return why;
+        rings.push_back(std::move(r));
+    }
+    buf_lo_.clear();
+    buf_hi_.clear();
+    for (const auto & b : bufs) {
+        buf_lo_.push_back(b.first);
+        buf_hi_.push_back(b.first + b.second);
+    }
+    buf_on_.reset(new std::atomic<bool>[bufs.size()]);
+    for (size_t i = 0; i < bufs.size(); i++) buf_on_[i] = bufs[i].first != nullptr;
+    std::lock_guard<std::mutex> lk(mu_);  // published before any job that may use them is queued
+    rings_ = std::move(rings);
+    return "";
+}
+
+int io_pool::set_fixed_buffer(int i, bool on) {
+    if (rings_.empty() || i < 0 || i >= (int) buf_lo_.size()) return -EINVAL;
+    if (!on) buf_on_[i].store(false, std::memory_order_release);  // before its pages are unpinned
+    for (auto & r : rings_) {
+        const int e = r->update_buffer(i, on ? buf_lo_[i] : nullptr, buf_hi_[i] - buf_lo_[i]);
+        if (e != 0) {
+            buf_on_[i].store(false, std::memory_order_release);
+            for (auto & r2 : rings_) r2->update_buffer(i, nullptr, 0);  // out of use everywhere
+            return e;
+        }
+    }
+    if (on) buf_on_[i].store(true, std::memory_order_release);  // after every ring pinned it
+    return 0;
+}
+
+bool io_pool::read_fixed(io_job & j, int ring) {
+    if (rings_.empty() || j.dontneed || ring < 0 || ring >= (int) rings_.size() || !rings_[ring]->ok()) return false;
+    char * dst = (char *) j.dst;
+    const auto it = std::upper_bound(buf_lo_.begin(), buf_lo_.end(), dst);
+    if (it == buf_lo_.begin()) return false;
+    const int b = (int) (it - buf_lo_.begin()) - 1;
+    if (dst + j.len > buf_hi_[b] || !buf_on_[b].load(std::memory_order_acquire)) return false;
+    while (j.got < j.len) {
+        const int64_t want = std::min<int64_t>(j.len - j.got, 1 << 30);
+        const int64_t r = rings_[ring]->read_fixed(j.fd, dst + j.got, want, j.offset + j.got, b);
+        if (r == INT64_MIN) return false;  // the ring failed: pread reads the rest (from j.got)
+        if (r < 0) {
+            if (r == -EINTR || r == -EAGAIN) continue;
+            j.err = (int) -r;
+            break;
+        }
+        if (r == 0) break;  // EOF
+        j.got += r;
+    }
+    return true;
+}
+
+void io_pool::exec(io_job & j, int ring) {
     int forced = 0;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -68,7 +131,11 @@ void io_pool::exec(io_job & j) {
         j.err = forced;
     } else if (j.out_fd >= 0) {
         exec_bounced(j);
+        plain_reads_++;
+    } else if (read_fixed(j, ring)) {
+        fixed_reads_++;
     } else {
+        plain_reads_++;
         char * dst = (char *) j.dst;
         const int fd = j.fd;
         while (j.got < j.len) {
@@ -161,7 +228,7 @@ std::deque<io_job *>::iterator io_pool::next_job() {
     return queue_.end();
 }
 
-void io_pool::worker() {
+void io_pool::worker(int index) {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
         cv_work_.wait(lk, [this] { return stop_ || next_job() != queue_.end(); });
@@ -185,7 +252,7 @@ void io_pool::worker() {
             j.err = ECANCELED;
             j.t_us = 0;
         } else {
-            exec(j);
+            exec(j, index);
         }
         lk.lock();
         if (!skip) end_read();
@@ -218,7 +285,7 @@ void io_pool::run(int fd, bool dontneed, std::vector<io_job> & jobs) {
                 std::lock_guard<std::mutex> lk(mu_);
                 begin_read();
             }
-            exec(j);
+            exec(j, (int) workers_.size());
             std::lock_guard<std::mutex> lk(mu_);
             end_read();
             j.done = true;

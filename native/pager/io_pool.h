@@ -1,7 +1,9 @@
 // io_pool: a fixed set of worker threads that execute positioned reads from file descriptors
 // into caller-owned memory, taken from one queue of jobs: in order, except that a caller may put
 // jobs at the front or promote queued ones, and that at most background_limit background jobs
-// run at once (a worker passes over the others).
+// run at once (a worker passes over the others). A read whose destination lies in a registered
+// buffer in use is an io_uring READ_FIXED on the reading thread's own ring (use_fixed_buffers),
+// any other a pread; both loop over partial reads the same way.
 //
 // Invariant: a job handed to the pool is finished exactly once (read, failed, or cancelled
 // before a worker claimed it), its result (bytes read, errno, duration) is written before it
@@ -18,8 +20,12 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "uring.h"
 
 int64_t io_now_us();
 
@@ -138,10 +144,26 @@ public:
     // Test hook: the n-th read from now (1-based) fails with errno err. 0 disables.
     void inject_fault(int64_t nth, int err);
 
+    // Reads into registered buffers (docs/DESIGN.md §3e): gives every reading thread (each worker,
+    // and the caller of run's inline path) an io_uring with bufs (address, bytes; address-sorted,
+    // disjoint) registered, so a read whose destination lies inside one is a READ_FIXED, which does
+    // not pin its pages again; other reads stay pread. "" or why not (then everything stays pread).
+    // Call while idle, at most once.
+    std::string use_fixed_buffers(const std::vector<std::pair<char *, int64_t>> & bufs);
+    // Takes buffer i out of use (on = false: its pages are unpinned and may be punched out) or
+    // registers it again (on = true: its pages are pinned as they are now). No read into buffer i
+    // may be in flight. Returns 0 or -errno of the first ring that refused (the buffer stays out).
+    int set_fixed_buffer(int i, bool on);
+    bool fixed_buffers() const { return !rings_.empty(); }
+    // Reads done through registered buffers / with pread since the pool started.
+    int64_t fixed_reads() const { return fixed_reads_.load(); }
+    int64_t plain_reads() const { return plain_reads_.load(); }
+
 private:
-    void worker();
+    void worker(int index);
     void stop_workers();  // sets stop_, wakes and joins every started worker
-    void exec(io_job & j);
+    void exec(io_job & j, int ring);  // ring: the reading thread's (worker index, or n_threads for run's inline path)
+    bool read_fixed(io_job & j, int ring);  // a READ_FIXED loop when j.dst lies in a buffer in use; false: not taken
     void exec_bounced(io_job & j);
 
     std::vector<std::thread> workers_;
@@ -165,6 +187,11 @@ private:
     std::mutex               rate_mu_;
     std::atomic<int64_t>     rate_{0};
     int64_t                  dev_free_us_ = 0;  // set_rate_limit's device clock (under rate_mu_)
+    // use_fixed_buffers: one ring per reading thread, the buffers' bounds and whether each is in use
+    std::vector<std::unique_ptr<uring>> rings_;
+    std::vector<char *>      buf_lo_, buf_hi_;
+    std::unique_ptr<std::atomic<bool>[]> buf_on_;
+    std::atomic<int64_t>     fixed_reads_{0}, plain_reads_{0};
     void pace(int64_t t_start, int64_t bytes);             // sleeps until the read's slot on it ends
 };
 

@@ -2,8 +2,10 @@
 //
 // Correctness rests on three rules kept in this file:
 //  1. read before map: a miss gets a slot, the file pages are read into the slot's memfd pages
-//     (O_DIRECT pread through the fill mapping that reserve_arena made, which is never zapped or
-//     remapped; without it, pread into the reading thread's bounce buffer and pwrite to the
+//     (O_DIRECT reads through the fill mapping that reserve_arena made, which is never zapped or
+//     remapped: io_uring READ_FIXED into its registered chunks (use_io_uring; a chunk stage
+//     lending punches is unregistered first and registered again when it comes back, so no read
+//     lands in a stale pinned page) or pread; without it, pread into the reading thread's bounce buffer and pwrite to the
 //     memfd: either way no mapping that a computing core uses is touched, so no TLB shootdown
 //     reaches it), and only when every
 //     read of the unit returned all needed bytes
@@ -272,6 +274,36 @@ int pager::reserve_arena() {
     if (p == MAP_FAILED) return errno;
     fill_ = (char *) p;
     return 0;
+}
+
+std::string pager::use_io_uring() {
+    if (!fill_) return "the arena has no fill mapping (Pager(prefault=False))";
+    if (!slot_chunk_.empty()) return "";
+    if (!direct_) return "buffered reads (direct_io=False)";
+    const int64_t per = std::max<int64_t>(1, ((int64_t) slots_.size() + 4095) / 4096);
+    std::vector<std::pair<char *, int64_t>> bufs;
+    std::vector<int32_t> chunk(slots_.size(), -1);
+    for (size_t s = 0; s < slots_.size();) {  // slots lie back to back in the memfd, in order
+        const int64_t lo = slots_[s].offset;
+        int64_t n = 0, hi = lo;
+        while (s < slots_.size() && n < per && slots_[s].offset == hi && hi + slots_[s].bytes - lo <= (int64_t(1) << 30)) {
+            chunk[s] = (int32_t) bufs.size();
+            hi += slots_[s].bytes;
+            s++;
+            n++;
+        }
+        if (n == 0) {  // a slot over 1 GiB: read with pread
+            s++;
+            continue;
+        }
+        bufs.push_back({fill_ + lo, hi - lo});
+    }
+    const std::string why = pool_->use_fixed_buffers(bufs);
+    if (why.empty()) {
+        slot_chunk_ = std::move(chunk);
+        chunk_out_.assign(bufs.size(), 0);
+    }
+    return why;
 }
 
 int64_t pager::arena_resident_bytes() const {

@@ -307,6 +307,15 @@ public:
     // or remapped, so it costs no TLB shootdowns; it maps every arena page a second time, which
     // RssShmem counts twice (fill_bytes() lets accounting take it out, §5). Call before the first load.
     int reserve_arena();
+    // Reads into the arena through io_uring registered buffers (io_pool::use_fixed_buffers; docs/DESIGN.md
+    // §3e): the fill mapping's slots, in chunks of consecutive slots (at most 4096 chunks of <= 1 GiB), are
+    // registered once; stage lending takes a chunk out of use before punching a slot of it out of the
+    // memfd and registers it again when the slots come back (lend / unlend). Needs the fill mapping
+    // (reserve_arena) and no read in flight; "" or why it is not used (reads stay pread).
+    std::string use_io_uring();
+    // Reads through registered buffers / with pread since the pager started.
+    int64_t fixed_reads() const { return pool_->fixed_reads(); }
+    int64_t plain_reads() const { return pool_->plain_reads(); }
     // Bytes of the fill mapping (0 before reserve_arena or when it was not made).
     int64_t fill_bytes() const { return fill_ ? arena_size_ : 0; }
     // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
@@ -431,6 +440,8 @@ private:
     bool                         lend_on_ = false;  // set_stage_lending
     std::vector<int>             lent_;             // slots lent to staging (out of use until unlend)
     int64_t                      lent_bytes_ = 0;
+    std::vector<int32_t>         slot_chunk_;   // use_io_uring: each slot's registered buffer (-1: none)
+    std::vector<uint8_t>         chunk_out_;    // ... buffers taken out of use by stage lending
     char *                       fill_ = nullptr;  // reserve_arena's populated mapping of the whole memfd (reads land here)
     int64_t                      arena_size_ = 0;
     int64_t                      page_ = 4096;

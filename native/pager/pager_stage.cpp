@@ -95,6 +95,11 @@ int64_t pager::lend(int li, const int32_t * keep, int n, int64_t bytes) {
     std::sort(kept.begin(), kept.end());
     auto give = [&](int s) {
         if (slots_[s].pending) run_pending(slots_[s].pending);  // no region page maps the slot afterwards
+        if (!slot_chunk_.empty() && slot_chunk_[s] >= 0 && !chunk_out_[slot_chunk_[s]]) {
+            // no read is in flight (finished above): unpin the chunk before its pages are punched out
+            pool_->set_fixed_buffer(slot_chunk_[s], false);
+            chunk_out_[slot_chunk_[s]] = 1;
+        }
         int r;
         do r = fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) slots_[s].offset, (off_t) slots_[s].bytes);
         while (r != 0 && errno == EINTR);
@@ -153,5 +158,9 @@ void pager::unlend() {
     }
     lent_.clear();
     lent_bytes_ = 0;
+    // every slot is back: pin the chunks again (their pages as they are now); one that cannot be
+    // pinned stays out of use and its slots are read with pread
+    for (size_t c = 0; c < chunk_out_.size(); c++)
+        if (chunk_out_[c] && pool_->set_fixed_buffer((int) c, true) == 0) chunk_out_[c] = 0;
 }
 
