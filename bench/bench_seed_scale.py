@@ -82,7 +82,9 @@ def prefetch_variants(a) -> dict:
     if addrs != ["auto"]:  # the cross product: "off slots", "trained region", ... (docs/DESIGN.md §3f)
         out = {f"{name} {ad}": {**kw, "expert_addressing": ad} for name, kw in out.items() for ad in addrs}
     rings = [x.strip() for x in a.io_uring.split(",")]
-    if rings != ["on"]:  # "off uring", "off pread", ... (docs/DESIGN.md §3e)
+    if rings == ["on"]:
+        out = {name: {**kw, "io_uring": True} for name, kw in out.items()}
+    elif rings != ["off"]:  # "off uring", "off pread", ... (docs/DESIGN.md §3e)
         out = {f"{name} {'uring' if r == 'on' else 'pread'}": {**kw, "io_uring": r == "on"} for name, kw in out.items()
                for r in rings}
     return out
@@ -112,9 +114,9 @@ def main():
     ap.add_argument("--prefetch", default="off", help="comma-separated: off and/or a predictor (lookahead, trained, ...); "
                     "trained-bf16 / trained-q8_0: the trained predictor kept in that weight type")
     ap.add_argument("--predictor", default=None, help="prefetch=trained: a predictor .npz (fitted and saved here if absent)")
-    ap.add_argument("--io-uring", default="on",
-                    help="comma-separated: on (reads into io_uring registered buffers, the default) and/or off (pread): "
-                         "each setting runs once per prefetch setting in every round")
+    ap.add_argument("--io-uring", default="off",
+                    help="comma-separated: off (pread, the Session default) and/or on (reads into io_uring registered "
+                         "buffers): with both, each runs once per prefetch setting in every round")
     ap.add_argument("--addressing", default="auto",
                     help="comma-separated expert addressings to compare (slots, region; default auto): each prefetch "
                          "setting runs once per addressing in every round")

@@ -69,18 +69,25 @@ def test_busy_core_table(default_model_path, tmp_path):
 
 
 def test_seed_scale_addressing_variants():
-    """--addressing crosses every prefetch setting with each addressing (names "PREFETCH ADDRESSING"), and the
-    default (auto) leaves the prefetch variants as they are."""
+    """--addressing crosses every prefetch setting with each addressing (names "PREFETCH ADDRESSING"), --io-uring
+    with each read path ("PREFETCH uring|pread"), and the defaults (auto, off) leave the prefetch variants as they are."""
     import argparse
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_seed_scale", BENCH / "bench_seed_scale.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    a = argparse.Namespace(prefetch="off,lookahead", predictor=None, model="m.gguf", addressing="slots,region")
+    a = argparse.Namespace(prefetch="off,lookahead", predictor=None, model="m.gguf", addressing="slots,region", io_uring="off")
     assert mod.prefetch_variants(a) == {
         "off slots": {"expert_addressing": "slots"}, "off region": {"expert_addressing": "region"},
         "lookahead slots": {"prefetch": "lookahead", "expert_addressing": "slots"},
         "lookahead region": {"prefetch": "lookahead", "expert_addressing": "region"}}
     a.addressing = "auto"
     assert mod.prefetch_variants(a) == {"off": {}, "lookahead": {"prefetch": "lookahead"}}
+    a.io_uring = "on,off"  # --io-uring crosses them again: io_uring reads against pread (docs/DESIGN.md §3e)
+    assert mod.prefetch_variants(a) == {
+        "off uring": {"io_uring": True}, "off pread": {"io_uring": False},
+        "lookahead uring": {"prefetch": "lookahead", "io_uring": True},
+        "lookahead pread": {"prefetch": "lookahead", "io_uring": False}}
+    a.io_uring = "on"
+    assert mod.prefetch_variants(a) == {"off": {"io_uring": True}, "lookahead": {"prefetch": "lookahead", "io_uring": True}}
