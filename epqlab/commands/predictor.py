@@ -3,9 +3,8 @@
 P.npz`` scores it against router lookahead on a held-out text (recall of the top-k, per depth and weight type)."""
 from __future__ import annotations
 
-import time
-
 import dataclasses
+import time
 
 from ..engine.predictor import WEIGHT_TYPES, ExpertPredictor, router_weights
 from ..engine.session import Session

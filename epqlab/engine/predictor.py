@@ -55,27 +55,26 @@ def check_weight_type(weight_type: str) -> str:
     return weight_type
 
 
-def _ggml_round_trip(a: np.ndarray, weight_type: str) -> np.ndarray:
-    """Rows of ``a`` (float32 [..., n], n a multiple of 32) quantized with ggml's block format and
-    dequantized again (gguf-py's NumPy port of ggml's reference quantizers)."""
+def _q8_0_round_trip(a: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` (float32 [..., n], n a multiple of 32) quantized to ggml's Q8_0 blocks and dequantized
+    again (gguf-py's NumPy port of ggml's reference quantizer)."""
     from gguf.constants import GGMLQuantizationType as T  # gguf-py: ~0.3 s to import, only needed here
     from gguf.quants import dequantize, quantize
 
-    t = {"q8_0": T.Q8_0}[weight_type]
     a = np.ascontiguousarray(a, np.float32)
-    return dequantize(quantize(a, t), t).astype(np.float32).reshape(a.shape)
+    return dequantize(quantize(a, T.Q8_0), T.Q8_0).astype(np.float32).reshape(a.shape)
 
 
 def applied_weights(W: np.ndarray, weight_type: str) -> np.ndarray:
     """``W`` (float32 [..., n_embd]) as the engine holds it in ``weight_type``, widened back to float32."""
-    return bf16_round(W) if check_weight_type(weight_type) == "bf16" else _ggml_round_trip(W, weight_type)
+    return bf16_round(W) if check_weight_type(weight_type) == "bf16" else _q8_0_round_trip(W)
 
 
 def applied_input(h: np.ndarray, weight_type: str) -> np.ndarray:
     """Router inputs ``h`` (float32 [..., n_embd]) as the engine's dot product sees them: unchanged for bfloat16
     weights; for Q8_0 weights quantized to Q8_0 first, as ggml-cpu's ``vec_dot`` of that type takes its second
     operand (``vec_dot_type``; ggml-cpu.c)."""
-    return h if check_weight_type(weight_type) == "bf16" else _ggml_round_trip(h, "q8_0")
+    return h if check_weight_type(weight_type) == "bf16" else _q8_0_round_trip(h)
 
 
 def check_depth(depth: int) -> None:

@@ -154,7 +154,6 @@ public:
     // registers it again (on = true: its pages are pinned as they are now). No read into buffer i
     // may be in flight. Returns 0 or -errno of the first ring that refused (the buffer stays out).
     int set_fixed_buffer(int i, bool on);
-    bool fixed_buffers() const { return !rings_.empty(); }
     // Reads done through registered buffers / with pread since the pool started.
     int64_t fixed_reads() const { return fixed_reads_.load(); }
     int64_t plain_reads() const { return plain_reads_.load(); }

@@ -23,8 +23,7 @@ static int sys_register(int fd, unsigned op, const void * arg, unsigned n) {
 
 uring::~uring() {
     if (sqes_) munmap(sqes_, sqes_bytes_);
-    if (cq_ptr_ && cq_ptr_ != sq_ptr_) munmap(cq_ptr_, cq_bytes_);
-    if (sq_ptr_) munmap(sq_ptr_, sq_bytes_);
+    if (sq_ptr_) munmap(sq_ptr_, sq_bytes_);  // both rings (IORING_FEAT_SINGLE_MMAP)
     if (fd_ >= 0) close(fd_);  // drops the registered buffers (unpins their pages)
 }
 
@@ -39,28 +38,27 @@ std::string uring::init() {
         fd_ = -1;
         return "io_uring without IORING_FEAT_SINGLE_MMAP (a kernel before 5.4)";
     }
-    sq_bytes_ = p.sq_off.array + p.sq_entries * sizeof(unsigned);
-    cq_bytes_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
-    sq_bytes_ = cq_bytes_ = sq_bytes_ > cq_bytes_ ? sq_bytes_ : cq_bytes_;
+    // one mapping holds both rings: the larger of the two ring sizes
+    const size_t sq = p.sq_off.array + p.sq_entries * sizeof(unsigned), cq = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
+    sq_bytes_ = sq > cq ? sq : cq;
     sq_ptr_ = mmap(nullptr, sq_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, IORING_OFF_SQ_RING);
     if (sq_ptr_ == MAP_FAILED) {
         sq_ptr_ = nullptr;
         return std::string("mmap of the io_uring rings: ") + std::strerror(errno);
     }
-    cq_ptr_ = sq_ptr_;
     sqes_bytes_ = p.sq_entries * sizeof(io_uring_sqe);
     void * s = mmap(nullptr, sqes_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, IORING_OFF_SQES);
     if (s == MAP_FAILED) return std::string("mmap of the io_uring entries: ") + std::strerror(errno);
     sqes_ = (io_uring_sqe *) s;
-    char * sq = (char *) sq_ptr_;
-    sq_head_ = (unsigned *) (sq + p.sq_off.head);
-    sq_tail_ = (unsigned *) (sq + p.sq_off.tail);
-    sq_mask_ = (unsigned *) (sq + p.sq_off.ring_mask);
-    sq_array_ = (unsigned *) (sq + p.sq_off.array);
-    cq_head_ = (unsigned *) (sq + p.cq_off.head);
-    cq_tail_ = (unsigned *) (sq + p.cq_off.tail);
-    cq_mask_ = (unsigned *) (sq + p.cq_off.ring_mask);
-    cqes_ = (io_uring_cqe *) (sq + p.cq_off.cqes);
+    char * r = (char *) sq_ptr_;
+    sq_head_ = (unsigned *) (r + p.sq_off.head);
+    sq_tail_ = (unsigned *) (r + p.sq_off.tail);
+    sq_mask_ = (unsigned *) (r + p.sq_off.ring_mask);
+    sq_array_ = (unsigned *) (r + p.sq_off.array);
+    cq_head_ = (unsigned *) (r + p.cq_off.head);
+    cq_tail_ = (unsigned *) (r + p.cq_off.tail);
+    cq_mask_ = (unsigned *) (r + p.cq_off.ring_mask);
+    cqes_ = (io_uring_cqe *) (r + p.cq_off.cqes);
     return "";
 }
 

@@ -45,8 +45,8 @@ public:
 private:
     int            fd_ = -1;
     bool           broken_ = false;  // io_uring_enter failed: never used again (a pending entry is never submitted)
-    void *         sq_ptr_ = nullptr, * cq_ptr_ = nullptr;
-    size_t         sq_bytes_ = 0, cq_bytes_ = 0, sqes_bytes_ = 0;
+    void *         sq_ptr_ = nullptr;  // the submission and completion rings, one mapping
+    size_t         sq_bytes_ = 0, sqes_bytes_ = 0;
     unsigned *     sq_head_ = nullptr, * sq_tail_ = nullptr, * sq_mask_ = nullptr, * sq_array_ = nullptr;
     unsigned *     cq_head_ = nullptr, * cq_tail_ = nullptr, * cq_mask_ = nullptr;
     io_uring_sqe * sqes_ = nullptr;
