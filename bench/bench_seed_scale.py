@@ -26,9 +26,11 @@ plain tok/s. Run it alone: a build, a test suite or a helper beside it measures 
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -73,8 +75,9 @@ def prefetch_variants(a) -> dict:
                 fit_for_model(a.model, depth=1).save(path)
             if name != "trained":  # trained-bf16, trained-q8_0: a copy of it kept in that weight type
                 p = ExpertPredictor.load(path)
-                path = dataclasses.replace(p, weight_type=name.split("-", 1)[1]).save(
-                    os.path.join(tempfile.mkdtemp(prefix="epq-pred-"), f"{name}.npz"))
+                tmp = tempfile.mkdtemp(prefix="epq-pred-")
+                atexit.register(shutil.rmtree, tmp, True)  # the copy (84 MB on the 35B shape) goes with the bench
+                path = dataclasses.replace(p, weight_type=name.split("-", 1)[1]).save(os.path.join(tmp, f"{name}.npz"))
             out[name] = {"prefetch": "trained", "prefetch_predictor": str(path)}
         else:
             out[name] = {"prefetch": name}
