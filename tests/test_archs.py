@@ -109,18 +109,32 @@ def models(tmp_path_factory):
 
 
 def _dense_page_bytes(lay) -> int:
-    """Bytes of the union of whole pages that the non-expert tensors touch (within the file's pages)."""
+    """Bytes of the union of whole pages that the non-expert tensors touch, within what llama.cpp keeps mapped.
+
+    llama.cpp skips a trailing MTP block (``<arch>.nextn_predict_layers``) unless asked for it, and after the load
+    unmaps the file's pages before its first and after its last loaded tensor (llama_model_loader::load_all_data,
+    llama_mmap::unmap_fragment: the first rounded up and the last rounded down to pages, so the file's last partial
+    page stays mapped); dense pages there are not copied."""
+    import gguf
     page = os.sysconf("SC_PAGE_SIZE")
     end = -(-lay.file_size // page) * page
+    r = gguf.GGUFReader(str(lay.path))
+    arch = str(r.fields["general.architecture"].contents())
+    n_block = int(r.fields[f"{arch}.block_count"].contents())
+    f = r.fields.get(f"{arch}.nextn_predict_layers")
+    trunk = n_block - (int(f.contents()) if f is not None else 0)
+
+    def loaded(name):
+        return not (name.startswith("blk.") and int(name.split(".")[1]) >= trunk)
+    used = [(int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in r.tensors if loaded(t.name)]
+    lo, hi = min(a for a, _ in used), max(b for _, b in used)
+    head = lo // page * page                        # [0, head) unmapped
+    tail = (-(-hi // page) * page, lay.file_size // page * page)  # [tail[0], tail[1]) unmapped
     spans = sorted((off // page * page, min(end, -(-(off + n) // page) * page)) for _, off, n in lay.dense_tensors if n)
-    total, cur = 0, None
+    pages = set()
     for a, b in spans:
-        if cur and a <= cur[1]:
-            cur[1] = max(cur[1], b)
-        else:
-            total += cur[1] - cur[0] if cur else 0
-            cur = [a, b]
-    return total + (cur[1] - cur[0] if cur else 0)
+        pages.update(p for p in range(a, b, page) if p >= head and not tail[0] <= p < tail[1])
+    return len(pages) * page
 
 
 def _prompt(path):

@@ -16,7 +16,11 @@
 #include <stdexcept>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <sstream>
 
 static std::string errstr(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
@@ -38,19 +42,54 @@ static int64_t read_all(int fd, char * dst, int64_t off, int64_t len, const std:
     return got;
 }
 
+std::vector<std::pair<int64_t, int64_t>> still_mapped(const file_mapping & map) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const uintptr_t ps = (uintptr_t) sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t) map.addr, hi = lo + ((uintptr_t) map.length + ps - 1) / ps * ps;  // mmap maps whole pages
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+        // "start-end perms offset major:minor inode [path]", addresses and offset in hex, the device in hex
+        std::istringstream in(line);
+        std::string range, perms, off, dev;
+        uint64_t ino = 0;
+        if (!(in >> range >> perms >> off >> dev >> ino)) continue;
+        const size_t dash = range.find('-'), colon = dev.find(':');
+        if (dash == std::string::npos || colon == std::string::npos) continue;
+        const uintptr_t a = (uintptr_t) std::stoull(range.substr(0, dash), nullptr, 16);
+        const uintptr_t b = (uintptr_t) std::stoull(range.substr(dash + 1), nullptr, 16);
+        const uint64_t d = makedev(std::stoul(dev.substr(0, colon), nullptr, 16), std::stoul(dev.substr(colon + 1), nullptr, 16));
+        if (ino != map.ino || d != map.dev || b <= lo || a >= hi) continue;
+        const uintptr_t x = std::max(a, lo), y = std::min(b, hi);
+        out.emplace_back(map.offset + (int64_t) (x - lo), map.offset + (int64_t) (y - lo));
+    }
+    return out;
+}
+
 dense_report dense_to_anon(const std::string & path, const file_mapping & map,
                            std::vector<std::pair<int64_t, int64_t>> ranges, bool lock) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t ps = sysconf(_SC_PAGESIZE);
-    const int64_t map_lo = map.offset, map_hi = map.offset + ((map.length + ps - 1) / ps) * ps;
-    // Widen to pages, clamp to the mapping, merge.
+    // Widen to pages, clamp to what of llama's mapping is still mapped from the file, merge. llama.cpp unmaps the
+    // pages before its first and after its last loaded tensor once the load is done (llama_model_loader::
+    // load_all_data, unmap_fragment): a tensor it skipped there (an MTP block without load_mtp) is no longer
+    // mapped, and an anonymous mapping put in its place would be nobody's to free (the pages leaked with every
+    // model) or would overwrite whatever the process mapped there since.
+    const std::vector<std::pair<int64_t, int64_t>> live = still_mapped(map);
+    dense_report rep;
     std::vector<std::pair<int64_t, int64_t>> pages;
     for (auto & r : ranges) {
         if (r.second <= 0) continue;
-        int64_t a = (r.first / ps) * ps, b = ((r.first + r.second + ps - 1) / ps) * ps;
-        a = std::max(a, map_lo);
-        b = std::min(b, map_hi);
-        if (b > a) pages.emplace_back(a, b);
+        const int64_t a = (r.first / ps) * ps, b = ((r.first + r.second + ps - 1) / ps) * ps;
+        int64_t kept = 0;
+        for (const auto & m : live) {
+            const int64_t x = std::max(a, m.first), y = std::min(b, m.second);
+            if (y > x) {
+                pages.emplace_back(x, y);
+                kept += y - x;
+            }
+        }
+        rep.bytes_unmapped += (b - a) - kept;
     }
     std::sort(pages.begin(), pages.end());
     std::vector<std::pair<int64_t, int64_t>> merged;
@@ -59,7 +98,6 @@ dense_report dense_to_anon(const std::string & path, const file_mapping & map,
         else merged.push_back(p);
     }
 
-    dense_report rep;
     int fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     rep.direct = fd >= 0;
     if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

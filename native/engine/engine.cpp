@@ -173,6 +173,7 @@ engine::engine(const engine_config & cfg, pager * hook_pager, const std::vector<
                     const dense_report r = dense_to_anon(paths[i], fmaps[i], ranges, cfg.dense_mode == DENSE_MLOCK);
                     load_.dense_bytes += r.bytes;
                     load_.dense_bytes_read += r.bytes_read;
+                    load_.dense_bytes_unmapped += r.bytes_unmapped;
                     load_.dense_direct = load_.dense_direct && r.direct;
                     load_.dense_locked = r.locked;
                     load_.dense_s += r.seconds;

@@ -70,6 +70,7 @@ struct engine_load_report {
     int64_t willneeds_skipped = 0;
     int64_t dense_bytes = 0;            // anonymous bytes holding dense weights
     int64_t dense_bytes_read = 0;       // bytes read for them
+    int64_t dense_bytes_unmapped = 0;   // dense pages llama.cpp had unmapped after the load (tensors it skipped)
     bool    dense_direct = false;
     bool    dense_locked = false;
     double  dense_s = 0.0;

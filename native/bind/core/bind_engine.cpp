@@ -63,6 +63,7 @@ static const std::vector<epq_bind::field<engine_load_report>> & load_fields() {
         EPQ_FIELD(engine_load_report, "willneeds_skipped", s.willneeds_skipped),
         EPQ_FIELD(engine_load_report, "dense_bytes", s.dense_bytes),
         EPQ_FIELD(engine_load_report, "dense_bytes_read", s.dense_bytes_read),
+        EPQ_FIELD(engine_load_report, "dense_bytes_unmapped", s.dense_bytes_unmapped),
         EPQ_FIELD(engine_load_report, "dense_direct", s.dense_direct),
         EPQ_FIELD(engine_load_report, "dense_locked", s.dense_locked),
         EPQ_FIELD(engine_load_report, "dense_s", s.dense_s),
