@@ -44,7 +44,7 @@ del _version
 
 # name -> module that defines it, imported on first access (PEP 562)
 _LAZY = {"Session": ".engine.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
-         "sweep": ".studies.sweeps"}
+         "sweep": ".studies.sweeps", "plan": ".studies.plan", "tune": ".studies.tune"}
 # subpackages and modules reachable as attributes without an explicit import (``epqlab.models.synthesize``)
 _SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "studies", "papers", "constants", "errors",
                "units", "results", "layout", "widgets", "server")
@@ -67,5 +67,5 @@ def __getattr__(name: str):
 __all__ = [
     "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
-    "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "fmt_bytes", "parse_bytes", "__version__",
+    "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "plan", "tune", "fmt_bytes", "parse_bytes", "__version__",
 ]

@@ -1,0 +1,163 @@
+"""The arithmetic of ``epqlab plan``: a paged decode step's time from a route trace, a device probe and the
+calibrated terms, with nothing measured here (the engine side is :mod:`epqlab.studies.plan`).
+
+The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
+
+    T_off(t)   = C + k_io * sum_l read(m[t,l]) + c_map * m[t]
+    T_pf(t)    = C + P + k_pf * sum_l ( read((1 - phi) m[t,l]) + max(0, read(phi m[t,l] + w_l) - W) ) + c_map * m[t]
+
+- ``m[t,l]``: experts of layer l that step t misses at the arena's slots (the route trace replayed by the
+  eviction simulators, :func:`epqlab.routes.simulate` / stack distances: exact for LRU, scaled for other policies);
+  ``m[t]`` their sum.
+- ``read(n)``: seconds to read n experts of layer l when their matrices are queued together on the pager's
+  I/O threads: ``n * n_mat`` reads of ``unit_bytes / n_mat`` bytes at ``min(n * n_mat, io_threads)`` in flight,
+  at the aggregate MB/s the device probe measured at that size and concurrency (linear between probed
+  concurrencies).
+- ``C``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and mapping taken
+  out), from the calibration's time split; ``c_map``: mapping and bookkeeping µs per missed expert, from the
+  same run; ``P``: the predictor's µs per step, from the prefetch calibration.
+- ``k_io``: measured io wait over the model's read time at the calibration budget (1 = the device delivers what
+  the probe promised; above 1: reads slow each other and compute, or pay a latency the probe did not see).
+- Prefetch: ``phi`` = share of would-be misses the predictor's reads served (its ``prefetch_used`` over
+  ``prefetch_used + misses``, measured), started a window ``W`` (one layer's compute, µs) before they are
+  needed; ``w_l`` the wasted (mispredicted) expert reads per layer and step that share the device; ``k_pf``
+  calibrated as ``k_io`` on the prefetch run.
+
+Prefill of an ``n``-token prompt from a cold arena: ``n * c_pre + read_bytes / BW``, with ``c_pre`` the
+calibration prompt's compute per token and the bytes those of each layer's expected distinct experts over n
+tokens, ``U_l(n) = sum_e 1 - (1 - q_le)^n`` (q_le: share of the trace's tokens that routed to expert e),
+read at the device's best aggregate MB/s for the matrix size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class DeviceTable:
+    """Aggregate read bandwidth by request size and concurrency, from :func:`epqlab.probe_io`.
+
+    ``mb_s[size]`` = (concurrencies ascending, MB/s at each; MB = 10**6 bytes)."""
+    mb_s: dict[int, tuple[tuple[int, ...], tuple[float, ...]]]
+
+    @classmethod
+    def from_frame(cls, df) -> "DeviceTable":
+        out = {}
+        for size, g in df.groupby("request_bytes"):
+            g = g.sort_values("concurrency")
+            out[int(size)] = (tuple(int(c) for c in g.concurrency), tuple(float(x) for x in g.mb_s))
+        if not out:
+            raise ValueError("the device probe table is empty")
+        return cls(out)
+
+    def bandwidth(self, size: float, concurrency: float) -> float:
+        """MB/s for ``size``-byte reads at ``concurrency`` in flight: the probed size nearest in log scale,
+        linear between probed concurrencies, the end values outside them."""
+        sizes = np.array(sorted(self.mb_s), np.float64)
+        s = int(sizes[np.argmin(np.abs(np.log(sizes) - np.log(max(size, 1.0))))])
+        cs, bw = self.mb_s[s]
+        return float(np.interp(concurrency, cs, bw))
+
+    def best(self, size: float) -> float:
+        sizes = np.array(sorted(self.mb_s), np.float64)
+        s = int(sizes[np.argmin(np.abs(np.log(sizes) - np.log(max(size, 1.0))))])
+        return float(max(self.mb_s[s][1]))
+
+
+def read_us(n_experts: float, unit_bytes: int, n_mat: int, io_threads: int, dev: DeviceTable) -> float:
+    """µs to read ``n_experts`` units of ``unit_bytes`` split in ``n_mat`` matrix reads, queued together on
+    ``io_threads`` threads (module docstring). 0 for no experts; fractional counts scale the bytes."""
+    if n_experts <= 0:
+        return 0.0
+    reads = n_experts * n_mat
+    size = unit_bytes / n_mat
+    bw = dev.bandwidth(size, min(max(reads, 1.0), io_threads))
+    return reads * size / (bw * 1e6) * 1e6
+
+
+@dataclass
+class Terms:
+    """The calibrated terms of the model (module docstring), each measured on this machine by ``plan``."""
+    compute_us: float            # C: per decode step
+    map_us_per_miss: float       # c_map
+    k_io: float                  # measured io wait / modelled read time, prefetch off
+    predict_us: float = 0.0      # P
+    phi: float = 0.0             # share of would-be misses served by prefetch reads
+    waste_per_layer: float = 0.0  # w_l: wasted expert reads per layer and step
+    window_us: float = 0.0       # W: one layer's compute
+    k_pf: float = 1.0            # as k_io, on the prefetch run
+    prefill_us_per_token: float = 0.0  # c_pre
+    io_threads: int = 1
+    notes: dict = field(default_factory=dict)
+
+
+@dataclass
+class LayerShape:
+    """What a layer's miss costs to read: its unit (one expert's matrices) and the number of matrices."""
+    unit_bytes: int
+    n_mat: int
+
+
+def step_read_us(misses_tl: np.ndarray, shapes: list[LayerShape], io_threads: int, dev: DeviceTable) -> np.ndarray:
+    """Modelled read µs of each step, ``sum_l read(m[t,l])``: float ``[T]`` from misses ``[T, L]``."""
+    out = np.zeros(misses_tl.shape[0])
+    for li, sh in enumerate(shapes):
+        col = misses_tl[:, li]
+        for n in np.unique(col):
+            if n > 0:
+                out[col == n] += read_us(float(n), sh.unit_bytes, sh.n_mat, io_threads, dev)
+    return out
+
+
+def decode_us_off(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> dict:
+    """Mean µs per decode step with prefetch off and its parts: ``{"total", "compute", "io", "map"}``."""
+    io = terms.k_io * step_read_us(misses_tl, shapes, terms.io_threads, dev)
+    mp = terms.map_us_per_miss * misses_tl.sum(1)
+    parts = {"compute": terms.compute_us, "io": float(io.mean()) if io.size else 0.0,
+             "map": float(mp.mean()) if mp.size else 0.0, "predict": 0.0}
+    parts["total"] = parts["compute"] + parts["io"] + parts["map"]
+    return parts
+
+
+def prefetch_wait_us(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> np.ndarray:
+    """Modelled wait µs per step with prefetch (module docstring, before ``k_pf``): float ``[T]``."""
+    out = np.zeros(misses_tl.shape[0])
+    phi, W = terms.phi, terms.window_us
+    for li, sh in enumerate(shapes):
+        col = misses_tl[:, li]
+        for n in np.unique(col):
+            late = read_us((1 - phi) * n, sh.unit_bytes, sh.n_mat, terms.io_threads, dev)
+            early = read_us(phi * n + terms.waste_per_layer, sh.unit_bytes, sh.n_mat, terms.io_threads, dev)
+            out[col == n] += late + max(0.0, early - W)
+    return out
+
+
+def decode_us_prefetch(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> dict:
+    """Mean µs per decode step with prefetch and its parts: ``{"total", "compute", "io", "map", "predict"}``."""
+    io = terms.k_pf * prefetch_wait_us(misses_tl, shapes, terms, dev)
+    mp = terms.map_us_per_miss * misses_tl.sum(1)
+    parts = {"compute": terms.compute_us, "io": float(io.mean()) if io.size else 0.0,
+             "map": float(mp.mean()) if mp.size else 0.0, "predict": terms.predict_us}
+    parts["total"] = parts["compute"] + parts["io"] + parts["map"] + parts["predict"]
+    return parts
+
+
+def expected_union(counts_le: np.ndarray, n_routed: int, n_tokens: int) -> np.ndarray:
+    """Expected distinct experts per layer over ``n_tokens`` tokens, ``U_l(n) = sum_e 1 - (1 - q_le)^n`` with
+    ``q_le = counts_le / n_routed`` (tokens of the trace routed to e over tokens routed): float ``[L]``."""
+    q = np.clip(np.asarray(counts_le, np.float64) / max(int(n_routed), 1), 0.0, 1.0)
+    return (1.0 - (1.0 - q) ** int(n_tokens)).sum(1)
+
+
+def prefill_us(n_tokens: int, union_l: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> dict:
+    """µs for an ``n_tokens`` prompt from a cold arena: ``{"total", "compute", "io", "read_bytes"}``."""
+    read_bytes = float(sum(u * sh.unit_bytes for u, sh in zip(union_l, shapes)))
+    io = sum(u * sh.unit_bytes / (dev.best(sh.unit_bytes / sh.n_mat) * 1e6) * 1e6 for u, sh in zip(union_l, shapes))
+    comp = n_tokens * terms.prefill_us_per_token
+    return {"total": comp + io, "compute": comp, "io": io, "read_bytes": read_bytes}
+
+
+__all__ = ["DeviceTable", "LayerShape", "Terms", "read_us", "step_read_us", "decode_us_off", "decode_us_prefetch",
+           "prefetch_wait_us", "expected_union", "prefill_us"]
