@@ -56,9 +56,9 @@ def run(args) -> int:
         if args.verify and args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         p = plan(args.model, args.budgets, text=text, n=args.n, predictor=args.predictor, n_threads=args.threads,
-                 n_ctx=args.n_ctx, io_threads=args.io_threads, reprobe=args.reprobe, progress=True)
+                 n_ctx=args.n_ctx, io_threads=args.io_threads, reprobe=args.reprobe, progress=sys.stderr.isatty())
         if args.verify:
-            p.verify(repeats=args.repeats, progress=True)
+            p.verify(repeats=args.repeats, progress=sys.stderr.isatty())
     except (EpqlabError, ValueError, OSError) as e:
         print(f"epqlab plan: error: {e}", file=sys.stderr)
         return 2

@@ -380,6 +380,10 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     t0 = time.perf_counter()
     if int(n) < MIN_TEXT_TOKENS:
         raise PlanInputError(f"n must be >= {MIN_TEXT_TOKENS} calibration decode steps, got {n}")
+    if os.path.exists(model) and not os.path.isfile(model):
+        from .plan_probe import ProbeUnusableError
+        raise ProbeUnusableError(f"{model} is not a regular file (a pipe or a device?): the pager reads a model file "
+                                 "with O_DIRECT at offsets; give the path of the .gguf itself")
     lay = inspect(model)
     io_threads = int(io_threads or default_io_threads())
     if text is None:
@@ -396,8 +400,11 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     pf_mode = "trained" if have_pred else "lookahead"
     pols = tuple(policies or [p for p in SIMULATOR_POLICIES if p != "belady"])
     b = parse_budgets(budgets)
+    exact, smallest, refusal = quote(model, n_threads=n_threads, n_ctx=n_ctx, io_threads=io_threads)
     if b == "auto":
-        b = auto_budgets(model, n_threads=n_threads, n_ctx=n_ctx, io_threads=io_threads)
+        b = auto_budgets(model, exact)
+    elif b[0] < exact:
+        raise ArenaTooSmall(f"ram_budget {fmt_bytes(b[0])} is too small for " + refusal.split(" is too small for ", 1)[-1])
     b0 = b[0]
 
     dev_df, probe_info = probe_for_plan(lay, io_threads, cache_root or cache_dir(), reprobe=reprobe, progress=progress)
@@ -412,7 +419,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     best, rec = _recommend(rows, pf_mode, have_pred, cal_off)
     calib = {k: {f: getattr(c, f) for f in ("prefetch", "used_before_arena", "arena_bytes", "n_steps", "wall_us",
                                             "compute_us", "io_us", "map_us", "predict_us", "misses", "decode_hit_rate",
-                                            "decode_tok_s", "prefetch_used", "prefetch_wasted_bytes", "seconds")}
+                                            "decode_tok_s", "prefetch_used", "prefetch_wasted_bytes", "seconds",
+                                            "peak_charged", "limit_mode")}
              for k, c in (("off", cal_off), (pf_mode, cal_pf))}
     return Plan(model=str(lay.path), budgets=b, rows=rows, policies=pol_rows, terms=terms,
                 probe={**probe_info, "table": dev.mb_s}, calibration=calib, best=best, recommendation=rec,
@@ -424,33 +432,42 @@ AUTO_FRACTIONS = (0.125, 0.25, 0.5, 1.0)  # ``budgets="auto"``: arenas of these 
 AUTO_MARGIN = 2**20                       # added to each auto budget for what a later load measures more
 
 
-def auto_budgets(model, **kw) -> list[int]:
-    """``budgets="auto"``: the process's usage before the arena, as a Session measures it (one opened in a child
-    process with a 1 MiB budget: the :class:`epqlab.ArenaTooSmall` quote's "as measured now" figure, less the
-    arena it needs),
-    plus arenas of 1/8, 1/4, 1/2 and all of the routed experts (at least the smallest arena that works) and
-    1 MiB; those above what ``ram_budget="auto"`` would allow on this machine are left out (the smallest is
-    always kept). Bytes, rounded up to MiB, ascending."""
+def quote(model, **kw) -> tuple[int, int, str]:
+    """What a Session of ``model`` needs, measured in a child process (opened with a 1 MiB budget under a limit of
+    what ``ram_budget="auto"`` allows): ``(exact, smallest, message)``: the usage before the arena plus reserve, read
+    buffers and the smallest arena, "as measured now"; the smallest budget :class:`epqlab.ArenaTooSmall` quotes
+    (with its margin for a later load); and the refusal's text."""
     import re
     from pathlib import Path
 
     from ..memory.auto_budget import auto_budget
     from .strict import _run_one
     lay = inspect(model)
-    cap = auto_budget().budget
     with tempfile.TemporaryDirectory(prefix="epq-plan-") as td:
-        session_kw = {k: v for k, v in kw.items() if v}
-        row = _run_one(str(lay.path), cap, 2**20, True, prompt="a", n_predict=1, policy=DEFAULT_POLICY,
-                       session_kw=session_kw, limit_mode=None, timeout_s=600, python=sys.executable, workdir=Path(td),
-                       tag="quote")
-    m = re.search(r"that is (\d+) bytes as measured now", str(row.get("reason") or ""))
+        row = _run_one(str(lay.path), auto_budget().budget, 2**20, True, prompt="a", n_predict=1, policy=DEFAULT_POLICY,
+                       session_kw={k: v for k, v in kw.items() if v}, limit_mode=None, timeout_s=600,
+                       python=sys.executable, workdir=Path(td), tag="quote")
+    reason = str(row.get("reason") or "")
+    m = re.search(r"The smallest budget that works is (\d+) bytes .*that is (\d+) bytes as measured now", reason)
     if not m:
-        raise EpqlabError(f"could not find the smallest budget of {lay.path.name}: {row.get('reason') or row.get('status')}")
-    exact = int(m.group(1))
+        raise EpqlabError(f"could not find the smallest budget of {lay.path.name}: {reason or row.get('status')}")
+    return int(m.group(2)), int(m.group(1)), reason.split("ArenaTooSmall: ", 1)[-1]
+
+
+def auto_budgets(model, exact: int | None = None, **kw) -> list[int]:
+    """``budgets="auto"``: the process's usage before the arena, as a Session measures it (``exact`` from
+    :func:`quote`, less the arena it needs), plus arenas of 1/8, 1/4, 1/2 and all of the routed experts (at
+    least the smallest arena that works) and 1 MiB; those above what ``ram_budget="auto"`` would allow on this
+    machine are left out (the smallest is always kept). Bytes, rounded up to MiB, ascending."""
+    from ..memory.auto_budget import auto_budget
+    lay = inspect(model)
+    if exact is None:
+        exact = quote(model, **kw)[0]
     all_b = Pager.all_experts_bytes(lay)
     need = max(Pager.min_arena_bytes(lay), Pager.max_stage_bytes(lay))
     base = exact - need
     out = sorted({-(-(base + max(need, int(f * all_b)) + AUTO_MARGIN) // 2**20) * 2**20 for f in AUTO_FRACTIONS})
+    cap = auto_budget().budget
     return [out[0]] + [b for b in out[1:] if b <= cap]
 
 
@@ -529,5 +546,5 @@ def _recommend(rows, pf_mode, have_pred, cal_off):
     return best, {"why": why, "fit_predictor": fit}
 
 
-__all__ = ["plan", "auto_budgets", "Plan", "PlanRow", "Calibration", "PlanInputError", "parse_budgets", "split_text",
+__all__ = ["plan", "auto_budgets", "quote", "Plan", "PlanRow", "Calibration", "PlanInputError", "parse_budgets", "split_text",
            "simulate_misses", "slots_at", "default_predictor_path"]

@@ -44,6 +44,28 @@ def concurrencies(io_threads: int) -> list[int]:
     return out + [int(io_threads)]
 
 
+RAM_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
+
+
+def fs_type(path) -> str:
+    """The file system type of the mount holding ``path`` (the longest mount point of /proc/self/mounts above
+    it), or "" when it cannot be told."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        return ""
+    return kind
+
+
 def cache_path(model_path, cache_root) -> Path:
     st = os.stat(model_path)
     return Path(cache_root) / "probe" / f"dev{st.st_dev}-{st.st_size}.json"
@@ -76,8 +98,8 @@ def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bo
     Raises:
         ProbeCacheError: the cache file is corrupt or was written for another device or size (the message
             names it and the fix: delete it or ``reprobe``).
-        ProbeUnusableError: the model is not a regular file, or its file system refuses O_DIRECT (tmpfs): the
-            pager would read through the page cache, so no device figure applies.
+        ProbeUnusableError: the model is not a regular file, lies on a RAM file system (tmpfs), or its file
+            system refuses O_DIRECT: no device figure applies.
     """
     import time
 
@@ -86,6 +108,11 @@ def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bo
     path = Path(lay.path)
     if not path.is_file():
         raise ProbeUnusableError(f"{path} is not a regular file: the pager reads a model file with O_DIRECT at offsets")
+    kind = fs_type(path)
+    if kind in RAM_FILESYSTEMS:
+        raise ProbeUnusableError(f"{path} is on a {kind} (RAM): its bytes already sit in memory, so there is no device to "
+                                 "page from and the probe would time memory copies, not O_DIRECT reads; put the model on "
+                                 "a disk")
     st = os.stat(path)
     sizes, concs = matrix_sizes(lay), concurrencies(io_threads)
     cp = cache_path(path, cache_root)

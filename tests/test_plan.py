@@ -1,0 +1,155 @@
+"""``epqlab plan`` end to end on the default model: the printed forecast table and its JSON, ``--verify``'s
+forecast-vs-measured rows, the Python API (``Session(model, **plan.best.session_kwargs())`` opens as is), the
+calibration inside its budget under a hard limit, and bad input: one line on stderr, exit status 2, no file
+half-written."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import epqlab
+from epqlab.studies.plan import HEADROOM
+from epqlab.studies.plan_probe import cache_path
+
+N = "16"
+
+
+def _plan(*args, cache, timeout=900):
+    env = {**os.environ, "EPQLAB_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-m", "epqlab", "plan", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("plancache")
+
+
+@pytest.fixture(scope="module")
+def verified(default_path, cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    r = _plan(str(default_path), "--budgets", "auto", "-n", N, "--threads", "1", "--verify", "--repeats", "1",
+              "--json", str(out), cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout, json.loads(out.read_text())
+
+
+ROW = re.compile(r"^\s+([\d.]+ [KMG]iB)\s+([\d.]+)\s+(\w+)\s+(off|lookahead|trained)\s+([\d.]+)\s+([\d.]+)(\s+[\d.]+){8}"
+                 r"\s+([\d.]+)\s+([+-][\d.]+)$")
+
+
+def test_verify_prints_forecast_against_measured(verified):
+    text, doc = verified
+    rows = [m for m in (ROW.match(l) for l in text.splitlines()) if m]
+    assert len(rows) == len(doc["rows"]) >= 4, text
+    for m, d in zip(rows, doc["rows"]):
+        assert m.group(3) == d["policy"] and m.group(4) == d["prefetch"]
+        measured, err = float(m.group(8)), float(m.group(9))
+        assert measured == pytest.approx(d["measured_tok_s"], abs=0.01)
+        # the printed error is (forecast - measured) / measured of the JSON's own numbers
+        assert err == pytest.approx(100 * (d["decode_tok_s"] - d["measured_tok_s"]) / d["measured_tok_s"], abs=0.06)
+    assert "recommended:" in text and "Session(" in text and "epqlab run " in text
+    assert re.search(r"\|error\|: median [\d.]+%, max [\d.]+% over \d+ rows", text)
+
+
+def test_budgets_auto_cover_the_arena_and_the_calibration_stays_inside_its_limit(verified):
+    _, doc = verified
+    b = doc["budgets"]
+    assert b == sorted(b) and len(b) >= 3
+    cov = {r["budget"]: r["coverage"] for r in doc["rows"] if r["prefetch"] == "off"}
+    assert cov[b[0]] < 0.5 and cov[b[-1]] == 1.0
+    for name, c in doc["calibration"].items():
+        # each calibration run's child had ram_budget = the smallest budget and a hard limit 16 MiB above it
+        assert c["limit_mode"] in ("cgroup-v1", "cgroup-v2", "sampled"), c
+        assert 0 < c["peak_charged"] <= b[0] + HEADROOM, (name, c["peak_charged"], b[0])
+        assert c["n_steps"] >= int(N) - 1
+
+
+def test_terms_reproduce_each_row(verified):
+    """Every row's ms/token is the sum of its printed parts, and its tok/s their inverse."""
+    _, doc = verified
+    for r in doc["rows"]:
+        assert r["decode_ms"] == pytest.approx(r["compute_ms"] + r["io_ms"] + r["map_ms"] + r["predict_ms"])
+        assert r["decode_tok_s"] == pytest.approx(1000 / r["decode_ms"])
+        assert r["compute_ms"] == pytest.approx(doc["terms"]["off"]["compute_us"] / 1e3)
+
+
+def test_python_api_session_kwargs_open_as_is(default_path, verified):
+    _, doc = verified
+    kw = doc["best"]["session_kwargs"]
+    with epqlab.Session(default_path, n_threads=1, **kw) as s:
+        assert s.generate("Hello", 2).tokens
+        assert s.pager.policy == kw["policy"]
+
+
+def test_probe_cache_reused_and_refused_when_corrupt(default_path, cache, tmp_path):
+    p = cache_path(default_path, cache)
+    assert p.is_file()  # written by the verified plan above
+    good = p.read_text()
+    try:
+        p.write_text("{not json")
+        r = _plan(str(default_path), "--budgets", "1GiB", "-n", N, "--json", str(tmp_path / "x.json"), cache=cache)
+        assert r.returncode == 2 and "corrupt" in r.stderr and "--reprobe" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
+        d = json.loads(good)
+        d["st_dev"] += 1
+        p.write_text(json.dumps(d))
+        r = _plan(str(default_path), "--budgets", "1GiB", "-n", N, cache=cache)
+        assert r.returncode == 2 and "probed for device" in r.stderr, r.stderr
+    finally:
+        p.write_text(good)
+    assert not list(p.parent.glob("*.part"))
+
+
+def test_budget_below_the_minimum_quotes_the_smallest(default_path, cache, tmp_path):
+    r = _plan(str(default_path), "--budgets", "100MiB,1GiB", "-n", N, "--json", str(tmp_path / "x.json"), cache=cache)
+    assert r.returncode == 2, r.stderr
+    assert "too small" in r.stderr and "smallest budget that works is" in r.stderr
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("case", ["short-text", "few-steps", "pipe", "tmpfs", "foreign-predictor", "bad-budgets"])
+def test_bad_input_is_one_line_and_exit_2(default_path, cache, tmp_path, case):
+    args = [str(default_path), "--budgets", "1GiB", "-n", N]
+    want = {"short-text": "too short", "few-steps": "n must be >= 16", "pipe": "not a regular file",
+            "tmpfs": "O_DIRECT", "foreign-predictor": "another model", "bad-budgets": "budgets"}[case]
+    if case == "short-text":
+        (tmp_path / "t.txt").write_text("only a few words here\n\nand a few more")
+        args += ["--text", str(tmp_path / "t.txt")]
+    elif case == "few-steps":
+        args[-1] = "8"
+    elif case == "pipe":
+        os.mkfifo(tmp_path / "m.gguf")
+        args[0] = str(tmp_path / "m.gguf")
+    elif case == "tmpfs":
+        shm = Path("/dev/shm")
+        if not shm.is_dir() or os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize < 2 * os.path.getsize(default_path):
+            pytest.skip("no tmpfs with room for the model")
+        dst = shm / f"epq-plan-{os.getpid()}.gguf"
+        shutil.copy(default_path, dst)
+        args[0] = str(dst)
+    elif case == "foreign-predictor":
+        from epqlab.engine.predictor import ExpertPredictor
+        lay = epqlab.inspect(default_path)
+        n_embd = 576
+        W = np.zeros((1, len(lay.layers), lay.n_expert, n_embd), np.float32)
+        ExpertPredictor(W, np.zeros(W.shape[:3], np.float32), (0.1,), 100, "0" * 40).save(tmp_path / "p.npz")
+        args += ["--predictor", str(tmp_path / "p.npz")]
+    elif case == "bad-budgets":
+        args[2] = "plenty"
+    try:
+        r = _plan(*args, "--json", str(tmp_path / "x.json"), cache=cache, timeout=300)
+    finally:
+        if case == "tmpfs":
+            dst.unlink(missing_ok=True)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert want in r.stderr and r.stderr.startswith("epqlab plan: error:") and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "x.json").exists()
