@@ -15,7 +15,7 @@ from .results import check_writable
 OUTPUT_FILES = ("json",)
 
 # Subcommand modules, in the order `epqlab --help` lists them.
-COMMANDS = ["info", "plan", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "predictor", "model", "report"]
+COMMANDS = ["info", "plan", "tune", "run", "serve", "demo", "ppl", "strict", "ablate", "probe", "routes", "predictor", "model", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:
