@@ -153,3 +153,20 @@ def test_bad_input_is_one_line_and_exit_2(default_path, cache, tmp_path, case):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert want in r.stderr and r.stderr.startswith("epqlab plan: error:") and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_notebook_08_defaults(tmp_path, default_path):
+    """notebooks/08_plan.ipynb with its defaults (verify on, one run per row) on the default model, and the paper
+    rendered from its JSON: the paper's table carries the JSON's forecast and measured numbers."""
+    from notebooks import run_notebook
+    from epqlab.papers import write_papers
+
+    doc = run_notebook("08_plan", {"model": str(default_path)}, tmp_path, cell_timeout=900)
+    assert doc["notebook"] == "08_plan" and doc["verified"] and doc["parameters"]["n"] == 32
+    assert all(r["measured_tok_s"] for r in doc["rows"])
+    papers = write_papers(tmp_path / "results", tmp_path / "papers")
+    md = (tmp_path / "papers" / "08_plan.md").read_text()
+    assert any(p.endswith("08_plan.md") for p in papers) and md.startswith("# 08 · Plan")
+    for r in doc["rows"]:
+        assert f"{r['decode_tok_s']:.3g}" in md and f"{r['measured_tok_s']:.3g}" in md
+    assert "median |error|" in md

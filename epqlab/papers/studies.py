@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..routes import report as routes_report
-from ..studies import batching_report, probe_report, seed_scale_report, speculative_report, strict_report
+from ..studies import batching_report, plan_report, probe_report, seed_scale_report, speculative_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
 from ..studies.ablation import batch_lossy_report, lossy_report, topk_report
 from ..units import fmt_bytes
@@ -170,10 +170,24 @@ def lossy_knobs(doc: dict) -> str:
     return "\n\n".join(parts)
 
 
+def plan(doc: dict) -> str:
+    """08: the forecast table (forecast against measured where verified), the terms, and
+    :func:`epqlab.studies.plan_report.reading`."""
+    df = plan_report.frame(doc)
+    cols = {c: h for c, h in plan_report.COLUMNS.items() if c in df.columns and (c != "measured_tok_s" or
+                                                                                  df[c].notna().any())}
+    if not df.get("error_pct", pd.Series(dtype=float)).notna().any():
+        cols.pop("error_pct", None)
+    terms = pd.DataFrame([{"prefetch": k, **{f: v for f, v in t.items() if f != "notes"}} for k, t in doc["terms"].items()])
+    return "\n\n".join(["**Forecast per budget, policy and prefetch** (ms per token; tok/s).",
+                         table(df, cols, floatfmt=".3g"), "**The model's terms, as calibrated.**",
+                         table(terms, {c: c for c in terms.columns}, floatfmt=".3g"), plan_report.reading(doc)])
+
+
 # study folder -> renderer; the folder name is also the notebook's name and the paper's file name
 STUDIES = {"01_io_probe": io_probe, "02_route_overlap": route_overlap, "03_least_stale": least_stale,
            "04_topk": topk, "05_memory_levels": memory_levels, "06_batching": batching,
-           "07_lossy_knobs": lossy_knobs}
+           "07_lossy_knobs": lossy_knobs, "08_plan": plan}
 
 
 def study_of(doc: dict) -> str | None:
@@ -181,6 +195,8 @@ def study_of(doc: dict) -> str | None:
     written by ``epqlab ablate eviction|topk --json``, ``epqlab strict --json``, ``epqlab probe --json``)."""
     if doc.get("notebook") in STUDIES:
         return doc["notebook"]
+    if {"terms", "recommendation", "rows"} <= set(doc):
+        return "08_plan"
     rows = doc.get("rows") or [{}]
     cols = set(rows[0]) if isinstance(rows[0], dict) else set()
     if "divergence" in doc and "k" in cols:
@@ -204,4 +220,4 @@ def study_of(doc: dict) -> str | None:
     return None
 
 
-__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels", "batching", "lossy_knobs"]
+__all__ = ["STUDIES", "study_of", "io_probe", "route_overlap", "least_stale", "topk", "memory_levels", "batching", "lossy_knobs", "plan"]

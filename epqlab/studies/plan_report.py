@@ -127,6 +127,46 @@ def to_json(p) -> dict:
             "measured_runs": [r.measured_runs for r in p.rows]}
 
 
+COLUMNS = {"budget_s": "budget", "coverage": "cover", "policy": "policy", "prefetch": "prefetch",
+           "hit_rate": "hit", "miss_mb_per_token": "MB/token", "compute_ms": "compute ms", "io_ms": "io ms",
+           "map_ms": "map ms", "predict_ms": "predict ms", "decode_tok_s": "forecast tok/s",
+           "measured_tok_s": "measured tok/s", "error_pct": "error, % of measured", "prefill_tok_s": "prefill 512 tok/s"}
+"""Columns of the forecast table a paper shows (``budget_s``: the budget in words)."""
+
+
+def frame(doc: dict):
+    """The forecast rows of a plan JSON (:func:`to_json`) as a DataFrame with ``budget_s`` added."""
+    import pandas as pd
+
+    df = pd.DataFrame(doc["rows"])
+    df.insert(0, "budget_s", [fmt_bytes(int(b)) for b in df.budget])
+    return df
+
+
+def reading(doc: dict) -> str:
+    """What the plan says, from its JSON alone: the recommendation, the terms that dominate, and (verified) how far
+    the forecasts were from measurement, naming the rows that missed by more than 20%."""
+    df = frame(doc)
+    best = doc["best"]
+    t = doc["terms"]["off"]
+    out = [f"The plan recommends {fmt_bytes(best['budget'])} with policy {best['policy']} and prefetch {best['prefetch']} "
+           f"({doc['recommendation']['why']}). Compute is {t['compute_us'] / 1e3:.1f} ms per step; the device "
+           f"delivered its probed reads at 1/{t['k_io']:.2f} of the probe's speed during decode (k_io)."]
+    if doc.get("verified") and df.error_pct.notna().any():
+        e = df.error_pct.dropna().abs()
+        bad = df[df.error_pct.abs() > 20]
+        out.append(f"Against measurement ({len(e)} rows): median |error| {e.median():.1f}%, max {e.max():.1f}%; "
+                   f"{(e <= 10).sum()} of {len(e)} rows within 10%, {(e <= 20).sum()} within 20%.")
+        if len(bad):
+            out.append("Rows off by more than 20%: " + "; ".join(
+                f"{r.budget_s} {r.policy} {r.prefetch} (forecast {r.decode_tok_s:.2f}, measured {r.measured_tok_s:.2f})"
+                for r in bad.itertuples()) + ".")
+    fit = doc["recommendation"].get("fit_predictor")
+    if fit:
+        out.append(f"Prefetch pays here; fitting the trained predictor takes about {fit['minutes']} min.")
+    return " ".join(out)
+
+
 def plot(p):
     """Forecast against measured decode tok/s (after verify), one point per row, and the error distribution:
     a matplotlib Figure."""
@@ -152,4 +192,4 @@ def plot(p):
     return fig
 
 
-__all__ = ["format_plan", "recommendation_lines", "terms_lines", "to_json", "plot"]
+__all__ = ["COLUMNS", "frame", "reading", "format_plan", "recommendation_lines", "terms_lines", "to_json", "plot"]
