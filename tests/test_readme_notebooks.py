@@ -119,6 +119,7 @@ TINY = {
     "06_batching": {"n_predict": 3, "prompt_tokens": 8, "spec_ns": [2], "spec_tokens": 64},
     "07_lossy_knobs": {"arenas": [0.5], "ks": [2], "taus": [0.3], "adaptive": [True], "texts": ["prose"],
                        "text_chars": 120, "ppl_n_ctx": 32},
+    "08_plan": {"n": 16, "verify": False},
 }
 
 
@@ -131,6 +132,7 @@ EXECUTED_ELSEWHERE = {
     "05_memory_levels": "tests/test_strict.py::test_notebook_05_two_levels",
     "06_batching": "tests/test_batch.py::test_batching_notebook",
     "07_lossy_knobs": "tests/test_lossy_study.py::test_notebook_07_small",
+    "08_plan": "tests/test_plan.py::test_notebook_08_defaults",
 }
 
 

@@ -17,16 +17,20 @@ the shipped calibration texts (:mod:`epqlab.studies.predictor_fit`), which neith
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..constants import DEFAULT_POLICY, SIMULATOR_POLICIES
 from ..data import heldout_texts
+from ..engine.prefetch import resolve_predictor
+from ..memory.auto_budget import auto_budget
 from ..errors import ArenaTooSmall, EpqlabError
 from ..layout import inspect
 from ..models.smollm2 import cache_dir
@@ -36,7 +40,9 @@ from ..routes.simulators import simulate, stack_distances
 from ..units import fmt_bytes, parse_bytes
 from .plan_model import (DeviceTable, LayerShape, Terms, decode_us_off, decode_us_prefetch, expected_union,
                          prefetch_wait_us, prefill_us, step_read_us)
-from .plan_probe import probe_for_plan
+from . import strict
+from .plan_probe import ProbeUnusableError, probe_for_plan
+from .strict import _run_one
 
 HEADROOM = 16 * 2**20   # bytes of each limit left outside the Session's ram_budget (epqlab.studies.strict)
 DEFAULT_N = 48           # teacher-forced decode steps of the calibration (and of each verification run)
@@ -189,7 +195,6 @@ class Plan:
         under a memory limit of the budget + ``headroom`` (``epqlab.studies.strict.run``: a child process per
         run, the model dropped from the page cache first, repeats interleaved); sets each row's
         ``measured_tok_s`` (median) and ``measured_runs``. Returns self."""
-        from . import strict
 
         head = parse_bytes(headroom)
         for policy in sorted({r.policy for r in self.rows}):
@@ -219,7 +224,6 @@ def _calibrate(model, limit: int, prompt: str, text: str, n: int, workdir: str, 
                limit_mode=None) -> Calibration:
     """One calibration run: a child process under a hard limit of ``limit`` bytes (Session ram_budget = limit -
     headroom), exactly as :meth:`Plan.verify` and :mod:`epqlab.studies.strict` run each row, its routes recorded."""
-    from . import strict
 
     t0 = time.perf_counter()
     log_path = os.path.join(workdir, f"routes-{prefetch or 'off'}.npz")
@@ -381,7 +385,6 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     if int(n) < MIN_TEXT_TOKENS:
         raise PlanInputError(f"n must be >= {MIN_TEXT_TOKENS} calibration decode steps, got {n}")
     if os.path.exists(model) and not os.path.isfile(model):
-        from .plan_probe import ProbeUnusableError
         raise ProbeUnusableError(f"{model} is not a regular file (a pipe or a device?): the pager reads a model file "
                                  "with O_DIRECT at offsets; give the path of the .gguf itself")
     lay = inspect(model)
@@ -395,7 +398,6 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     pred_path = predictor if predictor is not None else default_predictor_path(model)
     have_pred = predictor is not None or os.path.exists(pred_path)
     if have_pred:
-        from ..engine.prefetch import resolve_predictor
         resolve_predictor("trained", pred_path, 1, len(lay.layers), lay.n_expert, None, model=lay.path)
     pf_mode = "trained" if have_pred else "lookahead"
     pols = tuple(policies or [p for p in SIMULATOR_POLICIES if p != "belady"])
@@ -437,11 +439,7 @@ def quote(model, **kw) -> tuple[int, int, str]:
     what ``ram_budget="auto"`` allows): ``(exact, smallest, message)``: the usage before the arena plus reserve, read
     buffers and the smallest arena, "as measured now"; the smallest budget :class:`epqlab.ArenaTooSmall` quotes
     (with its margin for a later load); and the refusal's text."""
-    import re
-    from pathlib import Path
 
-    from ..memory.auto_budget import auto_budget
-    from .strict import _run_one
     lay = inspect(model)
     with tempfile.TemporaryDirectory(prefix="epq-plan-") as td:
         row = _run_one(str(lay.path), auto_budget().budget, 2**20, True, prompt="a", n_predict=1, policy=DEFAULT_POLICY,
@@ -459,7 +457,6 @@ def auto_budgets(model, exact: int | None = None, **kw) -> list[int]:
     :func:`quote`, less the arena it needs), plus arenas of 1/8, 1/4, 1/2 and all of the routed experts (at
     least the smallest arena that works) and 1 MiB; those above what ``ram_budget="auto"`` would allow on this
     machine are left out (the smallest is always kept). Bytes, rounded up to MiB, ascending."""
-    from ..memory.auto_budget import auto_budget
     lay = inspect(model)
     if exact is None:
         exact = quote(model, **kw)[0]

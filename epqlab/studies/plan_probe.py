@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import EpqlabError
 from ..layout import ModelLayout
+from ..paging.probe import probe_io
 from ..results import atomic_path
 
 FORMAT = "epqlab-plan-probe/1"
@@ -101,10 +103,6 @@ def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bo
         ProbeUnusableError: the model is not a regular file, lies on a RAM file system (tmpfs), or its file
             system refuses O_DIRECT: no device figure applies.
     """
-    import time
-
-    from ..paging.probe import probe_io
-
     path = Path(lay.path)
     if not path.is_file():
         raise ProbeUnusableError(f"{path} is not a regular file: the pager reads a model file with O_DIRECT at offsets")

@@ -21,12 +21,18 @@ otherwise the exact setting wins.
 from __future__ import annotations
 
 import math
-import statistics
+import time
 from dataclasses import dataclass, field
 
 from ..data import heldout_texts
+from ..engine import run_stats
+from ..engine.batch import Batcher, Request
+from ..engine.session import Session
 from ..errors import EpqlabError
 from ..layout import inspect
+from ..units import fmt_bytes, parse_bytes
+from .ablation.lossy import DEFAULT_ADAPTIVE, knob_settings
+from .sweeps import sweep
 from .plan import PlanInputError, plan as make_plan, split_text
 
 RULE = __doc__.split("The rule (stated in :attr:`Tuning.rule`): ", 1)[1].strip()
@@ -48,11 +54,6 @@ def tune_point(model, ram_budget, label, lossy, kw, prompt, windows, n, batch, n
     """One candidate, in a worker process: ``batch`` sequences teacher-forced on ``windows`` (texts), ``n`` tokens
     each. Returns decode tok/s (aggregate over the batch's decode steps), ppl of the forced tokens, SSD MB per
     token and the decode hit rate."""
-    from ..engine import run_stats
-    from ..engine.batch import Batcher, Request
-    from ..engine.session import Session
-
-    import time
 
     extra = {k: v for k, v in (("n_ctx", n_ctx), ("n_threads", n_threads)) if v}
     with Session(model, ram_budget=ram_budget, n_seq_max=int(batch), **extra, **kw) as s:
@@ -93,8 +94,6 @@ def candidates(plan_obj, budget: int, own_k: int, batch: int) -> list[tuple[str,
     """``[(label, lossy, Session kwargs)]`` at ``budget``: the plan's exact rows there, then the lossy knobs with the
     best simulated policy and prefetch off (cache routing and adaptive-k are exclusive with prefetch; top-k also
     runs with the predictor when the plan's prefetch row exists)."""
-    from .ablation.lossy import DEFAULT_ADAPTIVE, knob_settings
-
     rows = [r for r in plan_obj.rows if r.budget == budget]
     out, seen = [], set()
     for r in rows:
@@ -145,8 +144,6 @@ def tune(model, quality="0.5%", *, budget=None, batch: int = 1, text: str | None
     """
     import pandas as pd
 
-    from .sweeps import sweep
-
     q = parse_quality(quality)
     if int(batch) < 1 or int(repeats) < 1:
         raise PlanInputError(f"batch and repeats must be >= 1, got batch={batch}, repeats={repeats}")
@@ -155,7 +152,6 @@ def tune(model, quality="0.5%", *, budget=None, batch: int = 1, text: str | None
         text = heldout_texts()["prose"]
     p = plan_obj or make_plan(model, budget if budget is not None else "auto", text=text, n=n, n_threads=n_threads,
                               n_ctx=n_ctx)
-    from ..units import parse_bytes
     B = parse_bytes(budget) if budget is not None else p.best.budget
     if B not in {r.budget for r in p.rows}:
         raise PlanInputError(f"the plan has no rows at {B} bytes; plan with that budget first")
@@ -231,8 +227,6 @@ def pick(frame, nll: dict, q: float):
 
 def format_tuning(t: Tuning) -> str:
     """The frontier as text: every candidate by speed, LOSSY ones labelled, then the winner and why."""
-    from ..units import fmt_bytes
-
     lines = [f"epqlab tune  {t.model}  at {fmt_bytes(t.budget)}, batch {t.batch}, quality budget {t.quality:.2%}",
              f"  {'setting':<44} {'tok/s':>7} {'(min-max)':>13} {'ppl':>8} {'cost':>7} {'(95% interval)':>17} {'MB/tok':>7} {'':>6} {'':>7}"]
     for r in t.frame.itertuples():

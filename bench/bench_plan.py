@@ -1,0 +1,79 @@
+"""Forecast against measured: ``epqlab plan`` over several model shapes and budgets, prefetch off and with the
+predictor, each row verified under a hard memory limit on text the calibration did not see.
+
+    .venv/bin/epqlab model synth qwen35-a3b /work/big/q35.gguf                      # 20.8 GiB, the 35B-A3B shape
+    .venv/bin/epqlab model synth laguna-s /work/big/laguna12.gguf --n-layer 12
+    .venv/bin/epqlab predictor fit /work/big/q35.gguf /work/big/q35.predictor.npz --depth 1   # the trained rows
+    .venv/bin/python bench/bench_plan.py --model default=default --budgets default=auto \\
+        --model q35=/work/big/q35.gguf --budgets q35=4GiB,8GiB,16GiB --repeats 3 --json bench/results/plan.json
+
+For each model: ``epqlab.plan`` (timed: the goal is <= 2 min on the 35B shape) with the budgets given, then
+``Plan.verify(repeats)``: every row measured alone, the runs interleaved over budgets and prefetch settings, the
+model dropped from the page cache before each. A ``<model>.predictor.npz`` beside a model makes its prefetch rows
+"trained" (else router lookahead). Nothing of the forecast is fitted to these measurements: its terms come from
+the plan's own calibration. Prints per model the plan's table with measured and error columns, and at the end the
+median and max |error| over all rows (goal: median <= 10%, every row <= 20%). Run it alone: a build, a test suite
+or a helper beside it measures the contention.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from epqlab.models import default_model
+from epqlab.results import run_info, write_json
+from epqlab.studies.plan import plan
+from epqlab.studies.plan_report import format_plan, to_json
+
+
+def _pairs(items, what):
+    out = {}
+    for x in items or []:
+        if "=" not in x:
+            raise SystemExit(f"--{what} takes NAME=VALUE, got {x!r}")
+        k, v = x.split("=", 1)
+        out[k] = v
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--model", action="append", required=True, metavar="NAME=PATH", help="'default' = the default model")
+    ap.add_argument("--budgets", action="append", metavar="NAME=LIST", help="per model (default auto)")
+    ap.add_argument("-n", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    models = _pairs(a.model, "model")
+    budgets = _pairs(a.budgets, "budgets")
+    out = {"run": run_info(None), "models": {}, "n": a.n, "repeats": a.repeats}
+    errs = []
+    for name, path in models.items():
+        path = str(default_model(progress=False)) if path == "default" else path
+        t0 = time.perf_counter()
+        p = plan(path, budgets.get(name, "auto"), n=a.n, n_threads=a.threads)
+        plan_s = time.perf_counter() - t0
+        p.verify(repeats=a.repeats, progress=True)
+        print(f"== {name}: plan {plan_s:.0f} s, verify {time.perf_counter() - t0 - plan_s:.0f} s", flush=True)
+        print(format_plan(p), flush=True)
+        doc = to_json(p)
+        doc["plan_s"] = plan_s
+        out["models"][name] = doc
+        errs += [abs(r.error_pct) for r in p.rows if r.error_pct is not None]
+        if a.json:
+            write_json(out, a.json)
+    if errs:
+        out["summary"] = {"rows": len(errs), "median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
+                          "within_10": sum(e <= 10 for e in errs), "within_20": sum(e <= 20 for e in errs)}
+        print(f"all models: |error| median {statistics.median(errs):.1f}%, max {max(errs):.1f}% over {len(errs)} rows; "
+              f"{out['summary']['within_10']} within 10%, {out['summary']['within_20']} within 20%")
+    if a.json:
+        write_json(out, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
