@@ -41,6 +41,15 @@ def test_decode_off_by_hand():
     assert parts["total"] == pytest.approx(1495.0)
 
 
+def test_reads_take_compute_by_hand():
+    t = Terms(compute_us=1000.0, map_us_per_miss=0.0, k_io=0.0, io_threads=4, kappa_us_per_mb=1000.0)
+    # MB per step: 1 x 3000 B, then 3 x 3000 B -> mean 0.006 MB -> 6 µs more compute
+    assert decode_us_off(MISSES, SHAPES, t, DEV)["compute"] == pytest.approx(1006.0)
+    tp = Terms(**{**t.__dict__, "waste_per_layer": 0.5})
+    # + 0.5 wasted unit per layer and step: 2 layers x 0.5 x 3000 B = 0.003 MB more
+    assert decode_us_prefetch(MISSES, SHAPES, tp, DEV)["compute"] == pytest.approx(1009.0)
+
+
 def test_decode_prefetch_by_hand():
     t = Terms(compute_us=1000.0, map_us_per_miss=10.0, k_io=1.5, io_threads=4, predict_us=50.0, phi=0.5,
               waste_per_layer=0.0, window_us=100.0, k_pf=2.0)

@@ -110,6 +110,7 @@ class Calibration:
     prefill_tokens: int
     prefill_s: float           # the prompt's wall time (its reads included)
     prefill_read_bytes: int
+    decode_read_bytes: int     # SSD bytes the decode steps read (demand and prefetch)
     prefetch_used: int = 0
     prefetch_wasted_bytes: int = 0
     decode_tok_s: float = 0.0
@@ -265,6 +266,7 @@ def _calibrate(model, limit: int, prompt: str, text: str, n: int, workdir: str, 
         layer_compute_us=1e3 * (ts.get("attn_ms", 0.0) + ts.get("expert_ms", 0.0)) / max(1, log.n_layers),
         prefill_tokens=int(st.get("n_prompt") or 0), prefill_s=float(st.get("prefill_s") or 0.0),
         prefill_read_bytes=int(st.get("prefill_ssd_bytes") or 0),
+        decode_read_bytes=int(float(st.get("decode_ssd_bytes_per_token") or 0.0) * steps),
         prefetch_used=int(st.get("prefetch_used") or 0), prefetch_wasted_bytes=int(st.get("prefetch_wasted_bytes") or 0),
         decode_tok_s=float(st.get("decode_tok_s") or 0.0), log=log, seconds=time.perf_counter() - t0,
         peak_charged=int(run.get("peak_charged") or 0), limit_mode=str(run.get("limit_mode")))
@@ -316,14 +318,17 @@ def simulate_misses(log: RouteLog, layer_slot_bytes, class_slots: dict, policies
 
 
 # ------------------------------------------------------------------------------------------- the plan
-def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTable, io_threads: int) -> dict:
+def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTable, io_threads: int,
+           kappa: float = 0.0) -> dict:
     slot_b, shapes = _classes(lay)
     dec = cal_off.log.phase != 0
     m_off, _ = simulate_misses(cal_off.log, slot_b, cal_off.class_slots)
     model_read = float(step_read_us(m_off[dec], shapes, io_threads, dev).sum())
     steps = max(1, cal_off.n_steps)
     k_io = cal_off.io_us / model_read if model_read > 0 and cal_off.io_us > 0 else 1.0
-    base = dict(compute_us=cal_off.compute_us / steps,
+    # compute with nothing read: the measured compute less what the run's reads took from it (kappa per MB)
+    mb_cal = cal_off.decode_read_bytes / steps / 1e6
+    base = dict(compute_us=max(0.0, cal_off.compute_us / steps - kappa * mb_cal), kappa_us_per_mb=kappa,
                 map_us_per_miss=cal_off.map_us / cal_off.misses if cal_off.misses else 0.0,
                 k_io=k_io, io_threads=io_threads, window_us=cal_off.layer_compute_us,
                 prefill_us_per_token=max(0.0, 1e6 * cal_off.prefill_s - 1e6 * cal_off.prefill_read_bytes
@@ -416,7 +421,7 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         cal_off = _calibrate(model, b0 + HEADROOM, prompt, cal_text, n, td, limit_mode=limit_mode, **common)
         cal_pf = _calibrate(model, b0 + HEADROOM, prompt, cal_text, n, td, prefetch=pf_mode,
                             predictor=pred_path if have_pred else None, limit_mode=limit_mode, **common)
-    terms = _terms(cal_off, cal_pf, lay, dev, io_threads)
+    terms = _terms(cal_off, cal_pf, lay, dev, io_threads, kappa=float(probe_info.get("cpu_us_per_mb") or 0.0))
     rows, pol_rows = _forecast(lay, b, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path if have_pred else None)
     best, rec = _recommend(rows, pf_mode, have_pred, cal_off)
     calib = {k: {f: getattr(c, f) for f in ("prefetch", "used_before_arena", "arena_bytes", "n_steps", "wall_us",

@@ -3,8 +3,9 @@ calibrated terms, with nothing measured here (the engine side is :mod:`epqlab.st
 
 The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
 
-    T_off(t)   = C + k_io * sum_l read(m[t,l]) + c_map * m[t]
-    T_pf(t)    = C + P + k_pf * sum_l ( read((1 - phi) m[t,l]) + max(0, read(phi m[t,l] + w_l) - W) ) + c_map * m[t]
+    T_off(t)   = C0 + kappa * MB(t) + k_io * sum_l read(m[t,l]) + c_map * m[t]
+    T_pf(t)    = C0 + kappa * MB(t) + P + k_pf * sum_l ( read((1 - phi) m[t,l]) + max(0, read(phi m[t,l] + w_l) - W) )
+                 + c_map * m[t]
 
 - ``m[t,l]``: experts of layer l that step t misses at the arena's slots (the route trace replayed by the
   eviction simulators, :func:`epqlab.routes.simulate` / stack distances: exact for LRU, scaled for other policies);
@@ -13,8 +14,11 @@ The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
   I/O threads: ``n * n_mat`` reads of ``unit_bytes / n_mat`` bytes at ``min(n * n_mat, io_threads)`` in flight,
   at the aggregate MB/s the device probe measured at that size and concurrency (linear between probed
   concurrencies).
-- ``C``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and mapping taken
-  out), from the calibration's time split; ``c_map``: mapping and bookkeeping µs per missed expert, from the
+- ``C0 + kappa * MB(t)``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and
+  mapping taken out). Reads in flight take CPU from the two compute threads (pinning pages, completions:
+  docs/DESIGN.md §3e measured 6-23 ms per token on the 35B shape), so compute grows with the MB a step reads,
+  ``MB(t)`` (its misses' bytes, plus wasted prefetch reads); ``kappa`` is the CPU µs per MB the device probe's
+  own reads cost, and ``C0`` the calibration's measured compute less ``kappa`` times its MB per step. ``c_map``: mapping and bookkeeping µs per missed expert, from the
   same run; ``P``: the predictor's µs per step, from the prefetch calibration.
 - ``k_io``: measured io wait over the model's read time at the calibration budget (1 = the device delivers what
   the probe promised; above 1: reads slow each other and compute, or pay a latency the probe did not see).
@@ -80,9 +84,10 @@ def read_us(n_experts: float, unit_bytes: int, n_mat: int, io_threads: int, dev:
 @dataclass
 class Terms:
     """The calibrated terms of the model (module docstring), each measured on this machine by ``plan``."""
-    compute_us: float            # C: per decode step
+    compute_us: float            # C0: per decode step, with nothing read
     map_us_per_miss: float       # c_map
     k_io: float                  # measured io wait / modelled read time, prefetch off
+    kappa_us_per_mb: float = 0.0  # kappa: compute µs added per MB read in the step
     predict_us: float = 0.0      # P
     phi: float = 0.0             # share of would-be misses served by prefetch reads
     waste_per_layer: float = 0.0  # w_l: wasted expert reads per layer and step
@@ -111,11 +116,19 @@ def step_read_us(misses_tl: np.ndarray, shapes: list[LayerShape], io_threads: in
     return out
 
 
+def step_mb(misses_tl: np.ndarray, shapes, extra_per_layer: float = 0.0) -> np.ndarray:
+    """MB (10**6 bytes) each step reads: its misses' units plus ``extra_per_layer`` units per layer: float ``[T]``."""
+    unit = np.array([sh.unit_bytes for sh in shapes], np.float64)
+    return ((misses_tl + extra_per_layer) * unit[None, :]).sum(1) / 1e6
+
+
 def decode_us_off(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> dict:
     """Mean µs per decode step with prefetch off and its parts: ``{"total", "compute", "io", "map"}``."""
     io = terms.k_io * step_read_us(misses_tl, shapes, terms.io_threads, dev)
     mp = terms.map_us_per_miss * misses_tl.sum(1)
-    parts = {"compute": terms.compute_us, "io": float(io.mean()) if io.size else 0.0,
+    mb = step_mb(misses_tl, shapes)
+    comp = terms.compute_us + terms.kappa_us_per_mb * (float(mb.mean()) if mb.size else 0.0)
+    parts = {"compute": comp, "io": float(io.mean()) if io.size else 0.0,
              "map": float(mp.mean()) if mp.size else 0.0, "predict": 0.0}
     parts["total"] = parts["compute"] + parts["io"] + parts["map"]
     return parts
@@ -138,7 +151,9 @@ def decode_us_prefetch(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceT
     """Mean µs per decode step with prefetch and its parts: ``{"total", "compute", "io", "map", "predict"}``."""
     io = terms.k_pf * prefetch_wait_us(misses_tl, shapes, terms, dev)
     mp = terms.map_us_per_miss * misses_tl.sum(1)
-    parts = {"compute": terms.compute_us, "io": float(io.mean()) if io.size else 0.0,
+    mb = step_mb(misses_tl, shapes, terms.waste_per_layer)
+    comp = terms.compute_us + terms.kappa_us_per_mb * (float(mb.mean()) if mb.size else 0.0)
+    parts = {"compute": comp, "io": float(io.mean()) if io.size else 0.0,
              "map": float(mp.mean()) if mp.size else 0.0, "predict": terms.predict_us}
     parts["total"] = parts["compute"] + parts["io"] + parts["map"] + parts["predict"]
     return parts
@@ -159,5 +174,5 @@ def prefill_us(n_tokens: int, union_l: np.ndarray, shapes, terms: Terms, dev: De
     return {"total": comp + io, "compute": comp, "io": io, "read_bytes": read_bytes}
 
 
-__all__ = ["DeviceTable", "LayerShape", "Terms", "read_us", "step_read_us", "decode_us_off", "decode_us_prefetch",
+__all__ = ["DeviceTable", "LayerShape", "Terms", "read_us", "step_mb", "step_read_us", "decode_us_off", "decode_us_prefetch",
            "prefetch_wait_us", "expected_union", "prefill_us"]

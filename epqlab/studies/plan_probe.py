@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def _check(d, path: Path, st_dev: int, size: int, sizes, concs) -> pd.DataFrame:
 def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bool = False,
                    progress: bool = False) -> tuple[pd.DataFrame, dict]:
     """The probe table for ``lay``'s file and where it came from: ``(df, {"cache": path, "cached": bool,
-    "seconds": probe time})``. ``df`` has :data:`epqlab.paging.probe.COLUMNS`.
+    "seconds": probe time, "cpu_us_per_mb": CPU time the probe's reads cost, µs per MB read})``. ``df`` has :data:`epqlab.paging.probe.COLUMNS`.
 
     Raises:
         ProbeCacheError: the cache file is corrupt or was written for another device or size (the message
@@ -120,9 +121,10 @@ def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bo
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ProbeCacheError(f"{cp} is corrupt ({e}); delete it or rerun with --reprobe") from None
         df = _check(d, cp, st.st_dev, st.st_size, sizes, concs)
-        if df is not None:
-            return df, {"cache": str(cp), "cached": True, "seconds": 0.0}
+        if df is not None and isinstance(d.get("cpu_us_per_mb"), (int, float)):
+            return df, {"cache": str(cp), "cached": True, "seconds": 0.0, "cpu_us_per_mb": float(d["cpu_us_per_mb"])}
     t0 = time.perf_counter()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
         df = probe_io(path, request_bytes=sizes, concurrency=concs, n_requests=N_REQUESTS, direct=True,
                       drop_cache=True, progress="text" if progress else False)
@@ -132,11 +134,15 @@ def probe_for_plan(lay: ModelLayout, io_threads: int, cache_root, *, reprobe: bo
         raise ProbeUnusableError(f"the file system under {path} refuses O_DIRECT (a tmpfs?): the pager would read through "
                                  "the page cache, so no device forecast holds; move the model to a disk")
     secs = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    # CPU the reads themselves cost (O_DIRECT: pinning pages, submitting, completing), µs per MB read
+    cpu_us_per_mb = 1e6 * cpu_s / max(1e-9, float(df.total_bytes.sum()) / 1e6)
     doc = {"format": FORMAT, "st_dev": st.st_dev, "file_size": st.st_size, "path": str(path), "seconds": secs,
-           "rows": df.to_dict(orient="records")}
+           "cpu_us_per_mb": cpu_us_per_mb, "rows": df.to_dict(orient="records")}
     with atomic_path(cp) as tmp:
         Path(tmp).write_text(json.dumps(doc))
-    return df, {"cache": str(cp), "cached": False, "seconds": secs}
+    return df, {"cache": str(cp), "cached": False, "seconds": secs, "cpu_us_per_mb": cpu_us_per_mb}
 
 
 __all__ = ["probe_for_plan", "cache_path", "matrix_sizes", "concurrencies", "ProbeCacheError", "ProbeUnusableError"]

@@ -24,7 +24,7 @@ def size_arg(b: int) -> str:
 def terms_lines(p) -> list[str]:
     out = []
     for name, t in p.terms.items():
-        head = f"  {name:<10} C {t.compute_us / 1e3:.1f} ms/step, c_map {t.map_us_per_miss:.0f} µs/miss, k_io {t.k_io:.2f}"
+        head = (f"  {name:<10} C0 {t.compute_us / 1e3:.1f} ms/step + kappa {t.kappa_us_per_mb:.1f} µs/MB read, c_map" f" {t.map_us_per_miss:.0f} µs/miss, k_io {t.k_io:.2f}")
         if name == "off":
             n = t.notes
             head += (f" (measured io wait {n['measured_io_us'] / 1e3:.1f} ms over the probe's {n['model_read_us'] / 1e3:.1f} ms "
@@ -52,8 +52,8 @@ def format_plan(p) -> str:
     lines.append(f"calibration at {_gib(p.budgets[0])}: {c['n_steps']} teacher-forced steps, {c['decode_tok_s']:.2f} tok/s "
                  f"(hit {c['decode_hit_rate']:.3f}), used before the arena {_gib(c['used_before_arena'])}; "
                  + "; ".join(f"{k} {v['decode_tok_s']:.2f} tok/s" for k, v in p.calibration.items() if k != "off"))
-    lines.append("terms (T_off = C + k_io*read(misses) + c_map*misses; T_pf = C + P + k_pf*(read((1-phi)m) + "
-                 "max(0, read(phi m + w) - W)) + c_map*m):")
+    lines.append("terms (T_off = C0 + kappa*MB + k_io*read(m) + c_map*m; T_pf = C0 + kappa*MB + P + "
+                 "k_pf*(read((1-phi)m) + max(0, read(phi m + w) - W)) + c_map*m; m: a step's misses per layer):")
     lines += terms_lines(p)
     lines.append("")
     lines.append("simulated hit rate on the calibration trace (every slot class a shared pool):")
