@@ -354,7 +354,8 @@ def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTab
 
 def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, prompt: str = DEFAULT_PROMPT,
          predictor=None, n_threads: int | None = None, n_ctx: int | None = None, io_threads: int | None = None,
-         policies=None, reprobe: bool = False, progress: bool = False, cache_root=None, limit_mode=None) -> Plan:
+         policies=None, reprobe: bool = False, progress: bool = False, cache_root=None, limit_mode=None,
+         row_policies: str = "best+default") -> Plan:
     """Forecast decode and prefill speed of ``model`` at each RAM budget, per eviction policy and prefetch setting.
 
     Args:
@@ -372,6 +373,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         reprobe: probe the device even when a cached probe exists.
         cache_root: where the probe cache lives (default the epqlab cache).
         limit_mode: how the calibration runs' memory limit is enforced (:func:`epqlab.memory.limits.run_limited`).
+        row_policies: which policies get forecast rows at each budget: ``"best+default"`` (the best simulated
+            one and :data:`epqlab.constants.DEFAULT_POLICY`) or ``"best"``.
 
     Each calibration run is a child process with ``Session(ram_budget=<smallest budget>)`` under a hard memory
     limit of that budget + 16 MiB (:mod:`epqlab.studies.strict`, as each :meth:`Plan.verify` row); this
@@ -422,7 +425,10 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         cal_pf = _calibrate(model, b0 + HEADROOM, prompt, cal_text, n, td, prefetch=pf_mode,
                             predictor=pred_path if have_pred else None, limit_mode=limit_mode, **common)
     terms = _terms(cal_off, cal_pf, lay, dev, io_threads, kappa=float(probe_info.get("cpu_us_per_mb") or 0.0))
-    rows, pol_rows = _forecast(lay, b, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path if have_pred else None)
+    if row_policies not in ("best+default", "best"):
+        raise PlanInputError(f"row_policies must be 'best+default' or 'best', got {row_policies!r}")
+    rows, pol_rows = _forecast(lay, b, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path if have_pred else None,
+                               with_default=row_policies == "best+default")
     best, rec = _recommend(rows, pf_mode, have_pred, cal_off)
     calib = {k: {f: getattr(c, f) for f in ("prefetch", "used_before_arena", "arena_bytes", "n_steps", "wall_us",
                                             "compute_us", "io_us", "map_us", "predict_us", "misses", "decode_hit_rate",
@@ -473,7 +479,7 @@ def auto_budgets(model, exact: int | None = None, **kw) -> list[int]:
     return [out[0]] + [b for b in out[1:] if b <= cap]
 
 
-def _forecast(lay, budgets, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path):
+def _forecast(lay, budgets, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path, with_default=True):
     slot_b, shapes = _classes(lay)
     log = cal_off.log
     dec = log.phase != 0
@@ -500,7 +506,7 @@ def _forecast(lay, budgets, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_pat
                 pol_rows.append({"budget": B, "arena_bytes": arena, "slots": sum(cs.values()), **{p: hit[p] for p in hit}})
             best_pol = max(pols, key=lambda p: (round(hit[p], 6), p == DEFAULT_POLICY))
             lru_miss_total = max(1, agg["lru"][1] - agg["lru"][0]) if "lru" in agg else 1
-            for pol in sorted({best_pol, DEFAULT_POLICY} & set(pols)):
+            for pol in sorted(({best_pol, DEFAULT_POLICY} if with_default else {best_pol}) & set(pols)):
                 s = (agg[pol][1] - agg[pol][0]) / lru_miss_total if "lru" in agg else 1.0
                 m = lru_m * s
                 t = terms["off"] if pf == "off" else terms[pf_mode]
