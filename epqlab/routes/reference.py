@@ -31,7 +31,8 @@ Policies (victim = the unpinned resident with the smallest key):
 from __future__ import annotations
 
 from ..constants import EVICTION_GROUPS as GROUPS
-from ..constants import SIMULATOR_POLICIES as POLICIES
+from ..constants import REFERENCE_POLICIES
+from ..constants import SIMULATOR_POLICIES as POLICIES  # noqa: F401 (epqlab.routes.POLICIES: every simulated policy)
 from .log import RouteLog
 NEVER = float("inf")
 
@@ -43,8 +44,9 @@ def simulate_reference(log: RouteLog, capacity: int, policy: str, per_layer: boo
     ``evictions_by_group`` maps each of :data:`GROUPS` to the number of victims in that group and
     ``misses_by_layer`` lists misses per MoE layer index. ``capacity`` is slots per layer (``per_layer``) or
     total slots; it must be >= k."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy not in REFERENCE_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; the reference simulates {', '.join(REFERENCE_POLICIES)} "
+                         "(every other online policy: epqlab.routes.online.simulate_online)")
     T, L, k = log.experts.shape
     if capacity < k:
         raise ValueError(f"capacity {capacity} < k = {k}: one layer's experts must fit at once")

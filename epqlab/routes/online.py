@@ -1,0 +1,148 @@
+"""Request-by-request replay of a route log through any online eviction policy, the native pager's rules
+exactly: :func:`simulate_online` predicts :meth:`epqlab.Pager.replay` (and a live Session) hit for hit when the
+arena is one slot class of ``capacity`` slots (``per_layer=False``, the pager's model).
+
+The model (that of :mod:`epqlab.routes.reference`, plus the pager's forward passes):
+
+- Forward passes follow ``log.ubatch`` (consecutive equal ids; one token per pass when the log has none). In a
+  pass, MoE layers in order; the previous layer is released (unpinned) before the next one loads.
+- A layer step requests one token's k experts in router order, or several tokens' sorted distinct experts;
+  a union larger than the pool is *staged* (no request, no state change; the pager reads it into a staging
+  buffer). The step's experts are all pinned while it loads: never victims.
+- Every request counts in the request order (the pager's tick: ``last_use``; ``count``; hits refresh the
+  policy's structures at once); then each miss, in order, gets a free slot or the policy's victim among the
+  evictable (resident, unpinned) experts, and is inserted. Every miss is admitted (demand paging).
+- ``per_layer=True`` gives each MoE layer its own pool of ``capacity`` slots and its own policy state.
+
+Policies (sources in each class's docstring): key-ordered ``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``,
+``fnu``, ``lfuda``, ``heat`` (:mod:`.policy_keys`); queue-based ``arc``, ``2q``, ``sieve``, ``s3fifo``
+(:mod:`.policy_queues`); ``wtinylfu`` (:mod:`.policy_tinylfu`).
+Not here: ``gate-rank`` needs each expert's router probability, which route logs do not record (only the ids,
+docs/DESIGN.md §6); ``predictor-rank`` needs the trained predictor's scores per token.
+Prefetch is not modelled (the pager's prefetched experts enter a policy as a miss does, with no request).
+"""
+from __future__ import annotations
+
+from ..constants import EVICTION_GROUPS as GROUPS
+from ..constants import ONLINE_POLICIES
+from .log import RouteLog
+from .policy_keys import KEY_POLICIES
+from .policy_params import policy_params
+from .policy_queues import QUEUE_POLICIES
+from .policy_tinylfu import TINYLFU_POLICIES
+
+RULES = {**KEY_POLICIES, **QUEUE_POLICIES, **TINYLFU_POLICIES}
+
+
+class _State:
+    """Per-unit request state the driver keeps for every policy (the pager's ``unit`` fields)."""
+
+    def __init__(self, n: int) -> None:
+        self.last_use = [0] * n
+        self.last_pass = [0] * n
+        self.count = [0] * n
+        self.passno = 1
+
+
+def _passes(log: RouteLog):
+    T = log.n_tokens
+    ub = log.ubatch
+    start = 0
+    for t in range(1, T + 1):
+        if t == T or ub is None or ub[t] != ub[start]:
+            yield start, t
+            start = t
+
+
+def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: bool = False, params: dict | None = None,
+                    hot=None) -> dict:
+    """Replay ``log`` through ``policy`` with ``capacity`` slots (one pool, or per layer with ``per_layer``).
+
+    Args:
+        log: the route log (its ``ubatch`` gives the forward passes).
+        capacity: slots of the pool (or of each layer's pool); at least ``log.k``.
+        policy: one of :data:`epqlab.constants.ONLINE_POLICIES`.
+        params: the policy's parameters (:func:`epqlab.routes.policy_params.policy_params`: defaults, ranges).
+        hot: ``static`` only: (layer index, expert) pairs evicted last.
+
+    Returns:
+        dict(requests, hits, misses, evictions, staged, evictions_by_group, misses_by_layer, requests_by_layer)
+        (counts; ``staged``: layer steps whose union exceeded the pool).
+
+    Raises:
+        ValueError: unknown policy (lists the valid ones), a parameter unknown or out of range (names the range),
+            ``capacity`` < k, ``hot`` with another policy.
+    """
+    if policy not in ONLINE_POLICIES:
+        raise ValueError(f"unknown online policy {policy!r}; choose one of {', '.join(ONLINE_POLICIES)}"
+                         + (" (belady: epqlab.routes.simulate)" if policy == "belady" else ""))
+    prm = policy_params(policy, params)
+    T, L, k = log.experts.shape
+    E = int(log.n_expert)
+    if int(capacity) < k:
+        raise ValueError(f"capacity {capacity} < k = {k}: one layer's experts must fit at once")
+    if hot is not None and policy != "static":
+        raise ValueError("hot goes with policy 'static'")
+    cap = int(capacity)
+    st = _State(L * E)
+    n_pools = L if per_layer else 1
+    pols = [RULES[policy](cap, L, E, k, prm, st) for _ in range(n_pools)]
+    if hot is not None:
+        hs = frozenset(int(li) * E + int(e) for li, e in hot)
+        for p in pols:
+            p.hot = hs
+    resident = [set() for _ in range(n_pools)]
+    ex = log.experts.tolist()
+    tick = 0
+    hits = misses = evictions = staged = 0
+    groups = [0, 0, 0, 0]
+    mis_l, req_l = [0] * L, [0] * L
+    for a, b in _passes(log):
+        st.passno += 1
+        for p in pols:
+            p.begin_pass()
+        for li in range(L):
+            pi = li if per_layer else 0
+            pol, res = pols[pi], resident[pi]
+            if b - a == 1:
+                ids = ex[a][li]
+                uni = sorted(set(ids))
+            else:
+                uni = sorted({e for t in range(a, b) for e in ex[t][li]})
+                ids = uni
+            pol.router(li, uni)
+            if len(uni) > cap:
+                staged += 1
+                continue
+            pinned = {li * E + e for e in ids}
+            miss_u = []
+            for e in dict.fromkeys(ids):
+                u = li * E + e
+                tick += 1
+                req_l[li] += 1
+                r = u in res
+                if r:
+                    hits += 1
+                else:
+                    misses += 1
+                    mis_l[li] += 1
+                    miss_u.append(u)
+                st.last_use[u] = tick
+                st.last_pass[u] = st.passno
+                st.count[u] += 1
+                pol.request(u, r)
+            for u in miss_u:
+                pol.admit(u)
+                if len(res) >= cap:
+                    v = pol.victim(u, lambda x: x not in pinned, li)
+                    if v is None:
+                        raise RuntimeError(f"{policy}: no evictable expert for layer {li} (simulator bug)")
+                    stale = st.last_pass[v] < st.passno
+                    groups[(0 if stale else 1) + (0 if v // E < li else 2)] += 1
+                    evictions += 1
+                    pol.evicted(v)
+                    res.discard(v)
+                res.add(u)
+                pol.insert(u)
+    return dict(requests=hits + misses, hits=hits, misses=misses, evictions=evictions, staged=staged,
+                evictions_by_group=dict(zip(GROUPS, groups)), misses_by_layer=mis_l, requests_by_layer=req_l)
