@@ -54,8 +54,9 @@ def _passes(log: RouteLog):
             start = t
 
 
-def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: bool = False, params: dict | None = None,
-                    hot=None) -> dict:
+def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_layer: bool = False,
+                    params: dict | None = None, hot=None, slot_classes=None, unit_bytes=None,
+                    slot_mode: bool = False) -> dict:
     """Replay ``log`` through ``policy`` with ``capacity`` slots (one pool, or per layer with ``per_layer``).
 
     Args:
@@ -64,6 +65,11 @@ def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: boo
         policy: one of :data:`epqlab.constants.ONLINE_POLICIES`.
         params: the policy's parameters (:func:`epqlab.routes.policy_params.policy_params`: defaults, ranges).
         hot: ``static`` only: (layer index, expert) pairs evicted last.
+        slot_classes: the pager's arena instead of ``capacity`` equal slots: ``[(slot bytes, slots), ...]``
+            largest first (``Pager.stats()["slot_classes"]``), with ``unit_bytes`` the slot bytes a unit of each
+            log layer needs (``Pager.unit_slot_bytes``). A unit takes a free slot of its own class, else (unless
+            ``slot_mode``, the pager's slot addressing) of the smallest larger class; a victim's slot must be
+            large enough (exactly its size with ``slot_mode``). Only with one shared pool.
 
     Returns:
         dict(requests, hits, misses, evictions, staged, evictions_by_group, misses_by_layer, requests_by_layer)
@@ -79,11 +85,25 @@ def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: boo
     prm = policy_params(policy, params)
     T, L, k = log.experts.shape
     E = int(log.n_expert)
-    if int(capacity) < k:
+    if slot_classes is not None:
+        if per_layer or unit_bytes is None or len(unit_bytes) != L:
+            raise ValueError("slot_classes needs one shared pool (per_layer=False) and unit_bytes per log layer")
+        cls_b = [int(b) for b, _ in slot_classes]
+        free = [int(n) for _, n in slot_classes]
+        need_c = [cls_b.index(int(b)) for b in unit_bytes]
+        capacity = sum(free)
+    else:
+        cls_b, need_c = [1], [0] * L
+        free = [int(capacity) * (L if per_layer else 1)] if capacity is not None else [0]
+    if capacity is None or int(capacity) < k:
         raise ValueError(f"capacity {capacity} < k = {k}: one layer's experts must fit at once")
     if hot is not None and policy != "static":
         raise ValueError("hot goes with policy 'static'")
     cap = int(capacity)
+    fits = (lambda have, need: have == need) if slot_mode else (lambda have, need: have >= need)
+    cap_l = [cap if slot_classes is None else sum(n for b, n in slot_classes if fits(int(b), cls_b[need_c[li]]))
+             for li in range(L)]
+    slot_of: dict[int, int] = {}     # unit -> class of its slot
     st = _State(L * E)
     n_pools = L if per_layer else 1
     pols = [RULES[policy](cap, L, E, k, prm, st) for _ in range(n_pools)]
@@ -111,7 +131,7 @@ def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: boo
                 uni = sorted({e for t in range(a, b) for e in ex[t][li]})
                 ids = uni
             pol.router(li, uni)
-            if len(uni) > cap:
+            if len(uni) > cap_l[li]:
                 staged += 1
                 continue
             pinned = {li * E + e for e in ids}
@@ -131,10 +151,21 @@ def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: boo
                 st.last_pass[u] = st.passno
                 st.count[u] += 1
                 pol.request(u, r)
+            nc = need_c[li]
+            nb = cls_b[nc]
             for u in miss_u:
                 pol.admit(u)
-                if len(res) >= cap:
-                    v = pol.victim(u, lambda x: x not in pinned, li)
+                got = None
+                if per_layer:
+                    got = 0 if len(res) < cap else None
+                else:
+                    for c2 in range(nc, nc - 1 if slot_mode else -1, -1):
+                        if free[c2]:
+                            free[c2] -= 1
+                            got = c2
+                            break
+                if got is None:
+                    v = pol.victim(u, lambda x: x not in pinned and fits(cls_b[slot_of[x]], nb), li)
                     if v is None:
                         raise RuntimeError(f"{policy}: no evictable expert for layer {li} (simulator bug)")
                     stale = st.last_pass[v] < st.passno
@@ -142,6 +173,8 @@ def simulate_online(log: RouteLog, capacity: int, policy: str, *, per_layer: boo
                     evictions += 1
                     pol.evicted(v)
                     res.discard(v)
+                    got = slot_of.pop(v)
+                slot_of[u] = got
                 res.add(u)
                 pol.insert(u)
     return dict(requests=hits + misses, hits=hits, misses=misses, evictions=evictions, staged=staged,
