@@ -56,6 +56,7 @@ def run(lay, policy, trace, slots, params=None):
     sim = simulate_online(log, slots, policy, params=params)
     assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
     res = "".join(chr(ord("a") + e) for e in range(lay.n_expert) if p.is_resident(lay.moe_layers[0], e))
+    assert res == "".join(chr(ord("a") + e) for _, e in sim["resident"])
     return st["hits"], res
 
 
@@ -93,8 +94,13 @@ def test_s3fifo_small_queue_eviction(one):
 # (main has room), b enters the window, 2 hits; c: b moves to probation, c to the window. d: the arena is full;
 # the window's candidate c (1 request) meets main's victim a (3 requests): refused, c is evicted (LRU evicts
 # a). a: hit. Hits 2 + 2 + 1 = 5; LRU 4.
+# And admission granted, "abcccde": a, b move on to probation as c arrives; c gets 2 hits (3 requests). d: the
+# candidate c (3) beats main's victim a (1): c enters probation, a goes. e: the candidate d (1) does not beat
+# probation's b (1): d goes. Residents b, c, e; LRU evicts a, then b: c, d, e.
 def test_wtinylfu_admission_refusal(one):
     assert run(one, "wtinylfu", "aaabbbcd", 3) == (4, "abd")
+    assert run(one, "wtinylfu", "abcccde", 3) == (2, "bce")
+    assert run(one, "lru", "abcccde", 3) == (2, "cde")
     assert run(one, "wtinylfu", "aaabbbcda", 3)[0] == 5
     assert run(one, "lru", "aaabbbcda", 3)[0] == 4
 

@@ -72,8 +72,9 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
             large enough (exactly its size with ``slot_mode``). Only with one shared pool.
 
     Returns:
-        dict(requests, hits, misses, evictions, staged, evictions_by_group, misses_by_layer, requests_by_layer)
-        (counts; ``staged``: layer steps whose union exceeded the pool).
+        dict(requests, hits, misses, evictions, staged, evictions_by_group, misses_by_layer, requests_by_layer,
+        resident) (counts; ``staged``: layer steps whose union exceeded the pool; ``resident``: the (layer
+        index, expert) pairs left in the arena, sorted).
 
     Raises:
         ValueError: unknown policy (lists the valid ones), a parameter unknown or out of range (names the range),
@@ -177,5 +178,7 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
                 slot_of[u] = got
                 res.add(u)
                 pol.insert(u)
+    left = sorted((u // E, u % E) for r in resident for u in r)
     return dict(requests=hits + misses, hits=hits, misses=misses, evictions=evictions, staged=staged,
-                evictions_by_group=dict(zip(GROUPS, groups)), misses_by_layer=mis_l, requests_by_layer=req_l)
+                evictions_by_group=dict(zip(GROUPS, groups)), misses_by_layer=mis_l, requests_by_layer=req_l,
+                resident=left)
