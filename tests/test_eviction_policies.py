@@ -21,7 +21,7 @@ from epqlab.routes.policy_params import policy_params
 from exact import check_identical, small_arena
 from ggufs import LayerSpec, write_moe
 
-NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu")
+NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact")
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,19 @@ def four(tmp_path_factory):
     return epqlab.inspect(path)
 
 
-def trace_log(lay, s: str) -> RouteLog:
-    ex = np.array([ord(ch) - ord("a") for ch in s], np.int32).reshape(-1, 1, 1)
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """One MoE layer of 8 experts, top-2."""
+    path = tmp_path_factory.mktemp("pair") / "pair.gguf"
+    write_moe(path, [LayerSpec(0, "F32", 128, 16)], n_expert=8, n_expert_used=2, alignment=4096)
+    return epqlab.inspect(path)
+
+
+def trace_log(lay, s) -> RouteLog:
+    """``s``: one letter per token (k = 1), or a list of k-letter strings (one per token, router order)."""
+    steps = [s] if isinstance(s, str) else s
+    ex = np.array([[ord(ch) - ord("a") for ch in w] for w in steps], np.int32)
+    ex = ex.reshape(-1, 1, 1) if isinstance(s, str) else ex.reshape(len(s), 1, -1)
     return RouteLog.from_arrays(ex, lay.n_expert, layers=np.array(lay.moe_layers, np.int32))
 
 
@@ -133,6 +144,20 @@ def test_2q_a1out_promotes(one):
     assert run(one, "2q", "abcdeafghi", 4) == (0, "aghi")
     assert run(one, "lru", "abcdeafghi", 4) == (0, "fghi")
     assert run(one, "2q", "abcdeafghia", 4)[0] == 1
+
+
+# coact, 3 slots, top-2, steps ae, bc, be, ca, ba. ae fills two slots (C(a,e) = 1). bc: b takes the last slot;
+# c must evict a or e: both have 1 request + partner mass 1 (each other): the older a goes. be: 2 hits (C(b,e)
+# = 1). ca: c hits; a must evict e or b: V(e) = 2 requests + C(e,b) = 1 -> 3; V(b) = 2 + C(b,c) + C(b,e) = 4:
+# e goes (LRU and LFU evict b, the least recent of two equally frequent). ba: b hits (LRU, LFU: miss), a hits.
+# Hits 5 (LRU and LFU: 4); after ca the residents are a, b, c (LRU, LFU: a, c, e).
+def test_coact_partners_keep_an_expert(pair):
+    steps = ["ae", "bc", "be", "ca", "ba"]
+    assert run(pair, "coact", steps, 3) == (5, "abc")
+    assert run(pair, "coact", steps[:4], 3) == (3, "abc")
+    for pol in ("lru", "lfu"):
+        assert run(pair, pol, steps[:4], 3) == (3, "ace")
+        assert run(pair, pol, steps, 3)[0] == 4
 
 
 def test_cyclic_hand_counts_in_simulator():

@@ -244,7 +244,7 @@ void pager::init(const pager_config & cfg) {
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
     evictable_.assign(units_.size(), 0);
-    qpol_ = make_queue_policy(policy_name_, (int64_t) slots_.size(), units_.size(), cfg.policy_params);
+    qpol_ = make_queue_policy(policy_name_, (int64_t) slots_.size(), units_.size(), cfg.policy_params, n_expert_);
     pinned_.assign(layers_.size(), {});
     overlay_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
@@ -941,6 +941,11 @@ void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<i
     }
 }
 
+void pager::router_update(int li, const std::vector<int32_t> & picked) {
+    if (policy_ == FNU) fnu_update(li, picked);
+    if (qpol_) qpol_->router(li, picked);
+}
+
 void pager::policy_request(int u, bool resident) {
     unit & x = units_[u];
     if (policy_ == LFUDA && resident) {
@@ -990,7 +995,7 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    if (policy_ == FNU) fnu_update(li, uni);
+    router_update(li, uni);
     if ((int) uni.size() > capacity(li)) {
         if (staged_ids) *staged_ids = std::move(uni);
         return false;

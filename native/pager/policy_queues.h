@@ -1,4 +1,5 @@
-// Queue-based eviction policies of the pager: arc, 2q, sieve, s3fifo, wtinylfu. Each is the rule of
+// Queue-based eviction policies of the pager: arc, 2q, sieve, s3fifo, wtinylfu (and coact, a scan of
+// the residents: policy_coact.cpp). Each is the rule of
 // epqlab/routes/policy_queues.py and policy_tinylfu.py (the simulators; papers cited there), which the
 // tests hold to the same hits, misses and evictions on the same trace. Units are the pager's ids
 // (layer index * n_expert + expert); c is the arena's slot count.
@@ -39,6 +40,8 @@ struct queue_policy {
     virtual ~queue_policy() = default;
     virtual void request(int u, bool resident) = 0;
     virtual void admit(int) {}
+    // After layer li's router ran: the step's distinct experts, sorted (before its requests; staged steps too).
+    virtual void router(int /*li*/, const std::vector<int32_t> & /*picked*/) {}
     virtual int  victim(int u, const std::function<bool(int)> & ok) = 0;
     virtual void insert(int u) = 0;
     virtual void evicted(int u) = 0;
@@ -48,4 +51,5 @@ struct queue_policy {
 // policy: "arc" | "2q" | "sieve" | "s3fifo" | "wtinylfu"; params as epqlab.routes.policy_params fills them
 // (every parameter present). Returns null for any other policy name.
 std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int64_t capacity, size_t n_units,
-                                                const std::map<std::string, double> & params);
+                                                const std::map<std::string, double> & params, int n_expert);
+std::unique_ptr<queue_policy> make_coact_policy(size_t n_units, int n_expert);  // policy_coact.cpp
