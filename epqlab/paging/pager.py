@@ -70,8 +70,9 @@ class Pager:
               average of "picked in this pass" (weight ``fnu_alpha`` on the newest pass), so its
               next use is predicted at ``pass * L + layer + L / p`` layer steps. Ours (this
               project); alpha chosen on the calibration texts, not the evaluation prompts.
-            - ``"lfuda"``, ``"heat"``, ``"arc"``, ``"2q"``, ``"sieve"``, ``"s3fifo"``, ``"wtinylfu"``: LFU with
-              dynamic aging, decayed frequency with a half-life, ARC, 2Q, SIEVE, S3-FIFO and W-TinyLFU; the
+            - ``"lfuda"``, ``"heat"``, ``"arc"``, ``"2q"``, ``"sieve"``, ``"s3fifo"``, ``"wtinylfu"``, ``"coact"``: LFU with
+              dynamic aging, decayed frequency with a half-life, ARC, 2Q, SIEVE, S3-FIFO, W-TinyLFU and
+              co-activation (an expert whose partners are resident is worth more); the
               rules, their sources and how the pager's constraints (pinned layer, every miss admitted) shape
               them are in :mod:`epqlab.routes.online`, whose ``simulate_online`` replays each exactly as this
               pager runs it. A prefetched expert enters a policy's structures as a miss does (the same
