@@ -53,6 +53,20 @@ def test_cli_tournament(default_model_path, tmp_path):
     assert d["winners"][0]["policy"] == ranked[0]["policy"]
 
 
+def test_tournament_prefetch_runs_live_only(default_model_path):
+    """A prefetch mode other than off adds live rows (hit rates by timing: not compared) for the best policies;
+    the per-layer table has one row per MoE layer."""
+    from epqlab.studies.ablation.tournament import layer_table
+
+    df = tournament(default_model_path, [0.5], policies=["lru", "fnu"], n_tokens=12, prefetch=["off", "lookahead"],
+                    confirm=1)
+    live = df[df.kind == "live"]
+    assert sorted(live.prefetch) == ["lookahead", "off"] and set(live.policy) == {"fnu"}
+    assert bool(live[live.prefetch == "off"].live_equal.all()) and live[live.prefetch == "lookahead"].live_equal.isna().all()
+    lt = layer_table(df, df.point.iloc[0])
+    assert list(lt.columns) == ["lru", "fnu"] and len(lt) == len(epqlab.inspect(default_model_path).moe_layers)
+
+
 def test_tournament_refuses_bad_input(default_model_path):
     with pytest.raises(ValueError, match="choose among lru, ls"):
         tournament(default_model_path, [0.3], policies=["lru", "belady"])

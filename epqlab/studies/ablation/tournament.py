@@ -172,6 +172,22 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def layer_table(df: pd.DataFrame, point: str) -> pd.DataFrame:
+    """Per-layer gap share of every simulated online policy at ``point``: one row per MoE layer (GGUF block in
+    the index), one column per policy; NaN where Belady does not beat LRU in that layer."""
+    sim = df[(df.kind == "sim") & (df.point == point) & ~df.policy.isin(["belady"])]
+    blocks = df.attrs.get("layers") or list(range(len(sim.layer_gap_share.iloc[0])))
+    return pd.DataFrame({r.policy: r.layer_gap_share for r in sim.itertuples()}, index=pd.Index(blocks, name="layer"))
+
+
+def _layers(df: pd.DataFrame, point: str, policy: str) -> str:
+    g = layer_table(df, point)[policy].dropna()
+    if g.empty:
+        return ""
+    return (f"; per layer (the {len(g)} with a gap) median {g.median():.0%}, lowest {g.min():.0%}, "
+            f"{int((g >= 0.4).sum())} at 40 % or more")
+
+
 def reading(df: pd.DataFrame) -> str:
     """A few plain sentences: the winner per point and its gap share, which policies never lose to LRU, and
     whether the live runs matched the simulation."""
@@ -180,7 +196,8 @@ def reading(df: pd.DataFrame) -> str:
     for r in w.itertuples():
         g = "n/a (Belady does not beat LRU)" if math.isnan(r.gap_share) else f"{r.gap_share:.0%}"
         lines.append(f"- **{r.point}** ({r.slots} slots): best online policy {r.policy}, hit rate "
-                     f"{r.hit_rate:.1%} (LRU {r.lru_hit_rate:.1%}, Belady {r.belady_hit_rate:.1%}): gap share {g}.")
+                     f"{r.hit_rate:.1%} (LRU {r.lru_hit_rate:.1%}, Belady {r.belady_hit_rate:.1%}): gap share {g}"
+                     f"{_layers(df, r.point, r.policy)}.")
     sim = df[(df.kind == "sim") & ~df.policy.isin(["belady", "lru"])]
     never = sorted(p for p, g in sim.groupby("policy") if bool((g.hit_rate >= g.lru_hit_rate - 1e-12).all()))
     lines.append(f"- Never below LRU at any point: {', '.join(never) if never else 'none'}.")
