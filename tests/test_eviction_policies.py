@@ -223,3 +223,25 @@ def test_bad_policy_input(one):
         simulate_online(trace_log(one, "abc"), 2, "lirs")
     with pytest.raises(ValueError, match="capacity 0 < k = 1"):
         simulate_online(trace_log(one, "abc"), 0, "arc")
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_simulate_table_runs_every_policy(per_layer):
+    """epqlab.routes.simulate takes every online policy beside the fast ones: its rows equal simulate_online's
+    (one token per forward pass, the table's model), and lru / ls / ls_pos through simulate_online equal the
+    fast methods (which the reference checks), in both pool modes."""
+    from dataclasses import replace
+
+    from epqlab.routes import simulate
+
+    rng = np.random.default_rng(2)
+    ex = np.stack([rng.choice(8, 2, replace=False, p=[.3, .2, .15, .1, .1, .05, .05, .05]) for _ in range(240)])
+    log = RouteLog.from_arrays(ex.reshape(60, 4, 2).astype(np.int32), 8, ubatch=np.repeat(np.arange(30), 2).astype(np.int32))
+    caps = [3, 6] if per_layer else [5, 12]
+    df = simulate(log, caps, ["lru", "ls", "ls_pos", "arc", "coact"], per_layer=per_layer).set_index(["policy", "capacity"])
+    one = replace(log, ubatch=None)
+    for pol in ("lru", "ls", "ls_pos", "arc", "coact"):
+        for c in caps:
+            r = simulate_online(one, c, pol, per_layer=per_layer)
+            assert int(df.loc[(pol, c), "hits"]) == r["hits"], (pol, c)
+            assert int(df.loc[(pol, c), "evictions"]) == r["evictions"], (pol, c)
