@@ -245,3 +245,11 @@ def test_simulate_table_runs_every_policy(per_layer):
             r = simulate_online(one, c, pol, per_layer=per_layer)
             assert int(df.loc[(pol, c), "hits"]) == r["hits"], (pol, c)
             assert int(df.loc[(pol, c), "evictions"]) == r["evictions"], (pol, c)
+
+
+@pytest.mark.parametrize("policy", NEW)
+def test_prefetch_keeps_new_policies_bit_identical(default_path, ref, policy):
+    """With prefetch (union of lookahead and previous, pipelined reads) prefetched experts enter each policy as
+    misses do and cancelled ones leave it; logits stay bit-identical to pager=False and the prefetch ran."""
+    st = check_identical(default_path, ref, policy, "union", 0, pipeline=True)
+    assert st["prefetch_units"] > 0
