@@ -21,6 +21,7 @@ def test_cli_tournament(default_model_path, tmp_path):
     txt.write_text(heldout_texts()["code"])
     r = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "policies", str(default_model_path), "--budgets", "0.6",
                         "--text", str(txt), "-n", "24", "--policies", "lru,fnu,arc,sieve", "--confirm", "2",
+                        "--simulator", "python",
                         "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "best online policy" in r.stdout and "equal the simulation in every one" in r.stdout
@@ -58,13 +59,14 @@ def test_tournament_prefetch_runs_live_only(default_model_path):
     the per-layer table has one row per MoE layer."""
     from epqlab.studies.ablation.tournament import layer_table
 
-    df = tournament(default_model_path, [0.5], policies=["lru", "fnu"], n_tokens=12, prefetch=["off", "lookahead"],
-                    confirm=1)
+    df = tournament(default_model_path, [0.5], policies=["lru", "fnu", "coact"], n_tokens=12,
+                    prefetch=["off", "lookahead"], confirm=1)            # native replay (the default)
     live = df[df.kind == "live"]
-    assert sorted(live.prefetch) == ["lookahead", "off"] and set(live.policy) == {"fnu"}
+    best = df[(df.kind == "sim") & (df["rank"] == 1)].policy.iloc[0]
+    assert sorted(live.prefetch) == ["lookahead", "off"] and set(live.policy) == {best}
     assert bool(live[live.prefetch == "off"].live_equal.all()) and live[live.prefetch == "lookahead"].live_equal.isna().all()
     lt = layer_table(df, df.point.iloc[0])
-    assert list(lt.columns) == ["lru", "fnu"] and len(lt) == len(epqlab.inspect(default_model_path).moe_layers)
+    assert list(lt.columns) == ["lru", "fnu", "coact"] and len(lt) == len(epqlab.inspect(default_model_path).moe_layers)
 
 
 def test_tournament_refuses_bad_input(default_model_path):
@@ -72,6 +74,8 @@ def test_tournament_refuses_bad_input(default_model_path):
         tournament(default_model_path, [0.3], policies=["lru", "belady"])
     with pytest.raises(ValueError, match="needs predictor="):
         tournament(default_model_path, [0.3], policies=["lru"], prefetch=["off", "trained"])
+    with pytest.raises(ValueError, match="simulator must be 'native' or 'python'"):
+        tournament(default_model_path, [0.3], policies=["lru"], simulator="belady")
     with pytest.raises(ValueError, match="n_tokens must be >= 1"):
         tournament(default_model_path, [0.3], policies=["lru"], n_tokens=0)
     bad = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "policies", str(default_model_path),

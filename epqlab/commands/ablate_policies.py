@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--predictor", default=None, help="trained predictor NPZ for --prefetch trained")
     p.add_argument("--confirm", type=int, default=3, help="live runs per arena: the best simulated (default 3)")
     p.add_argument("--threads", type=int, default=None, help="compute threads")
+    p.add_argument("--simulator", choices=["native", "python"], default="native",
+                   help="replay engine of the ranking: the pager's C++ replay or epqlab.routes.simulate_online "
+                        "(equal counts; default native)")
     p.add_argument("--json", default=None, help="write the table and settings as JSON here")
     p.set_defaults(func=run)
 
@@ -35,7 +38,7 @@ def run(args) -> int:
     df = tournament(model, floats_or_sizes(args.budgets), text,
                     policies=[x.strip() for x in args.policies.split(",") if x.strip()], n_tokens=args.tokens,
                     prefetch=[x.strip() for x in args.prefetch.split(",") if x.strip()], predictor=args.predictor,
-                    confirm=args.confirm, session_kwargs=kw)
+                    confirm=args.confirm, session_kwargs=kw, simulator=args.simulator)
     cols = ["point", "slots", "policy", "prefetch", "kind", "rank", "hit_rate", "gap_share", "ssd_mb_per_token",
             "decode_tok_s", "live_equal"]
     import pandas as pd

@@ -48,13 +48,24 @@ def record_routes(model, text: str, n_tokens: int, session_kwargs: dict | None =
         return s.route_log()
 
 
+def _replay(lay, arena: int, policy: str, log, hot) -> dict:
+    """The counters of :func:`simulate_online` from the native pager's replay of ``log``."""
+    p = Pager(lay, arena, policy=policy, prefault=False)
+    if policy == "static":
+        p.set_hot([[lay.moe_layers[li], e] for li, e in hot])
+    st = p.replay(log)
+    req = [int(x) for x in st["layer_requests"]]
+    return dict(hits=st["hits"], misses=st["misses"], evictions=st["evictions"], requests=st["requests"],
+                requests_by_layer=req, misses_by_layer=[r - int(h) for r, h in zip(req, st["layer_hits"])])
+
+
 def _gap(hit: float, lru: float, bel: float) -> float:
     return (hit - lru) / (bel - lru) if bel - lru > 1e-12 else float("nan")
 
 
 def tournament(model, budgets: Sequence, text: str | None = None, *, policies: Sequence[str] = TOURNAMENT_POLICIES,
                n_tokens: int = 256, prefetch: Sequence[str] = ("off",), predictor: str | None = None,
-               confirm: int = 3, session_kwargs: dict | None = None) -> pd.DataFrame:
+               confirm: int = 3, session_kwargs: dict | None = None, simulator: str = "native") -> pd.DataFrame:
     """Run the tournament; one row per (arena point, policy, prefetch mode, kind) with kind ``"sim"`` (every
     policy, Belady included, prefetch off) or ``"live"`` (the top ``confirm`` per point and prefetch mode).
 
@@ -68,6 +79,9 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
         predictor: a trained predictor NPZ (``epqlab predictor fit``) for prefetch ``"trained"``.
         confirm: live runs per point (the best simulated online policies).
         session_kwargs: passed to every Session (e.g. ``n_threads``).
+        simulator: ``"native"``: :meth:`epqlab.Pager.replay` (C++, fast enough for the 35B shape); ``"python"``:
+            :func:`epqlab.routes.online.simulate_online`. tests/test_eviction_policies.py holds the two equal on
+            every counter, so the ranking is the same; the live runs check whichever ran.
 
     Columns: point, arena_bytes, slots, policy, prefetch, kind, hit_rate, lru_hit_rate, belady_hit_rate,
     gap_share, layer_gap_share (list per MoE layer), ssd_mb_per_token (simulated: misses x expert bytes per
@@ -76,7 +90,8 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
 
     Raises:
         ValueError: an unknown policy (lists the valid ones), ``"belady"`` among the entrants, a budget the
-            arena cannot hold, ``"trained"`` prefetch without a predictor, ``n_tokens`` < 1.
+            arena cannot hold, ``"trained"`` prefetch without a predictor, ``n_tokens`` < 1, an unknown
+            ``simulator``.
     """
     bad = [p for p in policies if p not in ONLINE_POLICIES]
     if bad:
@@ -84,6 +99,8 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
                          "(belady is the bound every row is scored against)")
     if not policies:
         raise ValueError("no policies given")
+    if simulator not in ("native", "python"):
+        raise ValueError(f"simulator must be 'native' or 'python', got {simulator!r}")
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
     prefetch = list(prefetch) or ["off"]
@@ -112,8 +129,11 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
         for p in dict.fromkeys(["lru", *policies]):
             if p == "static":
                 hot = [(int(np.searchsorted(lay.moe_layers, b)), int(e)) for b, e in hot_experts(hot_log, slots // 2)]
-            sims[p] = simulate_online(log, None, p, slot_classes=classes, unit_bytes=ub,
-                                      hot=hot if p == "static" else None)
+            if simulator == "python":
+                sims[p] = simulate_online(log, None, p, slot_classes=classes, unit_bytes=ub,
+                                          hot=hot if p == "static" else None)
+            else:
+                sims[p] = _replay(lay, pt.arena_bytes, p, log, hot)
         lru = sims["lru"]
         lru_rate = lru["hits"] / lru["requests"]
         req_l = np.asarray(lru["requests_by_layer"])
