@@ -20,13 +20,11 @@ OFFLINE_POLICIES: tuple[str, ...] = ("belady",)
 """Policies that need the future: :meth:`epqlab.Pager.replay` of a route log only."""
 PAGER_POLICIES: tuple[str, ...] = ONLINE_POLICIES + OFFLINE_POLICIES
 """Every policy the native pager accepts (``epqlab._pager_core.POLICIES``; a test checks they agree)."""
-SIMULATOR_POLICIES: tuple[str, ...] = ONLINE_POLICIES + OFFLINE_POLICIES
-"""Policies of the route-log cache simulator :func:`epqlab.routes.simulate`: every pager policy (``lru``,
-``ls``, ``ls_pos`` and ``belady`` by the fast stack/next-use methods, the others request by request through
-:func:`epqlab.routes.online.simulate_online`)."""
-REFERENCE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "belady")
-"""Policies of the slow literal reference simulator ``epqlab.routes.simulate_reference`` (and of the fast
-methods of :func:`epqlab.routes.simulate` that are tested against it)."""
+SIMULATOR_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "belady")
+"""Policies of the fast route-log cache simulators (:func:`epqlab.routes.simulate`'s stack and next-use
+methods, ``simulate_reference``). :func:`epqlab.routes.simulate` also takes every other pager policy, run
+request by request through :func:`epqlab.routes.online.simulate_online`, which replays every online policy
+exactly as the pager runs it."""
 EVICTION_GROUPS: tuple[str, ...] = ("stale_left", "current_left", "stale_right", "current_right")
 """Victim groups relative to the layer being loaded (stale = not requested in this forward pass; left =
 an earlier layer); the pager counts ``evictions_<group>``."""
@@ -111,7 +109,7 @@ PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE")
 """Bytes of a memory page on this machine (the pager's mapping unit; native code reads the same sysconf)."""
 
 __all__ = [
-    "ONLINE_POLICIES", "OFFLINE_POLICIES", "PAGER_POLICIES", "SIMULATOR_POLICIES", "REFERENCE_POLICIES", "EVICTION_GROUPS",
+    "ONLINE_POLICIES", "OFFLINE_POLICIES", "PAGER_POLICIES", "SIMULATOR_POLICIES", "EVICTION_GROUPS",
     "DEFAULT_POLICY", "PrefetchMode", "DenseMode", "MAX_PREFETCH_DEPTH", "MAX_FIT_DEPTH", "GGUF_MAGIC", "arch_key", "ggml_block", "ggml_row_bytes", "PAGE_SIZE",
     "KEY_ARCHITECTURE", "KEY_BLOCK_COUNT", "KEY_CONTEXT_LENGTH", "KEY_FEED_FORWARD_LENGTH", "KEY_EXPERT_COUNT",
     "KEY_EXPERT_USED_COUNT", "KEY_EXPERT_FEED_FORWARD_LENGTH", "KEY_EXPERT_SHARED_COUNT",

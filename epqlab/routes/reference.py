@@ -31,8 +31,7 @@ Policies (victim = the unpinned resident with the smallest key):
 from __future__ import annotations
 
 from ..constants import EVICTION_GROUPS as GROUPS
-from ..constants import REFERENCE_POLICIES
-from ..constants import SIMULATOR_POLICIES as POLICIES  # noqa: F401 (epqlab.routes.POLICIES: every simulated policy)
+from ..constants import SIMULATOR_POLICIES as POLICIES
 from .log import RouteLog
 NEVER = float("inf")
 
@@ -44,8 +43,8 @@ def simulate_reference(log: RouteLog, capacity: int, policy: str, per_layer: boo
     ``evictions_by_group`` maps each of :data:`GROUPS` to the number of victims in that group and
     ``misses_by_layer`` lists misses per MoE layer index. ``capacity`` is slots per layer (``per_layer``) or
     total slots; it must be >= k."""
-    if policy not in REFERENCE_POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; the reference simulates {', '.join(REFERENCE_POLICIES)} "
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; the reference simulates {', '.join(POLICIES)} "
                          "(every other online policy: epqlab.routes.online.simulate_online)")
     T, L, k = log.experts.shape
     if capacity < k:

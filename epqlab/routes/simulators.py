@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..constants import REFERENCE_POLICIES
+from ..constants import PAGER_POLICIES
 from .log import RouteLog
 from .online import simulate_online
 from .reference import GROUPS, POLICIES
@@ -253,7 +253,7 @@ def _ls_shared(log: RouteLog, caps: np.ndarray, policies: Sequence[str]) -> tupl
 
 
 # ------------------------------------------------------------------------------------------- API
-def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] = REFERENCE_POLICIES, *,
+def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] = POLICIES, *,
              per_layer: bool = True, params: dict | None = None) -> pd.DataFrame:
     """Hit rate, misses, evictions and bytes read of each policy at each capacity.
 
@@ -264,13 +264,14 @@ def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] =
     ``ev_<group>`` columns count victims per group (NaN where a method does not track them: shared-pool LRU
     and Belady).
 
-    ``policies``: any of :data:`POLICIES`; those outside ``lru``, ``ls``, ``ls_pos``, ``belady`` run request by
+    ``policies``: any pager policy (:data:`epqlab.constants.PAGER_POLICIES`); those outside :data:`POLICIES`
+    (``lru``, ``ls``, ``ls_pos``, ``belady``: the fast methods above) run request by
     request through :func:`epqlab.routes.online.simulate_online` (one token per forward pass, as here;
     ``params``: ``{policy: {parameter: value}}``)."""
     caps = np.array(sorted({int(c) for c in capacities}), np.int64)
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose one of {', '.join(POLICIES)}")
+        if p not in PAGER_POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose one of {', '.join(PAGER_POLICIES)}")
     if caps.size == 0:
         raise ValueError("no capacities given")
     k = log.k
@@ -295,7 +296,7 @@ def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] =
             mm, gg = _ls_shared(log, caps, lsp)
             for i, p in enumerate(lsp):
                 miss_by[p], grp_by[p] = mm[i], gg[i]
-    slow = [p for p in policies if p not in REFERENCE_POLICIES]
+    slow = [p for p in policies if p not in POLICIES]
     if slow:
         one = replace(log, ubatch=None)      # one token per forward pass, the model of the methods above
         for p in slow:
