@@ -11,14 +11,20 @@ import os
 from enum import IntEnum
 
 # ------------------------------------------------------------------------------------- eviction policies
-ONLINE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
-"""Policies a live :class:`epqlab.Session` (and :class:`epqlab.Pager`) can run; rules in ``help(epqlab.Pager)``."""
+ONLINE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu",
+                                    "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact")
+"""Policies a live :class:`epqlab.Session` (and :class:`epqlab.Pager`) can run; rules in ``help(epqlab.Pager)``
+and, with their sources, in :mod:`epqlab.routes.online` (whose :func:`~epqlab.routes.online.simulate_online`
+replays each exactly as the pager runs it)."""
 OFFLINE_POLICIES: tuple[str, ...] = ("belady",)
 """Policies that need the future: :meth:`epqlab.Pager.replay` of a route log only."""
 PAGER_POLICIES: tuple[str, ...] = ONLINE_POLICIES + OFFLINE_POLICIES
 """Every policy the native pager accepts (``epqlab._pager_core.POLICIES``; a test checks they agree)."""
 SIMULATOR_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "belady")
-"""Policies of the route-log cache simulators (:func:`epqlab.routes.simulate`, ``simulate_reference``)."""
+"""Policies of the fast route-log cache simulators (:func:`epqlab.routes.simulate`'s stack and next-use
+methods, ``simulate_reference``). :func:`epqlab.routes.simulate` also takes every other pager policy, run
+request by request through :func:`epqlab.routes.online.simulate_online`, which replays every online policy
+exactly as the pager runs it."""
 EVICTION_GROUPS: tuple[str, ...] = ("stale_left", "current_left", "stale_right", "current_right")
 """Victim groups relative to the layer being loaded (stale = not requested in this forward pass; left =
 an earlier layer); the pager counts ``evictions_<group>``."""

@@ -1,5 +1,6 @@
 """``epqlab ablate eviction MODEL --arenas 0.25,0.5,0.75 --policies lru,ls,ls_pos --json out.json`` and
-``epqlab ablate topk MODEL --ks 2,4,7 --arenas 0.25,0.5 --json out.json`` (epqlab/commands/ablate_topk.py):
+``epqlab ablate topk MODEL --ks 2,4,7 --arenas 0.25,0.5 --json out.json`` (epqlab/commands/ablate_topk.py),
+``epqlab ablate policies MODEL --budgets 0.25,0.5 --json out.json`` (epqlab/commands/ablate_policies.py):
 ablations (one knob swept over arenas or RAM budgets); each kind is a subcommand here."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from ..constants import ONLINE_POLICIES
 from ..data import prompts
 from ..studies.ablation import eviction, eviction_reading, save
 from .ablate_lossy import register as register_lossy
+from .ablate_policies import register as register_policies
 from .ablate_topk import register as register_topk
 from ._args import floats_or_sizes
 from ..results import save_csv
@@ -32,6 +34,7 @@ def register(sub) -> None:
 
     register_topk(kinds)
     register_lossy(kinds)
+    register_policies(kinds)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

@@ -19,6 +19,7 @@ from ..layout import ModelLayout
 from ..units import fmt_bytes, parse_bytes
 from ..memory.usage import cpu_threads
 from ..routes.log import RouteLog
+from ..routes.policy_params import policy_params as policy_params_checked
 
 MAX_IO_THREADS = 1024  # reader threads: far more than any device rewards; the bound keeps a typo from spawning millions
 
@@ -69,6 +70,13 @@ class Pager:
               average of "picked in this pass" (weight ``fnu_alpha`` on the newest pass), so its
               next use is predicted at ``pass * L + layer + L / p`` layer steps. Ours (this
               project); alpha chosen on the calibration texts, not the evaluation prompts.
+            - ``"lfuda"``, ``"heat"``, ``"arc"``, ``"2q"``, ``"sieve"``, ``"s3fifo"``, ``"wtinylfu"``, ``"coact"``: LFU with
+              dynamic aging, decayed frequency with a half-life, ARC, 2Q, SIEVE, S3-FIFO, W-TinyLFU and
+              co-activation (an expert whose partners are resident is worth more); the
+              rules, their sources and how the pager's constraints (pinned layer, every miss admitted) shape
+              them are in :mod:`epqlab.routes.online`, whose ``simulate_online`` replays each exactly as this
+              pager runs it. A prefetched expert enters a policy's structures as a miss does (the same
+              admission and insertion), with no request counted; its first demand request is a hit.
             - ``"belady"``: Belady's MIN (farthest next use), only in :meth:`replay`, which knows
               the future from the log: the bound for the online policies under the same
               constraints (slot classes, pinned layer, per-ubatch unions, staged layers).
@@ -78,6 +86,9 @@ class Pager:
             tells which mode runs.
         n_expert_used: top-k the arena must hold for one layer; default the model's.
         fnu_alpha: policy ``"fnu"``'s EMA weight, in (0, 1].
+        policy_params: the policy's parameters by name, over the defaults of
+            :func:`epqlab.routes.policy_params.policy_params` (which names each one's range and source), e.g.
+            ``{"half_life": 64}`` for ``"heat"``, ``{"kin": 0.25, "kout": 0.5}`` for ``"2q"``.
         prefault: allocate every page of the arena at creation (``posix_fallocate`` on its memfd:
             ~0.15 s per GiB here) and map it once more, populated (the fill mapping, :attr:`fill_bytes`),
             so reads go O_DIRECT straight into the slots: no read allocates a page or copies through a
@@ -95,11 +106,15 @@ class Pager:
 
     def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
                  io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None,
-                 fnu_alpha: float = 0.3, prefault: bool = True):
+                 fnu_alpha: float = 0.3, prefault: bool = True, policy_params: dict | None = None):
         from .native import pager_core as core
 
         if policy not in POLICIES + OFFLINE_POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(POLICIES + OFFLINE_POLICIES)}")
+        prm = dict(policy_params or {})
+        if policy == "fnu":
+            prm.setdefault("fnu_alpha", fnu_alpha)
+        prm = policy_params_checked(policy, prm)   # ValueError: unknown parameter or out of its range
         if io_threads is not None and (isinstance(io_threads, bool) or not isinstance(io_threads, int)
                                        or not 1 <= io_threads <= MAX_IO_THREADS):
             raise ValueError(f"io_threads must be an integer in 1..{MAX_IO_THREADS}, got {io_threads!r}")
@@ -117,7 +132,8 @@ class Pager:
             )
         self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
                              int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha),
-                             [str(f) for f in layout.files])
+                             [str(f) for f in layout.files], {k: float(v) for k, v in prm.items()})
+        self.policy_params = prm
         self.fnu_alpha = float(fnu_alpha)
         self.requested_arena_bytes = arena
         self.prefault = bool(prefault)

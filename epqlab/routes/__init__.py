@@ -22,6 +22,7 @@ _LAZY = {
     "popularity": ".analysis", "reuse_distances": ".analysis", "reuse_histogram": ".analysis", "union_sizes": ".analysis",
     "GROUPS": ".reference", "POLICIES": ".reference", "simulate_reference": ".reference",
     "default_capacities": ".report", "summarize": ".report",
+    "simulate_online": ".online", "policy_params": ".policy_params",
     "simulate": ".simulators", "slots_for_bytes": ".simulators", "stack_distances": ".simulators",
 }
 
@@ -40,7 +41,7 @@ def __dir__():
 
 
 __all__ = [
-    "RouteLog", "RouteLogError", "POLICIES", "GROUPS", "simulate", "simulate_reference", "slots_for_bytes",
+    "RouteLog", "RouteLogError", "POLICIES", "GROUPS", "simulate", "simulate_online", "policy_params", "simulate_reference", "slots_for_bytes",
     "stack_distances", "reuse_distances", "reuse_histogram", "one_off_share", "union_sizes", "expert_counts",
     "hot_set", "hot_set_hit_rate", "popularity", "summarize", "default_capacities",
 ]

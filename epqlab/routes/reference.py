@@ -44,7 +44,8 @@ def simulate_reference(log: RouteLog, capacity: int, policy: str, per_layer: boo
     ``misses_by_layer`` lists misses per MoE layer index. ``capacity`` is slots per layer (``per_layer``) or
     total slots; it must be >= k."""
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise ValueError(f"unknown policy {policy!r}; the reference simulates {', '.join(POLICIES)} "
+                         "(every other online policy: epqlab.routes.online.simulate_online)")
     T, L, k = log.experts.shape
     if capacity < k:
         raise ValueError(f"capacity {capacity} < k = {k}: one layer's experts must fit at once")

@@ -28,12 +28,15 @@ How they are fast:
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from ..constants import PAGER_POLICIES
 from .log import RouteLog
+from .online import simulate_online
 from .reference import GROUPS, POLICIES
 
 INF = np.int64(1) << np.int64(62)   # "never requested again" / "first touch"
@@ -251,7 +254,7 @@ def _ls_shared(log: RouteLog, caps: np.ndarray, policies: Sequence[str]) -> tupl
 
 # ------------------------------------------------------------------------------------------- API
 def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] = POLICIES, *,
-             per_layer: bool = True) -> pd.DataFrame:
+             per_layer: bool = True, params: dict | None = None) -> pd.DataFrame:
     """Hit rate, misses, evictions and bytes read of each policy at each capacity.
 
     ``capacities`` are slots per layer (``per_layer=True``) or total slots of one shared pool; each must be
@@ -259,11 +262,16 @@ def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] =
     (a byte budget B maps to ``B // max(expert_bytes)`` total slots: :func:`slots_for_bytes`).
     One row per (policy, capacity); ``gap_to_belady`` = Belady's hit rate minus the policy's (if Belady ran).
     ``ev_<group>`` columns count victims per group (NaN where a method does not track them: shared-pool LRU
-    and Belady)."""
+    and Belady).
+
+    ``policies``: any pager policy (:data:`epqlab.constants.PAGER_POLICIES`); those outside :data:`POLICIES`
+    (``lru``, ``ls``, ``ls_pos``, ``belady``: the fast methods above) run request by
+    request through :func:`epqlab.routes.online.simulate_online` (one token per forward pass, as here;
+    ``params``: ``{policy: {parameter: value}}``)."""
     caps = np.array(sorted({int(c) for c in capacities}), np.int64)
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose one of {', '.join(POLICIES)}")
+        if p not in PAGER_POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose one of {', '.join(PAGER_POLICIES)}")
     if caps.size == 0:
         raise ValueError("no capacities given")
     k = log.k
@@ -288,6 +296,13 @@ def simulate(log: RouteLog, capacities: Iterable[int], policies: Sequence[str] =
             mm, gg = _ls_shared(log, caps, lsp)
             for i, p in enumerate(lsp):
                 miss_by[p], grp_by[p] = mm[i], gg[i]
+    slow = [p for p in policies if p not in POLICIES]
+    if slow:
+        one = replace(log, ubatch=None)      # one token per forward pass, the model of the methods above
+        for p in slow:
+            res = [simulate_online(one, int(c), p, per_layer=per_layer, params=(params or {}).get(p)) for c in caps]
+            miss_by[p] = np.array([r["misses_by_layer"] for r in res], np.int64)
+            grp_by[p] = None if per_layer else np.array([[r["evictions_by_group"][g] for g in GROUPS] for r in res])
     if "belady" in policies:
         miss_by["belady"] = (_belady_per_layer(log, caps) if per_layer
                              else np.stack([_belady_shared(log, int(c)) for c in caps]))

@@ -18,6 +18,7 @@
 #include "pager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cerrno>
 #include <climits>
@@ -120,6 +121,11 @@ void pager::init(const pager_config & cfg) {
     if (!(cfg.fnu_alpha > 0 && cfg.fnu_alpha <= 1)) throw std::invalid_argument("fnu_alpha must lie in (0, 1]");
     fnu_alpha_ = cfg.fnu_alpha;
     policy_name_ = cfg.policy;
+    if (policy_ == HEAT) {
+        auto it = cfg.policy_params.find("half_life");
+        if (it != cfg.policy_params.end()) half_life_ = it->second;
+        if (!(half_life_ > 0)) throw std::invalid_argument("heat half_life must lie in (0, inf)");
+    }
     if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
 
     // --- files (one per shard of a split model) ---
@@ -237,6 +243,8 @@ void pager::init(const pager_config & cfg) {
     for (size_t u = 0; u < units_.size(); u++) pf_left_[u] = pf_bad_[u] = pf_mapped_[u] = 0;
     if (policy_ == BELADY) pending_next_.assign(units_.size(), 0);
     if (policy_ == FNU) pick_rate_.assign(units_.size(), (double) k / n_expert_);
+    evictable_.assign(units_.size(), 0);
+    qpol_ = make_queue_policy(policy_name_, (int64_t) slots_.size(), units_.size(), cfg.policy_params, n_expert_);
     pinned_.assign(layers_.size(), {});
     overlay_.assign(layers_.size(), {});
     stats_.layer_requests.assign(layers_.size(), 0);
@@ -425,6 +433,8 @@ pager::key_t pager::key_of(int u) const {
         case LS:     primary = li; break;
         case LS_POS: primary = -li; break;
         case LFU:    primary = (int64_t) x.count; break;
+        case LFUDA:
+        case HEAT:   primary = x.prio; break;
         case BELADY:
         case FNU:    primary = -x.next_use; break;
         default:     break;
@@ -434,12 +444,14 @@ pager::key_t pager::key_of(int u) const {
 
 void pager::insert_evictable(int u) {
     const unit & x = units_[u];
+    evictable_[u] = 1;
     if (policy_ == STATIC && x.hot) hot_.insert(key_of(u));
     else if ((policy_ == LS || policy_ == LS_POS) && x.last_pass == pass_) current_.insert(key_of(u));
     else stale_.insert(key_of(u));
 }
 
 void pager::erase_evictable(int u) {
+    evictable_[u] = 0;
     const key_t k = key_of(u);
     if (stale_.erase(k) == 0 && current_.erase(k) == 0) hot_.erase(k);
 }
@@ -474,6 +486,8 @@ void pager::evict(int u, int loading_li) {
     stats_.evictions_by_group[(stale ? 0 : 1) + (left ? 0 : 2)]++;
     stats_.evictions++;
     erase_evictable(u);
+    if (policy_ == LFUDA) lfuda_age_ = x.prio;
+    if (qpol_) qpol_->evicted(u);
     slot & sl = slots_[x.slot];
     if (sl.pending) run_pending(sl.pending);  // done already by u's reads into this slot; cheap then
     const int64_t t0 = io_now_us();
@@ -485,6 +499,7 @@ void pager::evict(int u, int loading_li) {
 }
 
 void pager::free_unit_slot(int u) {
+    if (qpol_) qpol_->dropped(u);
     const int s = units_[u].slot;
     slots_[s].unit = -1;
     free_[slots_[s].cls].push_back(s);
@@ -492,7 +507,7 @@ void pager::free_unit_slot(int u) {
 }
 
 // Returns a free slot id for a unit of layer li, evicting by policy when none is free.
-int pager::take_slot(int li, int64_t need, bool speculative) {
+int pager::take_slot(int li, int64_t need, bool speculative, int u_in) {
     int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
     for (int c2 = c; c2 >= (slot_mode_ ? c : 0); c2--) {  // own class, then the smallest larger class (region addressing)
         if (!free_[c2].empty()) {
@@ -518,7 +533,17 @@ int pager::take_slot(int li, int64_t need, bool speculative) {
         return -1;
     };
     int s = -1;
-    if (policy_ == 2) {
+    if (qpol_) {
+        const int v = qpol_->victim(u_in, [&](int w) {
+            if (!evictable_[w]) return false;
+            const int64_t b = slots_[units_[w].slot].bytes;
+            return (slot_mode_ ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(w));
+        });
+        if (v >= 0) {
+            s = units_[v].slot;
+            evict(v, li);
+        }
+    } else if (policy_ == LS_POS) {
         // stale-left -> current-left -> stale-right -> current-right; larger layer first.
         const key_t bound(-(int64_t) li + 1, 0, INT32_MIN);  // first key with layer < li
         s = try_range(stale_.lower_bound(bound), stale_.end());
@@ -534,7 +559,7 @@ int pager::take_slot(int li, int64_t need, bool speculative) {
         // Batches in flight hold slots (and keep their neighbours and predictions from being
         // victims): a demand load waits for them rather than fail.
         prefetch_finish();
-        return take_slot(li, need, speculative);
+        return take_slot(li, need, speculative, u_in);
     }
     if (s < 0) {
         int64_t pinned = 0;
@@ -841,6 +866,7 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         x.last_use  = ++tick_;
         x.last_pass = pass_;
         x.count++;
+        policy_request(u, x.slot >= 0);
         if (policy_ == BELADY) x.next_use = pending_next_[u];
         if (!x.pinned) {
             x.pinned = true;
@@ -853,9 +879,11 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
     try {
         check_file();
         for (int u : misses) {
-            const int s = take_slot(li, unit_bytes_[li]);
+            if (qpol_) qpol_->admit(u);
+            const int s = take_slot(li, unit_bytes_[li], false, u);
             units_[u].slot = s;
             slots_[s].unit = u;
+            policy_insert(u);
             placed++;
             unit_jobs(u, jobs, job_unit, job_tensor);
         }
@@ -913,6 +941,33 @@ void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<i
     }
 }
 
+void pager::router_update(int li, const std::vector<int32_t> & picked) {
+    if (policy_ == FNU) fnu_update(li, picked);
+    if (qpol_) qpol_->router(li, picked);
+}
+
+void pager::policy_request(int u, bool resident) {
+    unit & x = units_[u];
+    if (policy_ == LFUDA && resident) {
+        x.freq++;
+        x.prio = lfuda_age_ + x.freq;
+    } else if (policy_ == HEAT) {
+        x.heat = x.heat * std::pow(2.0, -(double) (pass_ - x.heat_pass) / half_life_) + 1.0;
+        x.heat_pass = pass_;
+        const double key = std::log2(x.heat) + (double) pass_ / half_life_;  // >= 0: its bits order as it does
+        std::memcpy(&x.prio, &key, sizeof key);
+    }
+    if (qpol_) qpol_->request(u, resident);
+}
+
+void pager::policy_insert(int u) {
+    if (policy_ == LFUDA) {
+        units_[u].freq = 1;
+        units_[u].prio = lfuda_age_ + 1;
+    }
+    if (qpol_) qpol_->insert(u);
+}
+
 // fnu predicts when each expert of layer li is next requested, in layer steps (pass * L + layer):
 // the layer comes round again in the next pass, and the expert is picked there with probability
 // p = its pick rate (an EMA over the passes, weight alpha on the newest), so the expected wait
@@ -940,7 +995,7 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
     std::vector<int32_t> uni(ids, ids + (size_t) k * n_tokens);
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    if (policy_ == FNU) fnu_update(li, uni);
+    router_update(li, uni);
     if ((int) uni.size() > capacity(li)) {
         if (staged_ids) *staged_ids = std::move(uni);
         return false;

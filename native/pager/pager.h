@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include "io_pool.h"
+#include "policy_queues.h"
 
 std::string errstr(int e);      // "strerror text (errno N)"
 std::string map_error(int err);  // the message of a failed mmap of an expert slot
@@ -53,7 +55,8 @@ struct pager_layer_spec {
 // Eviction policy names, indexed by pager::policy_id. The Python side names them in
 // epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._pager_core.POLICIES
 // and tests/test_constants.py checks the two agree.
-inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu"};
+inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu",
+                                                "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact"};
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
 struct pager_config {
@@ -65,6 +68,10 @@ struct pager_config {
     int64_t                       arena_bytes = 0;
     std::string                   policy = "lru";  // lru | ls | ls_pos | lfu | static | fnu | belady (replay only)
     double                        fnu_alpha = 0.3;  // fnu: weight of the newest pass in each expert's pick rate
+    // The other policies' parameters (heat: half_life; 2q: kin, kout; s3fifo: small_ratio, ghost_ratio,
+    // move_threshold; wtinylfu: window, protected, sample_factor), every one present: Python fills the
+    // defaults and checks the ranges (epqlab/routes/policy_params.py).
+    std::map<std::string, double> policy_params;
     int32_t                       io_threads = 1;
     bool                          direct_io = true;
 };
@@ -347,6 +354,10 @@ private:
         uint64_t last_pass = 0;
         uint64_t count = 0;       // requests so far (lfu)
         int64_t  next_use = 0;    // step of the next request (belady, replay only)
+        int64_t  prio = 0;        // lfuda: K = age + freq; heat: the bits of log2(heat) + pass / half_life (>= 0)
+        int64_t  freq = 0;        // lfuda: requests while resident
+        double   heat = 0;        // heat: decayed requests at heat_pass
+        uint64_t heat_pass = 0;
         bool     hot = false;     // static policy: evicted last
         bool     pinned = false;
         bool     mapped = false;  // its slot backs its pages in the region (it is resident)
@@ -384,7 +395,8 @@ private:
     void insert_evictable(int u);
     void erase_evictable(int u);
     // speculative (a prefetch): fail rather than finish the batches in flight when no victim fits.
-    int  take_slot(int li, int64_t need_bytes, bool speculative = false);
+    // u_in: the unit the slot is for (queue policies' victim choice; -1 unknown).
+    int  take_slot(int li, int64_t need_bytes, bool speculative = false, int u_in = -1);
     void evict(int u, int loading_li);
     // Gives unit u's slot back to the free list (u is not resident afterwards). Its pages must
     // already be unmapped, or never have been mapped.
@@ -448,7 +460,20 @@ private:
     bool                         slot_mode_ = false;  // set_slot_addressing
     int32_t                      top_k_ = 1;          // the config's n_expert_used, clamped to 1..n_expert
     int32_t                      n_expert_ = 0;
-    enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6 };
+    enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6, LFUDA = 7, HEAT = 8,
+                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14 };
+    // After layer li's router ran (request_layer, request_layer_async): fnu's and the queue policies' update.
+    void router_update(int li, const std::vector<int32_t> & picked);
+    // The queue-based policies (arc, 2q, sieve, s3fifo, wtinylfu, coact: policy_queues.h); null for the others,
+    // which order the evictable sets by key_of. evictable_: per unit, in an evictable set.
+    std::unique_ptr<queue_policy> qpol_;
+    std::vector<uint8_t>         evictable_;
+    int64_t                      lfuda_age_ = 0;   // lfuda: the last victim's K
+    double                       half_life_ = 128;  // heat, forward passes
+    // Per request (request order): the policy's bookkeeping of unit u, resident or not (place_misses).
+    void policy_request(int u, bool resident);
+    // A unit took a slot (a miss or a prefetch): the policy's insertion.
+    void policy_insert(int u);
     // fnu: after layer li's router ran, updates each of its experts' pick rate and predicted next use.
     void fnu_update(int li, const std::vector<int32_t> & picked);
     double                       fnu_alpha_ = 0.3;

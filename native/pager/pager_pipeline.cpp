@@ -48,7 +48,7 @@ bool pager::request_layer_async(int li, const int32_t * ids, int k, const std::v
     // requested as hits; place_misses takes no victim sharing a page with them).
     prefetch_cancel_others(li, ids, k);
     const bool early = prefetch_active(li);
-    if (policy_ == FNU) fnu_update(li, uni);
+    router_update(li, uni);
 
     std::vector<io_job> jobs;
     std::vector<int> job_unit, job_tensor;

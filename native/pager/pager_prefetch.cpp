@@ -48,12 +48,14 @@ int pager::prefetch_start(int li, const int32_t * ids, int n, bool background, b
         if (units_[u].slot >= 0) continue;  // resident, or being read
         int s;
         try {
-            s = take_slot(li, unit_bytes_[li], true);  // victims: evictable, away from pages being read
+            if (qpol_) qpol_->admit(u);
+            s = take_slot(li, unit_bytes_[li], true, u);  // victims: evictable, away from pages being read
         } catch (const pager_capacity_error &) {
             break;  // nothing left to evict: prefetch what has a slot
         }
         units_[u].slot = s;
         slots_[s].unit = u;
+        policy_insert(u);  // a prefetched unit enters the policy as a miss does, without a request
         pf_inflight_[u] = 1;
         pf_left_[u] = 0;
         pf_bad_[u] = 0;
@@ -213,9 +215,11 @@ void pager::load_failed_prefetches(int li, const int32_t * ids, int n) {
                 expert_pages(m, u % n_expert_, p0, p1);
                 stats_.prefetch_used_bytes -= (p1 - p0) * page_;
             }
-            const int s = take_slot(li, unit_bytes_[li]);
+            if (qpol_) qpol_->admit(u);
+            const int s = take_slot(li, unit_bytes_[li], false, u);
             units_[u].slot = s;
             slots_[s].unit = u;
+            policy_insert(u);
             placed++;
             unit_jobs(u, jobs, job_unit);
         }

@@ -85,7 +85,8 @@ void register_pager(py::module_ & m) {
     py::class_<pager>(m, "Pager")
         .def(py::init([](const std::string & path, const layer_list & layers, int32_t n_expert, int32_t n_expert_used,
                          int64_t arena_bytes, const std::string & policy, int32_t io_threads, bool direct_io,
-                         double fnu_alpha, const std::vector<std::string> & paths) {
+                         double fnu_alpha, const std::vector<std::string> & paths,
+                         const std::map<std::string, double> & policy_params) {
                  pager_config c;
                  c.path = path;
                  c.paths = paths;
@@ -97,11 +98,13 @@ void register_pager(py::module_ & m) {
                  c.io_threads = io_threads;
                  c.direct_io = direct_io;
                  c.fnu_alpha = fnu_alpha;
+                 c.policy_params = policy_params;
                  return new pager(c);
              }),
              py::arg("path"), py::arg("layers"), py::arg("n_expert"), py::arg("n_expert_used"), py::arg("arena_bytes"),
              py::arg("policy"), py::arg("io_threads"), py::arg("direct_io"), py::arg("fnu_alpha") = 0.3,
-             py::arg("paths") = std::vector<std::string>{})
+             py::arg("paths") = std::vector<std::string>{},
+             py::arg("policy_params") = std::map<std::string, double>{})
         .def_static("unit_slot_bytes", [](const layer_list & layers, int32_t n_expert) {
             return pager::unit_slot_bytes(to_specs(layers), n_expert);
         })
