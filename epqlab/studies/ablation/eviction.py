@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ...constants import ONLINE_POLICIES
 from .grid import WARMUP_PASSES, MemoryPoint, measure_prompts, memory_points, pass_rates, summarize
 from ...data import calibration_texts
 from ...data import prompts as shipped_prompts
@@ -23,7 +22,11 @@ from ...paging.pager import POLICIES
 from ...paging.pager import Pager
 from ..sweeps import map_points
 
-DEFAULT_POLICIES = ONLINE_POLICIES
+DEFAULT_POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
+"""The live sweep's policies: the seeds' and this project's. Every other online policy (ARC, S3-FIFO, SIEVE, 2Q,
+W-TinyLFU, LFUDA, heat, coact) is ranked by the policy tournament (``epqlab ablate policies``,
+:mod:`epqlab.studies.ablation.tournament`), which replays them all and confirms its top three live; running all
+fourteen live here doubled the study's time."""
 # The study's sizes (notebooks/03_least_stale.ipynb's ``preset``). "quick": two arenas, one prompt of each kind
 # (chat, code, prose), 16 tokens, one run per setting: a few minutes on the default model on 2 cores, enough for
 # hit rates and MB/token (counts do not depend on timing), while speeds from one run are noisy. "full": three
