@@ -28,6 +28,8 @@ exactly as the pager runs it."""
 EVICTION_GROUPS: tuple[str, ...] = ("stale_left", "current_left", "stale_right", "current_right")
 """Victim groups relative to the layer being loaded (stale = not requested in this forward pass; left =
 an earlier layer); the pager counts ``evictions_<group>``."""
+STUDY_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
+"""The eviction study's live sweep (``epqlab ablate eviction``, notebook 03); the tournament ranks every online policy."""
 DEFAULT_POLICY = "lru"
 
 # ------------------------------------------------------------------------------- codes shared with C++
@@ -110,7 +112,7 @@ PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE")
 
 __all__ = [
     "ONLINE_POLICIES", "OFFLINE_POLICIES", "PAGER_POLICIES", "SIMULATOR_POLICIES", "EVICTION_GROUPS",
-    "DEFAULT_POLICY", "PrefetchMode", "DenseMode", "MAX_PREFETCH_DEPTH", "MAX_FIT_DEPTH", "GGUF_MAGIC", "arch_key", "ggml_block", "ggml_row_bytes", "PAGE_SIZE",
+    "DEFAULT_POLICY", "STUDY_POLICIES", "PrefetchMode", "DenseMode", "MAX_PREFETCH_DEPTH", "MAX_FIT_DEPTH", "GGUF_MAGIC", "arch_key", "ggml_block", "ggml_row_bytes", "PAGE_SIZE",
     "KEY_ARCHITECTURE", "KEY_BLOCK_COUNT", "KEY_CONTEXT_LENGTH", "KEY_FEED_FORWARD_LENGTH", "KEY_EXPERT_COUNT",
     "KEY_EXPERT_USED_COUNT", "KEY_EXPERT_FEED_FORWARD_LENGTH", "KEY_EXPERT_SHARED_COUNT",
     "KEY_EXPERT_WEIGHTS_SCALE", "KEY_LEADING_DENSE_BLOCK_COUNT",

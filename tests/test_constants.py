@@ -50,7 +50,7 @@ def test_policies_one_definition():
     assert set(core.POLICIES) == set(C.PAGER_POLICIES) and len(core.POLICIES) == len(C.PAGER_POLICIES)
     assert pager.POLICIES is C.ONLINE_POLICIES and pager.OFFLINE_POLICIES is C.OFFLINE_POLICIES
     assert routes.POLICIES is C.SIMULATOR_POLICIES and routes.GROUPS is C.EVICTION_GROUPS
-    assert DEFAULT_POLICIES is C.ONLINE_POLICIES
+    assert DEFAULT_POLICIES is C.STUDY_POLICIES and set(C.STUDY_POLICIES) <= set(C.ONLINE_POLICIES)
     assert set(C.SIMULATOR_POLICIES) <= set(C.PAGER_POLICIES)
 
 

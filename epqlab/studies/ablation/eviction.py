@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...constants import STUDY_POLICIES
 from .grid import WARMUP_PASSES, MemoryPoint, measure_prompts, memory_points, pass_rates, summarize
 from ...data import calibration_texts
 from ...data import prompts as shipped_prompts
@@ -22,7 +23,7 @@ from ...paging.pager import POLICIES
 from ...paging.pager import Pager
 from ..sweeps import map_points
 
-DEFAULT_POLICIES = ("lru", "ls", "ls_pos", "lfu", "static", "fnu")
+DEFAULT_POLICIES = STUDY_POLICIES
 """The live sweep's policies: the seeds' and this project's. Every other online policy (ARC, S3-FIFO, SIEVE, 2Q,
 W-TinyLFU, LFUDA, heat, coact) is ranked by the policy tournament (``epqlab ablate policies``,
 :mod:`epqlab.studies.ablation.tournament`), which replays them all and confirms its top three live; running all
