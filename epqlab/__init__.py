@@ -43,11 +43,11 @@ __version__ = _version("epqlab")  # pyproject.toml's, the one place it is writte
 del _version
 
 # name -> module that defines it, imported on first access (PEP 562)
-_LAZY = {"Session": ".engine.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
+_LAZY = {"Session": ".requests.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
          "sweep": ".studies.sweeps", "plan": ".studies.plan", "tune": ".studies.tune"}
 # subpackages and modules reachable as attributes without an explicit import (``epqlab.models.synthesize``)
-_SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "studies", "papers", "constants", "errors",
-               "units", "results", "layout", "widgets", "server")
+_SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "requests", "studies", "papers", "constants",
+               "errors", "units", "results", "layout", "widgets", "server")
 
 
 def __getattr__(name: str):

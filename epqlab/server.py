@@ -9,7 +9,7 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``GET  /v1/models``: the one model (its file name).
 - ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
-  ``logprobs`` included: :mod:`epqlab.engine.completion`).
+  ``logprobs`` included: :mod:`epqlab.requests.completion`).
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``);
   ``"stream_options": {"include_usage": true}`` adds OpenAI's last chunk with ``usage`` and ``"choices": []``.
 - ``POST /tokenize`` and ``/extras/tokenize`` (``{"input": str}`` -> ``{"tokens": [int]}``),
@@ -61,7 +61,7 @@ from typing import Any, Optional, Union
 
 from .engine.batch import Batcher
 from .errors import EpqlabError, ModelChangedError
-from .engine.completion import create_chat_completion, create_completion
+from .requests.completion import create_chat_completion, create_completion
 from .engine.time_split import decode_summary
 from .results import clean_json
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.engine.tools import StreamSplitter, parse_reply, render_jinja
+from epqlab.requests.tools import StreamSplitter, parse_reply, render_jinja
 from test_serve import _free_port
 
 openai = pytest.importorskip("openai")
@@ -288,7 +288,7 @@ def test_tool_prompt_and_reply_parsing():
 
 def test_template_with_tools_renders_through_jinja(sess, monkeypatch):
     """A GGUF whose chat template renders ``tools`` gets its own rendering (jinja2), not the fallback prompt."""
-    import epqlab.engine.tools as tools_mod
+    import epqlab.requests.tools as tools_mod
 
     tmpl = ("{% for t in tools or [] %}[TOOL {{ t.function.name }}]{% endfor %}"
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -1,4 +1,4 @@
-"""How :mod:`epqlab.engine.completion` runs its choices: prompts as token lists, the
+"""How :mod:`epqlab.requests.completion` runs its choices: prompts as token lists, the
 :class:`~epqlab.engine.sampling.Sampler` of each choice (its seed, grammar, penalties, logit bias,
 log-probabilities), and one event stream for both ways of decoding them: one prompt and one choice
 in-process decode as a :class:`~epqlab.engine.generation.Stream` that keeps the KV cache of the previous call
@@ -18,10 +18,10 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
+from ..engine.batch import Batcher, Request
+from ..engine.generation import Generation, Stream
+from ..engine.sampling import Sampler
 from ..results import clean_json
-from .batch import Batcher, Request
-from .generation import Generation, Stream
-from .sampling import Sampler
 from .structured import vocab_of
 
 MAX_CHOICES = 128  # n x prompts per call

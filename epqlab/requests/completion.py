@@ -19,8 +19,8 @@ Sampling is llama.cpp's chain with llama-cpp-python's defaults (:class:`epqlab.e
 ``grammar`` too), and, as in llama-cpp-python, the KV cache of the previous call is kept when its tokens are
 a prefix of the new prompt (a chat's next turn): only the new tokens are decoded.
 
-Beyond plain text: ``response_format`` / ``grammar`` constrain the output (:mod:`epqlab.engine.structured`);
-``tools`` / ``tool_choice`` on chat (:mod:`epqlab.engine.tools`); ``logprobs`` (completions: an int, the
+Beyond plain text: ``response_format`` / ``grammar`` constrain the output (:mod:`epqlab.requests.structured`);
+``tools`` / ``tool_choice`` on chat (:mod:`epqlab.requests.tools`); ``logprobs`` (completions: an int, the
 alternatives per token; chat: ``logprobs=True`` and ``top_logprobs``) in OpenAI's shapes, from the
 log-softmax of the engine's raw logits at each step (what llama-cpp-python reports), streamed with the
 chunk that carries the tokens' text; ``echo`` (completions) puts the prompt's text before the completion.
@@ -32,9 +32,9 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from .batch import Batcher
+from ..engine.batch import Batcher
+from ..engine.sampling import MAX_LOGPROBS
 from .completion_run import _check_n, _stop_list, batch_events, choice_events, prompt_list, run_all, sampling_args
-from .sampling import MAX_LOGPROBS
 from .structured import request_grammar
 from .tools import StreamSplitter, chat_prompt, check_tools, forced_grammar, parse_reply
 
