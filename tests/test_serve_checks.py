@@ -1,4 +1,4 @@
-"""The server's interop and start-up checks (epqlab/server.py, epqlab/commands/serve.py) on the mini model: the
+"""The server's interop and start-up checks (epqlab/server/, epqlab/commands/serve.py) on the mini model: the
 ``Bearer`` scheme in any case (RFC 7235), text-only content parts joined, unknown request fields refused with 400
 naming them, bad ports and hosts and a tiny ``--n-ctx`` refused before the model loads, and Ctrl-C ending each open
 stream with an error event and ``[DONE]``."""
