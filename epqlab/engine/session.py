@@ -606,10 +606,7 @@ class Session:
             faults under ``dense_weights="mmap"`` too), None where unavailable.
         """
         with self.decoder.lock:  # a whole generation at a time: concurrent callers wait their turn
-            st = self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling)
-            for _ in st:
-                pass
-        return st.result
+            return self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling).finish()
 
     # -- several sequences per forward pass (epqlab.engine.batch) --------------------------------
     def batch_requests(self, prompts, n_predict: int = 128, temperature: float = 0.0, seed: int | None = None,
