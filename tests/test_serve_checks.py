@@ -68,6 +68,43 @@ def test_unknown_fields_are_refused_naming_them(client):
     assert r.status_code == 200
 
 
+def test_max_tokens_and_temperature_follow_openai(client):
+    """OpenAI's ranges: ``max_tokens`` / ``max_completion_tokens`` >= 1 (0 once ran until the context was full)
+    or null (until the context is full), ``temperature`` in 0..2 (-1 was accepted); 400 naming the field."""
+    _, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    for path, body in [("/v1/completions", {"prompt": "Hi", "max_tokens": 0}),
+                       ("/v1/completions", {"prompt": "Hi", "max_tokens": -5}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 0}),
+                       ("/v1/chat/completions", {**chat, "max_completion_tokens": 0}),
+                       ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "temperature": -1}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 2, "temperature": 2.5}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 2, "temperature": -0.5, "stream": True})]:
+        t0 = time.monotonic()
+        r = c.post(path, headers=h, json=body)
+        assert r.status_code == 400 and time.monotonic() - t0 < 30, (path, body, r.text)
+        field = next(k for k in ("max_completion_tokens", "max_tokens", "temperature") if k in body and (
+            k != "max_tokens" or body[k] < 1))
+        assert field in r.json()["error"]["message"], r.json()
+    for body in [{"prompt": "Hi", "max_tokens": 2, "temperature": 0}, {"prompt": "Hi", "max_tokens": 2, "temperature": 2}]:
+        assert c.post("/v1/completions", headers=h, json=body).status_code == 200, body
+
+
+def test_context_errors_speak_server_flags(client):
+    """An HTTP client cannot open a Session: a prompt or max_tokens that does not fit names --n-ctx."""
+    s, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    long = {"prompt": list(range(1, s.n_ctx + 10)), "max_tokens": 2}
+    big = {"prompt": "Hi", "max_tokens": s.n_ctx * 2}
+    for body in (long, big, {**big, "stream": True}):
+        r = c.post("/v1/completions", headers=h, json=body)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and "--n-ctx" in msg and "Session" not in msg, msg
+    with pytest.raises(ValueError, match="open the Session with a larger n_ctx"):  # in-process: the Session's words
+        s.create_completion(list(range(1, s.n_ctx + 10)))
+
+
 def _serve(model, *args, timeout=60):
     return subprocess.run([sys.executable, "-m", "epqlab", "serve", str(model), "--threads", "1", *args],
                           capture_output=True, text=True, timeout=timeout)

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from ..engine.batch import Batcher, Request
 from ..engine.generation import Generation, Stream
 from ..engine.sampling import Sampler
+from ..errors import ContextFullError
 from ..results import clean_json
 from .structured import vocab_of
 
@@ -41,18 +42,19 @@ def _stop_list(stop) -> list[str]:
 def _max_tokens(session, max_tokens, n_prompt: int, strict: bool = False) -> int:
     """Tokens a choice may generate: llama-cpp-python's rule (None or <= 0: until the context is full; more
     than fits: clamped), or with ``strict`` (the server, as OpenAI's API) a ValueError when the prompt plus
-    ``max_tokens`` exceed the context."""
+    ``max_tokens`` exceed the context. Both refusals (and a prompt that leaves no room) are
+    :class:`~epqlab.errors.ContextFullError`, a ValueError whose fix a server words in its own flags."""
     room = session.n_ctx - n_prompt
     if room < 1:
-        raise ValueError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
-                         f"{session.n_ctx}; shorten it or open the Session with a larger n_ctx")
+        raise ContextFullError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
+                               f"{session.n_ctx}; shorten it or {{fix}}")
     if max_tokens is None or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0):
         return room  # llama-cpp-python: None or <= 0 means "until the context is full"
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
     if strict and max_tokens > room:
-        raise ValueError(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceed the context of "
-                         f"{session.n_ctx} tokens; ask for at most {room} (or open the Session with a larger n_ctx)")
+        raise ContextFullError(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceed the context of "
+                               f"{session.n_ctx} tokens; ask for at most {room} (or {{fix}})")
     return min(max_tokens, room)
 
 

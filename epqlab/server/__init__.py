@@ -29,7 +29,10 @@ any case, RFC 7235); an unknown request field gets 400 naming it (:data:`~epqlab
 OpenAI fields accepted without effect); a body over
 ``--max-body-bytes`` gets 413 before it is parsed; a prompt that does not fit the context, or a ``max_tokens``
 that does not fit after the prompt, gets 400 before any decoding (the server does not clamp ``max_tokens``,
-as OpenAI's API does not).
+as OpenAI's API does not), naming ``--n-ctx``; OpenAI's ranges hold where llama-cpp-python's differ:
+``max_tokens`` / ``max_completion_tokens`` >= 1 or null (until the context is full), ``temperature`` in 0..2
+(:func:`~epqlab.server.fields.check_openai_ranges`); errors name the server's fixes, never a Session's
+(:mod:`epqlab.server.wording`).
 
 Scheduling: continuous batching (:mod:`epqlab.engine.batch`) on one Session opened with
 ``n_seq_max = max_batch``: a request joins the running batch at its next step (prefilled alone first),
@@ -53,7 +56,8 @@ the runtime, :mod:`epqlab.engine`):
 - shared by every API: :mod:`.guard` (API key, model-file check, body limit: ASGI, before parsing),
   :mod:`.fields` (unknown fields refused or ignored by name; the sampling fields as keyword arguments),
   :mod:`.streaming` (wait for an answer or stream it as SSE; disconnects and shutdown), :mod:`.http_errors`
-  (OpenAI's error shape and the app-wide handlers), :mod:`.context` (what the API modules share);
+  (OpenAI's error shape and the app-wide handlers), :mod:`.wording` (errors in the server's terms),
+  :mod:`.context` (what the API modules share);
 - one module per API surface: :mod:`.openai_chat` (OpenAI's completions, chat completions, models,
   embeddings), :mod:`.epqlab_routes` (health, tokenize/detokenize, ``/v1/epqlab/stats``); the Anthropic
   Messages API and OpenAI's Responses API are to come as modules of their own beside them.

@@ -29,6 +29,18 @@ def check_fields(req) -> None:
                          f"field of this endpoint (check the spelling; it takes: {', '.join(known)})")
 
 
+def check_openai_ranges(req) -> None:
+    """OpenAI's ranges where llama-cpp-python's differ (the in-process API keeps llama-cpp-python's): ``max_tokens``
+    and ``max_completion_tokens`` >= 1, or null for "until the context is full" (llama-cpp-python reads <= 0 so);
+    ``temperature`` in 0..2 (llama.cpp samples greedily below 0). ValueError naming the field."""
+    for k in ("max_tokens", "max_completion_tokens"):
+        v = getattr(req, k, None)
+        if v is not None and v < 1:
+            raise ValueError(f"{k} must be >= 1 (OpenAI's range; or null: until the context is full), got {v}")
+    if not 0 <= req.temperature <= 2:
+        raise ValueError(f"temperature must be in 0..2 (OpenAI's range; 0: greedy), got {req.temperature}")
+
+
 def bias_of(session, bias, typ):
     """OpenAI's logit_bias ({"token id": bias}); llama-cpp-python's logit_bias_type "tokens": keys are text,
     each of its tokens gets the bias (as llama-cpp-python's server does)."""
@@ -44,8 +56,10 @@ def bias_of(session, bias, typ):
 def sampling_kwargs(served: Served, req, fields: tuple) -> dict:
     """The keyword arguments of :func:`epqlab.requests.completion.create_completion` /
     ``create_chat_completion`` for a request of OpenAI's sampling fields (``req``), on the served batcher, plus
-    the endpoint's own ``fields``. ValueError for an unknown or refused field, or a seed out of range."""
+    the endpoint's own ``fields``. ValueError for an unknown or refused field, a value out of OpenAI's range
+    (:func:`check_openai_ranges`), or a seed out of range."""
     check_fields(req)
+    check_openai_ranges(req)
     for k, v in (req.model_extra or {}).items():
         if k in UNSUPPORTED and v not in UNSUPPORTED[k][0]:
             raise ValueError(f"{k}={v!r}: {UNSUPPORTED[k][1]}; drop it")

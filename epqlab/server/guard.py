@@ -7,6 +7,7 @@ import hmac
 import json
 
 from ..errors import ModelChangedError
+from .wording import said
 
 
 def _bearer(header: bytes) -> bytes | None:
@@ -51,8 +52,7 @@ class _Guard:
             await asyncio.get_running_loop().run_in_executor(None, self._check_model)
         except ModelChangedError as e:
             # /health needs no key, so it names no path
-            msg = ("the model file changed on disk since the server loaded it; restart the server" if health
-                   else f"{e} (every request is refused until the server is restarted)")
+            msg = "the model file changed on disk since the server loaded it; restart the server" if health else said(e)
             return await self._send_error(send, 503, msg, "server_error", (), {"status": "error"} if health else None)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)

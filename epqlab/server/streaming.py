@@ -16,6 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 from ..errors import EpqlabError, ModelChangedError
 from .context import Served
 from .http_errors import error
+from .wording import said
 
 POLL_S = 0.25  # how often a waiting request checks whether its client is still there (a stream: the server stopping)
 _EMPTY = object()  # no chunk within POLL_S
@@ -40,9 +41,9 @@ async def run(served: Served, make, stream: bool, request: Request):
         try:
             return JSONResponse(fut.result())
         except (ValueError, TypeError) as e:
-            return error(400, str(e))
+            return error(400, said(e))
         except ModelChangedError as e:
-            return error(503, str(e), "server_error")
+            return error(503, said(e), "server_error")
         except Exception as e:  # noqa: BLE001 - OpenAI's error shape, not a plain-text 500; the server lives on
             return error(500, f"{type(e).__name__}: {e}", "server_error")
     q: queue.Queue = queue.Queue()
@@ -69,9 +70,9 @@ async def run(served: Served, make, stream: bool, request: Request):
     waiters.submit(job, cancel)
     e = await started
     if isinstance(e, (ValueError, TypeError)):
-        return error(400, str(e))
+        return error(400, said(e))
     if isinstance(e, ModelChangedError):
-        return error(503, str(e), "server_error")
+        return error(503, said(e), "server_error")
     if isinstance(e, Exception):
         return error(500, f"{type(e).__name__}: {e}", "server_error")
 
@@ -96,7 +97,7 @@ async def run(served: Served, make, stream: bool, request: Request):
                 if item is None:
                     break
                 if isinstance(item, Exception):
-                    yield {"data": json.dumps({"error": {"message": str(item), "type": "server_error"}})}
+                    yield {"data": json.dumps({"error": {"message": said(item), "type": "server_error"}})}
                     break
                 yield {"data": json.dumps(item)}
             yield {"data": "[DONE]"}
