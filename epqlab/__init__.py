@@ -18,6 +18,7 @@ from __future__ import annotations
 from .errors import (
     ArenaTooSmall,
     BudgetTooLargeError,
+    ContextFullError,
     EpqlabError,
     LlamaCppError,
     ModelChangedError,
@@ -65,7 +66,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
+    "ArenaTooSmall", "BudgetTooLargeError", "ContextFullError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
     "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "plan", "tune", "fmt_bytes", "parse_bytes", "__version__",
 ]
