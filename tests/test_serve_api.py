@@ -300,3 +300,42 @@ def test_template_with_tools_renders_through_jinja(sess, monkeypatch):
     r = sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=1, temperature=0)
     assert r["usage"]["prompt_tokens"] == len(sess.tokenize(text, add_special=False))
     assert tools_mod.TOOL_PROMPT[:20] not in text  # not the fallback
+
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_gives_at_most_one_call(sess, stream):
+    """OpenAI's ``parallel_tool_calls=false`` (LangChain's ``bind_tools(..., parallel_tool_calls=False)``): a reply that
+    makes two calls (a grammar makes it here) answers with the first alone; true or unset, with both."""
+    gbnf = 'root ::= "' + TWO_CALLS.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    def calls(**kw):
+        r = sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=80, temperature=0, grammar=gbnf,
+                                        stream=stream, **kw)
+        if not stream:
+            m = r["choices"][0]
+            return [json.loads(c["function"]["arguments"])["city"] for c in m["message"].get("tool_calls") or []], \
+                m["message"]["content"], m["finish_reason"]
+        args, text, fin = {}, "", None
+        for ch in r:
+            d = ch["choices"][0]["delta"]
+            fin = ch["choices"][0]["finish_reason"] or fin
+            text += d.get("content") or ""
+            for tc in d.get("tool_calls") or []:
+                args[tc["index"]] = args.get(tc["index"], "") + tc["function"]["arguments"]
+        return [json.loads(args[i])["city"] for i in sorted(args)], text or None, fin
+
+    assert calls() == calls(parallel_tool_calls=True) == (["Oslo", "Rome"], None, "tool_calls")
+    assert calls(parallel_tool_calls=False) == (["Oslo"], None, "tool_calls")
+    with pytest.raises(ValueError, match="parallel_tool_calls must be true or false"):
+        sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=2, parallel_tool_calls="no")
+
+
+def test_parse_reply_keeps_at_most_max_calls():
+    fns = [WEATHER[0]["function"]]
+    content, calls = parse_reply("Both: " + TWO_CALLS + " done", fns, max_calls=1)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Oslo"] and content == "Both: \n done"
+    assert len(parse_reply(TWO_CALLS, fns)[1]) == 2

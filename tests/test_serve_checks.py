@@ -91,6 +91,27 @@ def test_max_tokens_and_temperature_follow_openai(client):
         assert c.post("/v1/completions", headers=h, json=body).status_code == 200, body
 
 
+def test_openai_fields_clients_send_are_accepted(client):
+    """Fields of OpenAI's current chat schema that clients send by default (LangChain's ChatOpenAI sends
+    ``parallel_tool_calls``; reasoning models' clients ``reasoning_effort``): accepted, each by its documented rule
+    (epqlab.server.fields); a name OpenAI does not have is still refused, and so is an output this server lacks."""
+    _, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    extra = {"parallel_tool_calls": False, "reasoning_effort": "low", "verbosity": "low", "safety_identifier": "u",
+             "prompt_cache_key": "k", "prompt_cache_retention": "24h", "web_search_options": None}
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, **extra})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == c.post("/v1/chat/completions", headers=h, json=chat).json()[
+        "choices"][0]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "reasoning_efort": "low"})
+    assert r.status_code == 400 and "unknown field 'reasoning_efort'" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "web_search_options": {}})
+    assert r.status_code == 400 and "web search is not offered" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "parallel_tool_calls": "no"})
+    assert r.status_code == 400 and "parallel_tool_calls" in r.json()["error"]["message"]
+
+
 def test_context_errors_speak_server_flags(client):
     """An HTTP client cannot open a Session: a prompt or max_tokens that does not fit names --n-ctx."""
     s, c = client

@@ -283,10 +283,15 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                            top_logprobs: int | None = None, tools: list | None = None, tool_choice=None,
                            functions: list | None = None, function_call=None, batcher: Batcher | None = None,
                            cancel: threading.Event | None = None, strict_context: bool = False,
-                           stream_options: dict | None = None) -> dict | Iterator[dict]:
+                           stream_options: dict | None = None,
+                           parallel_tool_calls: bool | None = None) -> dict | Iterator[dict]:
     """:meth:`epqlab.Session.create_chat_completion` (see there); ``batcher``, ``cancel``, ``strict_context``,
-    ``stream_options`` as :func:`create_completion`."""
+    ``stream_options`` as :func:`create_completion`. ``parallel_tool_calls``: OpenAI's; False: at most one tool
+    call per choice (the first the reply makes; later ones are dropped), None or True: every call."""
     _check_stream_options(stream_options, stream)
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise ValueError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}")
+    max_calls = 1 if parallel_tool_calls is False else None
     msgs = check_messages(messages)
     fns, choice = check_tools(tools, tool_choice, functions, function_call)
     calling = bool(fns) and choice != "none"
@@ -318,7 +323,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
         return d
 
     def message(c: int, gen, recs) -> dict:
-        content, calls = parse_reply(gen.text, fns) if calling else (gen.text, [])
+        content, calls = parse_reply(gen.text, fns, max_calls) if calling else (gen.text, [])
         msg = {"role": "assistant", "content": content}
         if calls:
             msg["tool_calls"] = calls
@@ -350,7 +355,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                 gen, extra, recs = rest
                 if recs is not None and len(recs) > sent[c]:  # tokens whose text was held back (a stop string)
                     yield chunk({}, None, c, lp=_chat_logprobs(session, recs[sent[c]:]))
-                content, calls = parse_reply(split[c].text, fns) if calling else (None, [])
+                content, calls = parse_reply(split[c].text, fns, max_calls) if calling else (None, [])
                 if not calls and calling and not forced and split[c].rest():
                     yield chunk({"content": split[c].rest()}, None, c)  # held back, and no call after all
                 for i, call in enumerate(calls):  # as OpenAI streams them: id and name, then the arguments

@@ -70,7 +70,8 @@ class Session(_RuntimeSession):
         ``tool_choice`` (``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function":
         {"name": ...}}``; legacy ``functions`` / ``function_call``): the reply's ``<tool_call>`` blocks become
         ``message["tool_calls"]`` with ``finish_reason`` ``"tool_calls"``, a forced call is grammar-constrained,
-        and ``role: "tool"`` results are accepted in the next turn (:mod:`epqlab.requests.tools`).
+        and ``role: "tool"`` results are accepted in the next turn (:mod:`epqlab.requests.tools`);
+        ``parallel_tool_calls=False``: at most one call per choice (the first; later ones are dropped).
 
         Raises:
             ValueError: malformed messages (the message names the first bad one), no chat template

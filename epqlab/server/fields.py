@@ -9,13 +9,24 @@ from .context import Served
 UNSUPPORTED = {"audio": ((None,), "audio output is not offered (a text model)"),
                "modalities": ((None, ["text"]), "only text output is offered"),
                "prediction": ((None,), "predicted outputs (speculative decoding) are not offered"),
+               "web_search_options": ((None,), "web search is not offered (nothing here reaches the web)"),
                "tfs_z": ((None, 1, 1.0), "tail-free sampling is gone from llama.cpp's sampler chain "
                                         "(llama-cpp-python accepts and ignores it)")}
-# OpenAI fields accepted and ignored, each for a stated reason; any other unknown field is a 400 naming it
+# OpenAI fields accepted and ignored, each for a stated reason; any other unknown field is a 400 naming it. The
+# rule: a field is ignored only when OpenAI's API defines it and honouring it could not change the tokens of an
+# answer here (bookkeeping, routing, monitoring), or when it asks a model for something this server cannot steer
+# and clients send by default (reasoning_effort, verbosity: the reply is the model's own either way); a field that
+# asks for an output this server cannot give is refused (UNSUPPORTED).
 IGNORED = {"user": "an end-user id for OpenAI's abuse monitoring: nothing here uses it",
+           "safety_identifier": "an end-user id for OpenAI's abuse monitoring: nothing here uses it",
            "store": "OpenAI's stored completions: nothing is stored here",
            "metadata": "tags for OpenAI's stored completions: nothing is stored here",
-           "service_tier": "OpenAI's processing tiers: there is one here"}
+           "service_tier": "OpenAI's processing tiers: there is one here",
+           "prompt_cache_key": "OpenAI's prompt-cache routing: this server's cache is --prompt-cache, per sequence",
+           "prompt_cache_retention": "OpenAI's prompt-cache lifetime: this server's cache is --prompt-cache",
+           "reasoning_effort": "a reasoning model's effort on OpenAI: nothing here sets a reasoning budget (the "
+                               "GGUF's chat template and max_tokens decide)",
+           "verbosity": "OpenAI's answer-length hint: not applied (use max_tokens)"}
 
 
 def check_fields(req) -> None:

@@ -61,6 +61,7 @@ class ChatRequest(_Sampling):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
+    parallel_tool_calls: Any = None  # false: at most one call (epqlab.requests.completion)
 
 
 EMBEDDINGS_REFUSED = ("embeddings are not offered: this engine runs a causal MoE language model for generation; "
@@ -88,7 +89,7 @@ def add_routes(app, served: Served) -> None:
     async def chat(req: ChatRequest, request: Request):
         try:
             kw = sampling_kwargs(served, req, ("logprobs", "top_logprobs", "tools", "tool_choice", "functions",
-                                               "function_call"))
+                                               "function_call", "parallel_tool_calls"))
         except ValueError as e:
             return error(400, str(e))
         if req.max_completion_tokens is not None:
