@@ -339,3 +339,23 @@ def test_parse_reply_keeps_at_most_max_calls():
     content, calls = parse_reply("Both: " + TWO_CALLS + " done", fns, max_calls=1)
     assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Oslo"] and content == "Both: \n done"
     assert len(parse_reply(TWO_CALLS, fns)[1]) == 2
+
+
+def test_langchain_chat_openai_tools_and_structured_output(server):
+    """LangChain's ``ChatOpenAI`` as a user points it at the server: ``bind_tools(..., parallel_tool_calls=False)`` and
+    ``with_structured_output(method="function_calling")`` (which sends ``parallel_tool_calls``: once a 400 "unknown
+    field") answer with one call and a parsed object; a plain ``invoke`` answers text."""
+    lc = pytest.importorskip("langchain_openai")
+    url, p = server
+    _ready(url, p)
+    llm = lc.ChatOpenAI(base_url=url + "/v1", api_key=KEY, model="x", temperature=0, max_tokens=60, max_retries=0,
+                        timeout=300)
+    m = llm.bind_tools(WEATHER, tool_choice="get_weather", parallel_tool_calls=False).invoke(ASK[0]["content"])
+    assert [c["name"] for c in m.tool_calls] == ["get_weather"]
+    jsonschema.validate(m.tool_calls[0]["args"], WEATHER[0]["function"]["parameters"])
+    city = {"title": "City", "description": "A city and its country", "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}, "country": {"type": "string", "maxLength": 12}},
+            "required": ["name", "country"]}
+    out = llm.with_structured_output(city, method="function_calling").invoke("Name a city in France.")
+    assert isinstance(out, dict) and isinstance(out["name"], str) and isinstance(out["country"], str), out
+    assert isinstance(llm.bind(max_tokens=4).invoke("Hi").content, str)
