@@ -18,6 +18,7 @@ from __future__ import annotations
 from .errors import (
     ArenaTooSmall,
     BudgetTooLargeError,
+    ContextFullError,
     EpqlabError,
     LlamaCppError,
     ModelChangedError,
@@ -43,11 +44,11 @@ __version__ = _version("epqlab")  # pyproject.toml's, the one place it is writte
 del _version
 
 # name -> module that defines it, imported on first access (PEP 562)
-_LAZY = {"Session": ".engine.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
+_LAZY = {"Session": ".requests.session", "Generation": ".engine.generation", "Stream": ".engine.generation",
          "sweep": ".studies.sweeps", "plan": ".studies.plan", "tune": ".studies.tune"}
 # subpackages and modules reachable as attributes without an explicit import (``epqlab.models.synthesize``)
-_SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "studies", "papers", "constants", "errors",
-               "units", "results", "layout", "widgets", "server")
+_SUBMODULES = ("models", "routes", "data", "memory", "paging", "engine", "requests", "studies", "papers", "constants",
+               "errors", "units", "results", "layout", "widgets", "server")
 
 
 def __getattr__(name: str):
@@ -65,7 +66,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ArenaTooSmall", "BudgetTooLargeError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
+    "ArenaTooSmall", "BudgetTooLargeError", "ContextFullError", "EpqlabError", "LlamaCppError", "ModelChangedError", "ModelNotFoundError", "NotGGUFError", "NotMoEError", "PagerIOError", "UnsupportedArchError",
     "SplitModelError", "TruncatedModelError", "ExpertLayer", "ExpertTensor", "ModelLayout", "SlotClass",
     "inspect", "probe_io", "Pager", "Session", "Generation", "Stream", "sweep", "plan", "tune", "fmt_bytes", "parse_bytes", "__version__",
 ]

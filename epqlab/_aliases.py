@@ -25,7 +25,6 @@ ALIASES: dict[str, str] = {
     "epqlab.generation": "epqlab.engine.generation",
     "epqlab.sampling": "epqlab.engine.sampling",
     "epqlab.tokens": "epqlab.engine.tokens",
-    "epqlab.completion": "epqlab.engine.completion",
     "epqlab.perplexity": "epqlab.engine.perplexity",
     "epqlab.run_stats": "epqlab.engine.run_stats",
     "epqlab.time_split": "epqlab.engine.time_split",
@@ -33,6 +32,13 @@ ALIASES: dict[str, str] = {
     "epqlab.prefetch": "epqlab.engine.prefetch",
     "epqlab.predictor": "epqlab.engine.predictor",
     "epqlab._native": "epqlab.engine.native",
+    # requests/ (the request surface, out of engine/: its engine paths and the older top-level one)
+    "epqlab.completion": "epqlab.requests.completion",
+    "epqlab.engine.completion": "epqlab.requests.completion",
+    "epqlab.engine.completion_run": "epqlab.requests.completion_run",
+    "epqlab.engine.tools": "epqlab.requests.tools",
+    "epqlab.engine.structured": "epqlab.requests.structured",
+    "epqlab.engine.schema_ints": "epqlab.requests.schema_ints",
     # studies/ (a package: its submodules follow, e.g. epqlab.ablation.topk)
     "epqlab.ablation": "epqlab.studies.ablation",
     "epqlab.strict": "epqlab.studies.strict",

@@ -53,7 +53,24 @@ class ModelChangedError(EpqlabError, OSError):
     """The model file changed on disk while a Session had it open (its inode written in place: size or
     mtime; the path gone; or replaced by a file with other bytes): decoding would mix old and new bytes.
     Reopen the Session. (``chmod``, a hard link, or a replacement with identical bytes are not changes:
-    :mod:`epqlab.engine.file_watch`.)"""
+    :mod:`epqlab.engine.file_watch`.) ``change``: what changed, without the fix (a server words its own), or None."""
+    change: str | None = None
+
+
+class ContextFullError(EpqlabError, ValueError):
+    """A prompt, or a prompt plus ``max_tokens``, that does not fit the context. The message tells a Python
+    caller to open the Session with a larger ``n_ctx``; :meth:`worded` puts another fix in its place (a server:
+    its ``--n-ctx`` flag)."""
+
+    FIX = "open the Session with a larger n_ctx"
+
+    def __init__(self, template: str):
+        """``template``: the message with ``{fix}`` where the way to a larger context goes."""
+        self.template = template
+        super().__init__(template.format(fix=self.FIX))
+
+    def worded(self, fix: str) -> str:
+        return self.template.format(fix=fix)
 
 
 class LlamaCppError(EpqlabError, RuntimeError):

@@ -4,8 +4,12 @@ downhill; module-level imports form no cycle; imports inside functions are only 
 engine and the pager extension load on first use, so ``import epqlab`` stays light) and third-party packages;
 ``paging/`` (and everything below it) never imports ``llama_cpp``.
 
-    entry points (cli, commands, server, widgets) -> papers -> studies -> engine -> paging
+    entry points (cli, commands, server/, widgets) -> papers -> {studies, requests} -> engine -> paging
         -> {memory, models, routes} -> vocabulary (errors, constants, units, results, layout, loader_checks, data)
+
+A request goes one way: server/ -> requests/ (the request surface: OpenAI's shapes, tools, structured output)
+-> engine/ (the runtime); the runtime never imports the request surface, and studies (which drive the runtime)
+never import it either.
 """
 from __future__ import annotations
 
@@ -17,9 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "epqlab"
 
 # room -> rank; a module may import its own room and any room of a lower rank. Rooms of one rank are
-# independent of each other (memory, models and routes never import one another).
+# independent of each other (memory, models and routes never import one another; nor do studies and requests).
 RANKS = {
-    "entry": 6, "papers": 5, "studies": 4, "engine": 3, "paging": 2,
+    "entry": 6, "papers": 5, "studies": 4, "requests": 4, "engine": 3, "paging": 2,
     "memory": 1, "models": 1, "routes": 1, "vocabulary": 0,
 }
 VOCABULARY = {"errors", "constants", "units", "results", "layout", "loader_checks", "data"}
@@ -148,6 +152,8 @@ def test_every_module_has_a_room():
 @pytest.mark.parametrize("line,expect", [
     ("from ..studies.sweeps import map_points", "engine may not import studies"),
     ("from ..engine.session import Session", "paging may not import engine"),
+    ("from ..requests.completion import create_completion", "engine may not import requests"),
+    ("from ..requests.tools import parse_reply", "studies may not import requests"),
     ("import llama_cpp", "llama_cpp is imported only"),
 ])
 def test_an_upward_import_fails(tmp_path, line, expect):
@@ -157,7 +163,8 @@ def test_an_upward_import_fails(tmp_path, line, expect):
 
     copy = tmp_path / "epqlab"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    target = copy / ("engine/run_stats.py" if "studies" in line else "paging/read_segments.py")
+    target = copy / {"engine": "engine/run_stats.py", "studies": "studies/sweeps.py"}.get(
+        expect.split()[0], "paging/read_segments.py")
     target.write_text(target.read_text() + "\n" + line + "\n")
     assert any(expect in v for v in violations(copy))
 

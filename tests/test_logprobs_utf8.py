@@ -10,7 +10,7 @@ import pytest
 
 import epqlab
 from epqlab.engine.batch import Batcher, Request
-from epqlab.engine.completion_run import make_sampler, sampling_args
+from epqlab.requests.completion_run import make_sampler, sampling_args
 
 TEXT = "\U0001F600\U0001F603\U0001F604 \u6f22\u5b57\u304b\u306a"  # 3 emoji, a space, 2 kanji, 2 kana
 GRAMMAR = f'root ::= "{TEXT}"'

@@ -1,4 +1,4 @@
-"""JSON-schema integer bounds in structured output (epqlab.engine.schema_ints, epqlab.engine.structured):
+"""JSON-schema integer bounds in structured output (epqlab.requests.schema_ints, epqlab.requests.structured):
 llama.cpp's range rule admits exactly the integers within ``minimum`` / ``maximum`` / the exclusive bounds (checked
 against integer arithmetic for every value in a window, through Python's regex engine), and a bounded field of a
 generated JSON object stays in its range."""
@@ -10,8 +10,8 @@ import re
 import pytest
 
 import epqlab
-from epqlab.engine.schema_ints import INT64_MAX, INT64_MIN, bounded_int_schema, int_range_gbnf
-from epqlab.engine.structured import schema_grammar
+from epqlab.requests.schema_ints import INT64_MAX, INT64_MIN, bounded_int_schema, int_range_gbnf
+from epqlab.requests.structured import schema_grammar
 
 CASES = [(0, 120), (-5, 5), (-120, -3), (7, 7), (10, 99), (1, 1000), (-1000, -1), (99, 2001), (INT64_MIN, 0),
          (INT64_MIN, 15), (INT64_MIN, -7), (0, INT64_MAX), (3, INT64_MAX), (-12, INT64_MAX), (250, INT64_MAX),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import epqlab
-from epqlab.engine.tools import StreamSplitter, parse_reply, render_jinja
+from epqlab.requests.tools import StreamSplitter, parse_reply, render_jinja
 from test_serve import _free_port
 
 openai = pytest.importorskip("openai")
@@ -288,7 +288,7 @@ def test_tool_prompt_and_reply_parsing():
 
 def test_template_with_tools_renders_through_jinja(sess, monkeypatch):
     """A GGUF whose chat template renders ``tools`` gets its own rendering (jinja2), not the fallback prompt."""
-    import epqlab.engine.tools as tools_mod
+    import epqlab.requests.tools as tools_mod
 
     tmpl = ("{% for t in tools or [] %}[TOOL {{ t.function.name }}]{% endfor %}"
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -300,3 +300,62 @@ def test_template_with_tools_renders_through_jinja(sess, monkeypatch):
     r = sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=1, temperature=0)
     assert r["usage"]["prompt_tokens"] == len(sess.tokenize(text, add_special=False))
     assert tools_mod.TOOL_PROMPT[:20] not in text  # not the fallback
+
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_gives_at_most_one_call(sess, stream):
+    """OpenAI's ``parallel_tool_calls=false`` (LangChain's ``bind_tools(..., parallel_tool_calls=False)``): a reply that
+    makes two calls (a grammar makes it here) answers with the first alone; true or unset, with both."""
+    gbnf = 'root ::= "' + TWO_CALLS.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    def calls(**kw):
+        r = sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=80, temperature=0, grammar=gbnf,
+                                        stream=stream, **kw)
+        if not stream:
+            m = r["choices"][0]
+            return [json.loads(c["function"]["arguments"])["city"] for c in m["message"].get("tool_calls") or []], \
+                m["message"]["content"], m["finish_reason"]
+        args, text, fin = {}, "", None
+        for ch in r:
+            d = ch["choices"][0]["delta"]
+            fin = ch["choices"][0]["finish_reason"] or fin
+            text += d.get("content") or ""
+            for tc in d.get("tool_calls") or []:
+                args[tc["index"]] = args.get(tc["index"], "") + tc["function"]["arguments"]
+        return [json.loads(args[i])["city"] for i in sorted(args)], text or None, fin
+
+    assert calls() == calls(parallel_tool_calls=True) == (["Oslo", "Rome"], None, "tool_calls")
+    assert calls(parallel_tool_calls=False) == (["Oslo"], None, "tool_calls")
+    with pytest.raises(ValueError, match="parallel_tool_calls must be true or false"):
+        sess.create_chat_completion(ASK, tools=WEATHER, max_tokens=2, parallel_tool_calls="no")
+
+
+def test_parse_reply_keeps_at_most_max_calls():
+    fns = [WEATHER[0]["function"]]
+    content, calls = parse_reply("Both: " + TWO_CALLS + " done", fns, max_calls=1)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Oslo"] and content == "Both: \n done"
+    assert len(parse_reply(TWO_CALLS, fns)[1]) == 2
+
+
+def test_langchain_chat_openai_tools_and_structured_output(server):
+    """LangChain's ``ChatOpenAI`` as a user points it at the server: ``bind_tools(..., parallel_tool_calls=False)`` and
+    ``with_structured_output(method="function_calling")`` (which sends ``parallel_tool_calls``: once a 400 "unknown
+    field") answer with one call and a parsed object; a plain ``invoke`` answers text."""
+    lc = pytest.importorskip("langchain_openai")
+    url, p = server
+    _ready(url, p)
+    llm = lc.ChatOpenAI(base_url=url + "/v1", api_key=KEY, model="x", temperature=0, max_tokens=60, max_retries=0,
+                        timeout=300)
+    m = llm.bind_tools(WEATHER, tool_choice="get_weather", parallel_tool_calls=False).invoke(ASK[0]["content"])
+    assert [c["name"] for c in m.tool_calls] == ["get_weather"]
+    jsonschema.validate(m.tool_calls[0]["args"], WEATHER[0]["function"]["parameters"])
+    city = {"title": "City", "description": "A city and its country", "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}, "country": {"type": "string", "maxLength": 12}},
+            "required": ["name", "country"]}
+    out = llm.with_structured_output(city, method="function_calling").invoke("Name a city in France.")
+    assert isinstance(out, dict) and isinstance(out["name"], str) and isinstance(out["country"], str), out
+    assert isinstance(llm.bind(max_tokens=4).invoke("Hi").content, str)

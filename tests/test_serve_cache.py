@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import epqlab
-from epqlab.engine.batch import Batcher, fresh_ubatch_ends, reusable_prefix
+from epqlab.engine.batch import Batcher, Request, fresh_ubatch_ends, reusable_prefix
 from test_serve import _wait_ready, served
 
 openai = pytest.importorskip("openai")
@@ -97,3 +97,25 @@ def test_cached_answers_equal_fresh_ones(server, fresh):
     assert 0 < reuse[3] <= n_prompt < n_prompt2 and reuse[3] % U == 0  # never turn 1's generated tokens
     assert _reused(url) == sum(reuse)
     assert proc.poll() is None
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_growing_chat_reuses_its_whole_ubatches(default_model_path, max_batch):
+    """A chat's next turn shares less than half of its prompt with the cached turn (31 -> 73 -> 133 tokens in the
+    new user's report): every whole shared ubatch is reused anyway, whether the cached sequence is the only one
+    (max_batch 1) or an empty one is free beside it. (A 50 % similarity rule once reused nothing here.)"""
+    from epqlab.engine.sampling import Sampler
+
+    with epqlab.Session(default_model_path, pager=False, n_ctx=512, n_seq_max=2, n_ubatch=U, n_threads=1) as s:
+        b = Batcher(s, max_batch, prompt_cache="exact")
+        turn, reused, lengths, gen = list(range(200, 231)), [], [], []  # 31 tokens
+        for total in (31, 73, 133):  # each turn: the last one, its answer, then a new question up to `total` tokens
+            if gen:
+                turn = turn + gen + list(range(300, 300 + total - len(turn) - len(gen)))
+            assert len(turn) == total
+            r = Request(turn, 4, Sampler(s.n_vocab, temperature=0.0))
+            b.run([r])
+            assert r.result.finish_reason in ("stop", "length")
+            gen = list(r.result.tokens)
+            reused.append(r.reused)
+        assert reused == [0, 31 // U * U, 73 // U * U]  # 16 of 73 and 64 of 133: under half, reused

@@ -1,4 +1,4 @@
-"""The server's interop and start-up checks (epqlab/server.py, epqlab/commands/serve.py) on the mini model: the
+"""The server's interop and start-up checks (epqlab/server/, epqlab/commands/serve.py) on the mini model: the
 ``Bearer`` scheme in any case (RFC 7235), text-only content parts joined, unknown request fields refused with 400
 naming them, bad ports and hosts and a tiny ``--n-ctx`` refused before the model loads, and Ctrl-C ending each open
 stream with an error event and ``[DONE]``."""
@@ -66,6 +66,64 @@ def test_unknown_fields_are_refused_naming_them(client):
     # OpenAI fields that ask for nothing this server could do differently are accepted (README)
     r = c.post("/v1/completions", headers=h, json={"prompt": "Hi", "max_tokens": 2, "user": "u1", "store": False})
     assert r.status_code == 200
+
+
+def test_max_tokens_and_temperature_follow_openai(client):
+    """OpenAI's ranges: ``max_tokens`` / ``max_completion_tokens`` >= 1 (0 once ran until the context was full)
+    or null (until the context is full), ``temperature`` in 0..2 (-1 was accepted); 400 naming the field."""
+    _, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    for path, body in [("/v1/completions", {"prompt": "Hi", "max_tokens": 0}),
+                       ("/v1/completions", {"prompt": "Hi", "max_tokens": -5}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 0}),
+                       ("/v1/chat/completions", {**chat, "max_completion_tokens": 0}),
+                       ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "temperature": -1}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 2, "temperature": 2.5}),
+                       ("/v1/chat/completions", {**chat, "max_tokens": 2, "temperature": -0.5, "stream": True})]:
+        t0 = time.monotonic()
+        r = c.post(path, headers=h, json=body)
+        assert r.status_code == 400 and time.monotonic() - t0 < 30, (path, body, r.text)
+        field = next(k for k in ("max_completion_tokens", "max_tokens", "temperature") if k in body and (
+            k != "max_tokens" or body[k] < 1))
+        assert field in r.json()["error"]["message"], r.json()
+    for body in [{"prompt": "Hi", "max_tokens": 2, "temperature": 0}, {"prompt": "Hi", "max_tokens": 2, "temperature": 2}]:
+        assert c.post("/v1/completions", headers=h, json=body).status_code == 200, body
+
+
+def test_openai_fields_clients_send_are_accepted(client):
+    """Fields of OpenAI's current chat schema that clients send by default (LangChain's ChatOpenAI sends
+    ``parallel_tool_calls``; reasoning models' clients ``reasoning_effort``): accepted, each by its documented rule
+    (epqlab.server.fields); a name OpenAI does not have is still refused, and so is an output this server lacks."""
+    _, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    extra = {"parallel_tool_calls": False, "reasoning_effort": "low", "verbosity": "low", "safety_identifier": "u",
+             "prompt_cache_key": "k", "prompt_cache_retention": "24h", "web_search_options": None}
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, **extra})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == c.post("/v1/chat/completions", headers=h, json=chat).json()[
+        "choices"][0]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "reasoning_efort": "low"})
+    assert r.status_code == 400 and "unknown field 'reasoning_efort'" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "web_search_options": {}})
+    assert r.status_code == 400 and "web search is not offered" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", headers=h, json={**chat, "parallel_tool_calls": "no"})
+    assert r.status_code == 400 and "parallel_tool_calls" in r.json()["error"]["message"]
+
+
+def test_context_errors_speak_server_flags(client):
+    """An HTTP client cannot open a Session: a prompt or max_tokens that does not fit names --n-ctx."""
+    s, c = client
+    h = {"Authorization": f"Bearer {KEY}"}
+    long = {"prompt": list(range(1, s.n_ctx + 10)), "max_tokens": 2}
+    big = {"prompt": "Hi", "max_tokens": s.n_ctx * 2}
+    for body in (long, big, {**big, "stream": True}):
+        r = c.post("/v1/completions", headers=h, json=body)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and "--n-ctx" in msg and "Session" not in msg, msg
+    with pytest.raises(ValueError, match="open the Session with a larger n_ctx"):  # in-process: the Session's words
+        s.create_completion(list(range(1, s.n_ctx + 10)))
 
 
 def _serve(model, *args, timeout=60):

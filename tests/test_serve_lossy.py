@@ -47,3 +47,23 @@ def test_serve_refuses_a_bad_budget_before_loading(default_model_path):
     r = subprocess.run([sys.executable, "-m", "epqlab", "serve", str(default_model_path), "--port", str(_free_port()),
                         "--expert-budget", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "expert_budget is the most distinct experts" in r.stderr
+
+
+def test_a_budget_that_cannot_bind_is_not_called_lossy():
+    """``--expert-budget 1000000`` (or any >= the experts of a layer) never binds: the banner names it a no-op
+    instead of announcing LOSSY answers; a budget that can bind, or another knob beside it, is still LOSSY."""
+    from epqlab.commands.run import lossy_kwargs
+    from epqlab.commands.serve import lossy_banner
+
+    class A:
+        skip_cold = route_bias = route_delta = adaptive_k = None
+        expert_budget = 1_000_000
+
+    (line,) = lossy_banner(lossy_kwargs(A), 8)
+    assert "no-op" in line and "LOSSY" not in line
+    assert lossy_banner({"expert_budget": 8}, 8)[0].endswith("no step can read more")
+    assert lossy_banner({"expert_budget": 7}, 8) == ["epqlab: LOSSY routing on (answers differ from exact decoding): "
+                                                    "expert_budget=7"]
+    both = lossy_banner({"expert_budget": 9, "route_bias": "batch", "route_delta": 0.1}, 8)
+    assert "no-op" in both[0] and both[1].endswith("route_bias=batch, route_delta=0.1")
+    assert lossy_banner({"expert_budget": None, "skip_cold": None}, 8) == []

@@ -1,4 +1,4 @@
-"""A forced tool call cut short by ``max_tokens`` (epqlab.engine.completion, epqlab.engine.tools): no call and no text,
+"""A forced tool call cut short by ``max_tokens`` (epqlab.requests.completion, epqlab.requests.tools): no call and no text,
 ``finish_reason: "length"`` and empty ``tool_calls``, streamed or not, never the raw ``<tool_call>`` prefix."""
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_messages_not_tracebacks(tmp_path, mini_gguf, capsys):
     import pandas as pd
 
     from epqlab.cli import main
-    from epqlab.engine.completion import check_messages
+    from epqlab.requests.completion import check_messages
     from epqlab.routes import RouteLog
     from epqlab.studies.ablation.eviction_report import reading
 

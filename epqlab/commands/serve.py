@@ -18,6 +18,21 @@ from .run import add_lossy_args, add_spec_args, lossy_kwargs, spec_kwargs
 CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
 
 
+def lossy_banner(lossy: dict, n_expert: int) -> list[str]:
+    """What the server says about its lossy knobs (``lossy``: :func:`~epqlab.commands.run.lossy_kwargs`): LOSSY for
+    those that can change an answer; an ``expert_budget`` of at least the ``n_expert`` experts a layer has can never
+    bind (no step reads more), so it is named a no-op and alone it leaves decoding exact."""
+    on = {k: v for k, v in lossy.items() if v is not None}
+    out = []
+    if on.get("expert_budget") is not None and on["expert_budget"] >= n_expert:
+        out.append(f"epqlab: expert_budget={on.pop('expert_budget')} is a no-op: a layer has {n_expert} experts, "
+                   "so no step can read more")
+    if on:
+        out.append("epqlab: LOSSY routing on (answers differ from exact decoding): "
+                   + ", ".join(f"{k}={v}" for k, v in on.items()))
+    return out
+
+
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs pip install 'epqlab[serve]')")
     p.add_argument("model", help="path to a MoE .gguf")
@@ -99,10 +114,8 @@ def run(args) -> int:
         if s.speculative:
             print(f"epqlab: speculative decoding with the MTP block (draft up to {s.draft_max} tokens, p_min "
                   f"{s.draft_p_min:g}); one request at a time", file=sys.stderr, flush=True)
-        lossy = {k: v for k, v in lossy_kwargs(args).items() if v is not None}
-        if lossy:
-            print("epqlab: LOSSY routing on (answers differ from exact decoding): "
-                  + ", ".join(f"{k}={v}" for k, v in lossy.items()), file=sys.stderr, flush=True)
+        for line in lossy_banner(lossy_kwargs(args), s.layout.n_expert):
+            print(line, file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
               batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes,
               prompt_cache=args.prompt_cache, sock=sock)

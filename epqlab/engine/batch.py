@@ -37,7 +37,6 @@ from .generation import Generation
 from .stop_text import StopText
 
 STEP_HISTORY = 4096  # per-step records kept by a Batcher (the oldest are dropped first)
-MIN_REUSE_FRACTION = 0.5  # share of a prompt a cached sequence must hold for the prompt cache to reuse it
 PROMPT_CACHE_MODES = ("exact", "fast", "off")  # reusable_prefix's rules
 
 
@@ -300,10 +299,12 @@ class Batcher:
 
     def _pick_sequence(self, r: Request) -> tuple[int, int]:
         """A free sequence for ``r`` and how many of its prompt tokens that sequence's cells already hold:
-        the cached sequence with the longest :func:`reusable_prefix`, if it covers at least
-        :data:`MIN_REUSE_FRACTION` of the prompt (llama.cpp's server picks slots by the same similarity,
-        ``--slot-prompt-similarity`` 0.5), leaving at least one token to decode for its logits; else an
-        empty sequence, else the oldest cached one. Where the context's memory cannot keep that prefix
+        the free cached sequence with the longest :func:`reusable_prefix` (leaving at least one token to
+        decode for its logits) whenever that saves work, i.e. reuses at least one cell, however short it is
+        beside the prompt (a growing chat's next turn: 16 of 73 tokens), and even when an empty sequence is
+        free; else an empty sequence, else the oldest cached one. (llama.cpp's server asks for half of the prompt,
+        ``--slot-prompt-similarity`` 0.5, to keep a cached slot for a request that continues it; here a request
+        that shares whole ubatches with a cached sequence is taken to be that continuation.) Where the context's memory cannot keep that prefix
         (recurrent state, a pruned sliding window: :meth:`~epqlab.engine.decoder.Decoder.trim_seq`) the
         sequence is cleared whole and nothing is reused. The sequence is taken from the free list only once
         its cells are in that state; an error leaves it free (and uncached, so the next pick clears it)."""
@@ -312,7 +313,7 @@ class Batcher:
             held = self._cached.get(q)
             if held:
                 n = reusable_prefix(held, self._cached_ends.get(q, []), r.tokens, self.prompt_cache)
-                if n > keep and n >= MIN_REUSE_FRACTION * len(r.tokens):
+                if n > keep:
                     best, keep = q, n
         if best is None:
             empty = [q for q in self._free if q not in self._cached and q not in self._dirty]

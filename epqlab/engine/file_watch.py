@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 from ..errors import ModelChangedError
 
+FIX = "Restart with the new file (close this Session and open a new one)."  # a server words its own (e.change)
+
 BLOCK = 4 << 20
 """Bytes compared per read when a replaced file is checked against the held one."""
 
@@ -85,20 +87,21 @@ class FileWatch:
             if self.changed is None and not self._files[0].closed:  # closed: the Session refuses on its own
                 self.changed = self._find_change()
             if self.changed is not None:
-                raise ModelChangedError(self.changed)
+                e = ModelChangedError(f"{self.changed} {FIX}")
+                e.change = self.changed
+                raise e
 
     def _find_change(self) -> str | None:
-        fix = "Restart with the new file (close this Session and open a new one)."
         for p, f, was in zip(self.paths, self._files, self._opened):
             held = self._meta(os.fstat(f.fileno()))
             if held != was:
                 return (f"the model file {p} changed on disk since it was opened (written in place: size {was[2]} -> "
                         f"{held[2]} bytes, mtime {was[3]} -> {held[3]} ns): its dense weights and experts would mix old "
-                        f"and new bytes. {fix}")
+                        f"and new bytes.")
             try:
                 now = self._meta(os.stat(p))
             except OSError as e:
-                return f"the model file {p} changed on disk: it is gone ({e.strerror}). {fix}"
+                return f"the model file {p} changed on disk: it is gone ({e.strerror})."
             if now[:2] == was[:2] or now in self._accepted:
                 continue
             self.content_checks += 1
@@ -107,9 +110,9 @@ class FileWatch:
                     same = now[2] == was[2] and self._meta(os.fstat(g.fileno())) == now \
                         and _same_bytes(f.fileno(), g.fileno(), was[2])
             except OSError as e:
-                return f"the model file {p} changed on disk: replaced by a file that cannot be read ({e.strerror}). {fix}"
+                return f"the model file {p} changed on disk: replaced by a file that cannot be read ({e.strerror})."
             if not same:
-                return f"the model file {p} changed on disk: replaced by a file with other bytes. {fix}"
+                return f"the model file {p} changed on disk: replaced by a file with other bytes."
             self._accepted.add(now)
         return None
 

@@ -68,6 +68,12 @@ class Stream:
     def close(self) -> None:
         self._gen.close()
 
+    def finish(self) -> Generation:
+        """Run the generation to its end here, without handing out its pieces, and return :attr:`result`."""
+        for _ in self._gen:
+            pass
+        return self.result
+
     @property
     def stats(self) -> dict | None:
         """Run stats (see :meth:`epqlab.Session.generate`) once the stream has ended, else None."""

@@ -61,7 +61,7 @@ class Sampler:
             ``mirostat_tau`` (target surprise) and ``mirostat_eta`` (learning rate); arXiv:2007.14966.
         grammar: a GBNF grammar (root rule ``root``) or None; needs ``vocab``.
         vocab: a ``llama_vocab *`` of llama-cpp-python's library for the grammar (see
-            :func:`epqlab.engine.structured.vocab_of`).
+            :func:`epqlab.requests.structured.vocab_of`).
         n_logprobs: None: no log-probabilities; k >= 0: record, at each :meth:`sample`, the chosen token's
             log-probability and the k most likely tokens' (in :attr:`logprobs`).
         seed: int in 0..2**32-1, or None for a random one.

@@ -27,7 +27,6 @@ from ..units import parse_bytes
 from . import run_stats
 from .arena_sizing import plan_arena
 from .batch import Batcher, BatchStream, Request
-from .completion import create_chat_completion, create_completion
 from .decoder import LOGITS_BLOCK_BYTES, Decoder
 from .file_watch import FileWatch
 from .generation import Generation, Stream
@@ -222,10 +221,10 @@ class Session:
             request's sampler, run on the verify rows in order, picks it. Greedy output equals non-speculative greedy
             output up to the floating-point differences of a multi-row pass (~1e-3 in the logits), so a near-tie can
             resolve differently. The MTP block's routed experts are paged in the same arena, inside the same budget.
-            :meth:`generate`, :meth:`stream`, :meth:`create_completion` / chat with one prompt and ``n=1``, and the
-            server speculate, one sequence at a time (``n_seq_max=1``; the server serves such requests in turn and
-            refuses several choices); :meth:`generate_batch` and several choices in-process decode without
-            speculation. Needs ``n_ubatch >= draft_max + 2``. Run stats: ``spec_drafted``, ``spec_accepted``,
+            :meth:`generate`, :meth:`stream`, ``create_completion`` / chat (:class:`epqlab.Session`) with one prompt
+            and ``n=1``, and the server speculate, one sequence at a time (``n_seq_max=1``; the server serves such
+            requests in turn and refuses several choices); :meth:`generate_batch` and several choices in-process
+            decode without speculation. Needs ``n_ubatch >= draft_max + 2``. Run stats: ``spec_drafted``, ``spec_accepted``,
             ``spec_acceptance`` (accepted / drafted), ``spec_mean_accepted`` (per verify pass),
             ``spec_accepted_per_pos`` (accepted drafts per draft position), ``spec_verify_steps`` (verify passes),
             ``spec_plain_steps`` (target passes without a draft), ``spec_draft_passes`` (MTP draft passes),
@@ -361,7 +360,7 @@ class Session:
         self._pager: Pager | None = None
         self.peak = PeakTracker()
         self.runs: list[dict] = []
-        # speculative requests of a server take turns on the one sequence (epqlab/engine/completion_run.py); a plain
+        # speculative requests of a server take turns on the one sequence (epqlab/requests/completion_run.py); a plain
         # lock: a streamed request's iterator may end on another thread than the one that started it
         self.serial_turn = threading.Lock()
         self.time_split_log = TimeSplitLog(lay.moe_layers if lay.is_moe else [])
@@ -607,10 +606,7 @@ class Session:
             faults under ``dense_weights="mmap"`` too), None where unavailable.
         """
         with self.decoder.lock:  # a whole generation at a time: concurrent callers wait their turn
-            st = self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling)
-            for _ in st:
-                pass
-        return st.result
+            return self.stream(prompt, n_predict, temperature, seed, stop, add_special, **sampling).finish()
 
     # -- several sequences per forward pass (epqlab.engine.batch) --------------------------------
     def batch_requests(self, prompts, n_predict: int = 128, temperature: float = 0.0, seed: int | None = None,
@@ -696,74 +692,10 @@ class Session:
 
         return BatchStream(b, reqs, on_end=end)
 
-    # -- llama-cpp-python's API (epqlab.engine.completion) -------------------------------------------
     @property
     def model_name(self) -> str:
         """The model's file name: the ``model`` field of completion responses."""
         return self.layout.path.name
-
-    def create_completion(self, prompt, max_tokens: int | None = 16, temperature: float = 0.8,
-                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                          model: str | None = None, n: int = 1, **options):
-        """Complete ``prompt`` as ``llama_cpp.Llama.create_completion`` does (same arguments and
-        defaults, same OpenAI-schema dict: ``choices[0]["text"]``, ``finish_reason`` ``"stop"`` |
-        ``"length"``, ``usage`` token counts), with epqlab's run stats under ``"epqlab"``.
-        ``max_tokens`` None or <= 0: until the context is full. ``stream=True`` returns an
-        iterator of ``text_completion`` chunks, the last with ``finish_reason`` and ``"epqlab"``
-        (``stream_options={"include_usage": True}``: then one more chunk, OpenAI's, with ``"choices": []``
-        and ``usage``); the pieces join to the non-streamed text (a suffix that could begin a ``stop``
-        string is held back until it cannot). KV entries of the previous call are reused when its tokens prefix this prompt.
-        ``prompt`` may also be a list (of strings, or of token-id lists: several prompts) and ``n`` > 1 asks
-        for several choices per prompt, as the OpenAI completions API reads them; those decode as one batch
-        (:meth:`generate_batch`, :mod:`epqlab.engine.completion`), their chunks carry each choice's ``index``.
-
-        ``options``, as llama-cpp-python / OpenAI name them: ``frequency_penalty``, ``presence_penalty``
-        (-2..2), ``logit_bias`` ({token id: bias}), ``typical_p``, ``mirostat_mode`` (0/1/2), ``mirostat_tau``,
-        ``mirostat_eta``, ``grammar`` (GBNF str or ``llama_cpp.LlamaGrammar``), ``response_format``
-        (``{"type": "json_object"}`` / ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
-        ``logprobs`` (int: the chosen token's log-probability and that many alternatives per token, in
-        ``choices[i]["logprobs"]``: log-softmax of the raw logits), ``echo`` (prepend the prompt's text).
-        ``suffix`` and ``best_of`` > 1 are refused.
-
-        Raises:
-            ValueError: a sampling parameter out of range, an empty prompt, a prompt that fills the
-                context, a bad ``stop``, ``n`` < 1, a grammar or schema llama.cpp cannot use, an option
-                epqlab refuses (named). TypeError: a prompt that is neither text nor token ids, an unknown option.
-        """
-        return create_completion(self, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                 top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, seed=seed,
-                                 stream=stream, model=model, n=n, **options)
-
-    __call__ = create_completion
-
-    def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
-                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
-                               repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
-                               seed: int | None = None, stream: bool = False, model: str | None = None,
-                               n: int = 1, **options):
-        """The assistant's reply to ``messages`` (``[{"role": ..., "content": str}]``, formatted with the
-        GGUF's chat template) as ``llama_cpp.Llama.create_chat_completion`` returns it: an OpenAI
-        ``chat.completion`` dict (``choices[0]["message"]["content"]``, ``finish_reason``, ``usage``)
-        plus ``"epqlab"`` run stats, or with ``stream=True`` ``chat.completion.chunk`` dicts (a first
-        ``{"role": "assistant"}`` delta, ``{"content": ...}`` deltas, a last empty delta with
-        ``finish_reason``). Defaults are llama-cpp-python's; a next turn reuses the KV cache of the
-        previous one. ``n`` > 1: that many choices, decoded as one batch (see :meth:`create_completion`).
-
-        ``options``: the sampling and output options of :meth:`create_completion` (``echo`` aside), with
-        chat's ``logprobs=True`` / ``top_logprobs`` (0..20) in OpenAI's chat shape, and ``tools`` /
-        ``tool_choice`` (``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function":
-        {"name": ...}}``; legacy ``functions`` / ``function_call``): the reply's ``<tool_call>`` blocks become
-        ``message["tool_calls"]`` with ``finish_reason`` ``"tool_calls"``, a forced call is grammar-constrained,
-        and ``role: "tool"`` results are accepted in the next turn (:mod:`epqlab.engine.tools`).
-
-        Raises:
-            ValueError: malformed messages (the message names the first bad one), no chat template
-                in the GGUF, or the arguments :meth:`create_completion` refuses.
-        """
-        return create_chat_completion(self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                      top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, stop=stop,
-                                      seed=seed, stream=stream, model=model, n=n, **options)
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
         """``messages`` (``[{"role": ..., "content": ...}]``) formatted with the GGUF's chat

@@ -172,9 +172,10 @@ def forced_grammar(fns: list[dict], choice: str) -> str:
     return g + f'\nroot ::= "{OPEN}\\n" tool-call-json "\\n{CLOSE}"\n'
 
 
-def parse_reply(text: str, fns: list[dict]) -> tuple[str | None, list[dict]]:
+def parse_reply(text: str, fns: list[dict], max_calls: int | None = None) -> tuple[str | None, list[dict]]:
     """``(content, tool_calls)`` of a reply (module docstring); blocks that do not parse or name no given
-    tool stay in the content."""
+    tool stay in the content. ``max_calls`` (OpenAI's ``parallel_tool_calls=false``: 1): the calls past that many
+    are dropped, from the calls and from the content."""
     names = {f["name"] for f in fns}
     calls, keep, last = [], [], 0
     for m in _BLOCK.finditer(text):
@@ -185,8 +186,10 @@ def parse_reply(text: str, fns: list[dict]) -> tuple[str | None, list[dict]]:
         if not isinstance(obj, dict) or obj.get("name") not in names:
             continue
         args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        if max_calls is None or len(calls) < max_calls:
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": obj["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
         keep.append(text[last:m.start()])
         last = m.end()
     if not calls:

@@ -10,7 +10,7 @@
   const, required, ``additionalProperties``, string lengths, ``$ref``, ``anyOf``...); a schema it cannot convert
   is refused with its error. Integer bounds (``minimum``, ``maximum``, ``exclusiveMinimum``,
   ``exclusiveMaximum``), which that converter ignores, get llama.cpp's own rule
-  (:mod:`epqlab.engine.schema_ints`); an integer without bounds has at most 16 digits (the converter's rule).
+  (:mod:`epqlab.requests.schema_ints`); an integer without bounds has at most 16 digits (the converter's rule).
 - ``grammar``: a GBNF string (root rule ``root``), or a ``llama_cpp.LlamaGrammar``.
 
 The grammar sampler (``llama_sampler_init_grammar``) needs a ``llama_vocab *`` of llama-cpp-python's
@@ -88,7 +88,7 @@ def schema_grammar(schema) -> str:
 
 def _mark_bounded_ints(schema, ints: list):
     """``schema`` with each integer subschema that has bounds replaced by a constant string naming its index in
-    ``ints``, to which the bounds' GBNF (:func:`epqlab.engine.schema_ints.int_range_gbnf`) is appended. Values of
+    ``ints``, to which the bounds' GBNF (:func:`epqlab.requests.schema_ints.int_range_gbnf`) is appended. Values of
     ``const``, ``enum``, ``default`` and ``examples`` are data, not schemas: left as they are."""
     if isinstance(schema, list):
         return [_mark_bounded_ints(x, ints) for x in schema]

@@ -1,4 +1,4 @@
-"""How :mod:`epqlab.engine.completion` runs its choices: prompts as token lists, the
+"""How :mod:`epqlab.requests.completion` runs its choices: prompts as token lists, the
 :class:`~epqlab.engine.sampling.Sampler` of each choice (its seed, grammar, penalties, logit bias,
 log-probabilities), and one event stream for both ways of decoding them: one prompt and one choice
 in-process decode as a :class:`~epqlab.engine.generation.Stream` that keeps the KV cache of the previous call
@@ -18,10 +18,11 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
+from ..engine.batch import Batcher, Request
+from ..engine.generation import Generation, Stream
+from ..engine.sampling import Sampler
+from ..errors import ContextFullError
 from ..results import clean_json
-from .batch import Batcher, Request
-from .generation import Generation, Stream
-from .sampling import Sampler
 from .structured import vocab_of
 
 MAX_CHOICES = 128  # n x prompts per call
@@ -41,18 +42,19 @@ def _stop_list(stop) -> list[str]:
 def _max_tokens(session, max_tokens, n_prompt: int, strict: bool = False) -> int:
     """Tokens a choice may generate: llama-cpp-python's rule (None or <= 0: until the context is full; more
     than fits: clamped), or with ``strict`` (the server, as OpenAI's API) a ValueError when the prompt plus
-    ``max_tokens`` exceed the context."""
+    ``max_tokens`` exceed the context. Both refusals (and a prompt that leaves no room) are
+    :class:`~epqlab.errors.ContextFullError`, a ValueError whose fix a server words in its own flags."""
     room = session.n_ctx - n_prompt
     if room < 1:
-        raise ValueError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
-                         f"{session.n_ctx}; shorten it or open the Session with a larger n_ctx")
+        raise ContextFullError(f"the prompt has {n_prompt} tokens, which leaves no room in the context of "
+                               f"{session.n_ctx}; shorten it or {{fix}}")
     if max_tokens is None or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0):
         return room  # llama-cpp-python: None or <= 0 means "until the context is full"
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
     if strict and max_tokens > room:
-        raise ValueError(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceed the context of "
-                         f"{session.n_ctx} tokens; ask for at most {room} (or open the Session with a larger n_ctx)")
+        raise ContextFullError(f"max_tokens={max_tokens} plus the prompt's {n_prompt} tokens exceed the context of "
+                               f"{session.n_ctx} tokens; ask for at most {room} (or {{fix}})")
     return min(max_tokens, room)
 
 
@@ -143,14 +145,18 @@ def batch_events(session, reqs: list[Request], batcher: Batcher | None = None,
                 b.fail_all(e)
 
 
-def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int) -> Iterator[tuple]:
-    """:func:`batch_events` as the module docstring's events; raises the error that ended a choice."""
+def _choice_events(session, reqs: list[Request], batcher, cancel, n_prompt: int,
+                   pieces: bool = True) -> Iterator[tuple]:
+    """:func:`batch_events` as the module docstring's events (``pieces`` False: the "end" events alone);
+    raises the error that ended a choice."""
     left = len(reqs)
     seen = [0] * len(reqs)  # pieces seen per choice
     took = [0] * len(reqs)  # log-probability records handed out per choice
     for kind, c, value in batch_events(session, reqs, batcher, cancel):
         r = reqs[c]
         if kind == "piece":
+            if not pieces:
+                continue
             recs = None
             if r.sampler.n_logprobs is not None:
                 end = r.piece_ends[seen[c]]
@@ -203,9 +209,12 @@ def make_sampler(session, seed, sampling: dict) -> Sampler:
 
 
 def choice_events(session, prompts: list[list[int]], n: int, max_tokens, stops: list[str], seed, sampling: dict,
-                  batcher: Batcher | None, cancel: threading.Event | None, strict: bool = False) -> Iterator[tuple]:
+                  batcher: Batcher | None, cancel: threading.Event | None, strict: bool = False,
+                  pieces: bool = True) -> Iterator[tuple]:
     """The events (module docstring) of ``n`` choices per prompt; raises ValueError / TypeError before any
-    work for a bad request."""
+    work for a bad request. ``pieces`` False (a request that is not streamed): the "end" events alone, and one
+    prompt with one choice in-process runs to its end inside the runtime
+    (:meth:`~epqlab.engine.generation.Stream.finish`) instead of coming back up with every piece."""
     if getattr(session, "speculative", None) and batcher is not None:
         # speculative decoding runs one sequence at a time (epqlab/engine/speculative.py): the server's requests
         # take turns on the session instead of joining the batcher
@@ -214,21 +223,24 @@ def choice_events(session, prompts: list[list[int]], n: int, max_tokens, stops: 
                              f"prompt with n=1 per request (got {len(prompts)} prompt(s), n={n})")
         toks = prompts[0]
         m = _max_tokens(session, max_tokens, len(toks), strict)
-        return _serial_events(session, toks, m, make_sampler(session, seed, sampling), stops, cancel)
+        return _serial_events(session, toks, m, make_sampler(session, seed, sampling), stops, cancel, pieces)
     if len(prompts) == 1 and n == 1 and batcher is None:
         toks = prompts[0]
         m = _max_tokens(session, max_tokens, len(toks), strict)
-        return _single_events(session, toks, m, make_sampler(session, seed, sampling), stops)
+        return _single_events(session, toks, m, make_sampler(session, seed, sampling), stops, pieces)
     reqs = _requests(session, prompts, n, max_tokens, stops, seed, sampling, queue.SimpleQueue(), strict)
-    return _choice_events(session, reqs, batcher, cancel, sum(len(t) for t in prompts))
+    return _choice_events(session, reqs, batcher, cancel, sum(len(t) for t in prompts), pieces)
 
 
-def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str]) -> Iterator[tuple]:
+def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str],
+                   pieces: bool = True) -> Iterator[tuple]:
     session.decoder.check_open()
     st = Stream(session, toks, m, sampler, stops, reuse_kv=True)
     took = 0
     try:  # no lock held across yields: a consumer may resume it from another thread
-        for piece in st:
+        if not pieces:
+            st.finish()
+        for piece in st:  # (nothing left after finish)
             recs = None
             if sampler.n_logprobs is not None:
                 end = min(len(sampler.logprobs), len(st.tokens))
@@ -241,7 +253,7 @@ def _single_events(session, toks: list[int], m: int, sampler: Sampler, stops: li
 
 
 def _serial_events(session, toks: list[int], m: int, sampler: Sampler, stops: list[str],
-                   cancel: threading.Event | None) -> Iterator[tuple]:
+                   cancel: threading.Event | None, pieces: bool = True) -> Iterator[tuple]:
     """:func:`_single_events` in turn with the session's other serial requests: the Session's ``serial_turn``, a plain
     lock (released by whichever thread ends the iterator), taken when the first event is asked for and held until the
     generation ends."""
@@ -250,7 +262,7 @@ def _serial_events(session, toks: list[int], m: int, sampler: Sampler, stops: li
         if cancel is not None and cancel.is_set():
             return
     try:
-        yield from _single_events(session, toks, m, sampler, stops)
+        yield from _single_events(session, toks, m, sampler, stops, pieces)
     finally:
         turn.release()
 

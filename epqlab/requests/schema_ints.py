@@ -6,7 +6,7 @@ admits any integer of up to 16 digits: "TODO: support minimum, maximum, ..."), s
 (common/json-schema-to-grammar.cpp, ``build_min_max_int``); :func:`int_range_gbnf` is a line-by-line port of it
 (MIT licence, ggml-org/llama.cpp, as vendored in llama-cpp-python 0.3.36; one fix: no leading zeros after the
 minus sign of an upper bound below zero), and :func:`bounded_int_schema` finds the
-bounds of a subschema so :mod:`epqlab.engine.structured` can put the rule where the converter's would be.
+bounds of a subschema so :mod:`epqlab.requests.structured` can put the rule where the converter's would be.
 """
 from __future__ import annotations
 

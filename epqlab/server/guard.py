@@ -1,0 +1,84 @@
+"""What every request meets before the app parses it (an ASGI wrapper, no FastAPI needed): the API key, the
+model file's check and the request-body limit, each refused in OpenAI's error shape."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from ..errors import ModelChangedError
+from .wording import said
+
+
+def _bearer(header: bytes) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None. The scheme is matched without regard to
+    case (RFC 7235 section 2.1: "case-insensitive token"; RFC 6750 section 2.1), spaces after it are skipped."""
+    scheme, _, token = header.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
+
+
+class _Guard:
+    """ASGI wrapper in front of the app: the API key (every path but ``/health``), the model file's check (every
+    path: once the file changed, 503 with the reason, ``/health`` included) and the body-size limit, all
+    answered before the app parses anything, in OpenAI's error shape."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, check_model=None):
+        self.app = app
+        self._want = None if not api_key else api_key.encode()
+        self.max_body_bytes = max_body_bytes
+        self._check_model = check_model or (lambda: None)
+
+    def __getattr__(self, name):  # the wrapped app's attributes (routes, state) for callers that look
+        return getattr(self.app, name)
+
+    async def _send_error(self, send, code: int, msg: str, typ: str, extra_headers=(), fields=None):
+        body = json.dumps({**(fields or {}), "error": {"message": msg, "type": typ, "param": None, "code": None}}).encode()
+        await send({"type": "http.response.start", "status": code,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *extra_headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        health = scope.get("path") == "/health"
+        if self._want is not None and not health:
+            got = _bearer(dict(scope.get("headers") or []).get(b"authorization", b""))
+            if got is None or not hmac.compare_digest(got, self._want):
+                return await self._send_error(send, 401, "missing or wrong API key: send the header "
+                                              "'Authorization: Bearer <key>' with the key the server was started with",
+                                              "authentication_error", [(b"www-authenticate", b"Bearer")])
+        try:  # stats of the model's files (a replaced file is compared once): off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self._check_model)
+        except ModelChangedError as e:
+            # /health needs no key, so it names no path
+            msg = "the model file changed on disk since the server loaded it; restart the server" if health else said(e)
+            return await self._send_error(send, 503, msg, "server_error", (), {"status": "error"} if health else None)
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        limit = self.max_body_bytes
+        cl = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)"
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            return await self._send_error(send, 413, too_big, "invalid_request_error")
+        chunks, size = [], 0
+        while True:  # the whole body, counted, before the app sees any of it
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await self._send_error(send, 413, too_big, "invalid_request_error")
+            if not msg.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the disconnect, when it comes
+
+        return await self.app(scope, replay, send)
