@@ -85,11 +85,20 @@ def test_terms_reproduce_each_row(verified):
 
 
 def test_python_api_session_kwargs_open_as_is(default_path, verified):
+    """``Session(model, **best.session_kwargs())`` in a fresh process, as a user's script runs it (this pytest
+    process holds more before its arena than the child the plan measured: the smallest budgets of the default
+    model leave an arena of a few MiB)."""
     _, doc = verified
     kw = doc["best"]["session_kwargs"]
-    with epqlab.Session(default_path, n_threads=1, **kw) as s:
-        assert s.generate("Hello", 2).tokens
-        assert s.pager.policy == kw["policy"]
+    code = ("import json, sys, epqlab\n"
+            "kw = json.loads(sys.argv[2])\n"
+            "with epqlab.Session(sys.argv[1], n_threads=1, **kw) as s:\n"
+            "    print(json.dumps({'tokens': len(s.generate('Hello', 2).tokens), 'policy': s.pager.policy}))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(default_path), json.dumps(kw)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tokens"] == 2 and out["policy"] == kw["policy"]
 
 
 def test_probe_cache_reused_and_refused_when_corrupt(default_path, cache, tmp_path):
