@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import DEFAULT_POLICY, SIMULATOR_POLICIES
+from ..constants import DEFAULT_POLICY
 from ..data import heldout_texts
 from ..engine.prefetch import resolve_predictor
 from ..memory.auto_budget import auto_budget
@@ -50,6 +50,10 @@ DEFAULT_PROMPT = "A CPU cache is a small, fast memory that"
 PREFILL_TOKENS = 512     # the prompt length the prefill forecast is for
 MIN_TEXT_TOKENS = 16     # a calibration needs at least this many decode steps
 FIT_TOKENS = 1024        # tokens `epqlab predictor fit` decodes (epqlab.studies.predictor_fit.fit_for_model)
+PLAN_POLICIES = ("lru", "ls", "ls_pos", "lfu", "fnu", "heat")
+"""Policies ``plan`` simulates by default: the fast simulators' three and the policy tournament's leaders (``epqlab
+ablate policies``: heat first at the 35B-A3B shape's 4 GiB, 55% of the LRU-to-Belady gap; fnu first on the default
+model; lfu close behind both). The others cost 2-5 s each per budget on a 35B trace (docs/DESIGN.md §9)."""
 KNEE = 0.05              # the recommended budget: the smallest within this share of the fastest forecast
 PAYS = 0.05              # prefetch is recommended when it forecasts at least this much faster than off
 
@@ -368,8 +372,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         predictor: an :class:`~epqlab.engine.predictor.ExpertPredictor` path for the trained-prefetch rows;
             default ``<model>.predictor.npz`` when it exists, else the rows use router lookahead.
         n_threads, n_ctx, io_threads: as :class:`epqlab.Session`.
-        policies: eviction policies to simulate (default every one the simulators have,
-            :data:`epqlab.constants.SIMULATOR_POLICIES`, Belady beside them).
+        policies: eviction policies to simulate (default
+            :data:`PLAN_POLICIES`, Belady beside them; any of :data:`epqlab.constants.ONLINE_POLICIES` but static).
         reprobe: probe the device even when a cached probe exists.
         cache_root: where the probe cache lives (default the epqlab cache).
         limit_mode: how the calibration runs' memory limit is enforced (:func:`epqlab.memory.limits.run_limited`).
@@ -408,7 +412,7 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     if have_pred:
         resolve_predictor("trained", pred_path, 1, len(lay.layers), lay.n_expert, None, model=lay.path)
     pf_mode = "trained" if have_pred else "lookahead"
-    pols = tuple(policies or [p for p in SIMULATOR_POLICIES if p != "belady"])
+    pols = tuple(policies or PLAN_POLICIES)
     b = parse_budgets(budgets)
     exact, smallest, refusal = quote(model, n_threads=n_threads, n_ctx=n_ctx, io_threads=io_threads)
     if b == "auto":
@@ -499,7 +503,12 @@ def _forecast(lay, budgets, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_pat
             if arena < Pager.min_arena_bytes(lay):
                 continue
             cs = slots_at(lay, arena)
-            miss, agg = simulate_misses(log, slot_b, cs, pols + ("belady",))
+            if pf == "off":
+                miss, agg = simulate_misses(log, slot_b, cs, pols + ("belady",))
+            else:  # the predictor's copy makes this arena a little smaller: LRU again, the others' ratios kept
+                miss, lru_here = simulate_misses(log, slot_b, cs, ("lru",))
+                scale_lru = (lru_here["lru"][1] - lru_here["lru"][0]) / max(1, agg["lru"][1] - agg["lru"][0])
+                agg = {p: (q - (q - h) * scale_lru, q) for p, (h, q) in agg.items()}
             lru_m = miss[dec]
             hit = {p: h / q for p, (h, q) in agg.items()}
             if pf == "off":
@@ -554,5 +563,5 @@ def _recommend(rows, pf_mode, have_pred, cal_off):
     return best, {"why": why, "fit_predictor": fit}
 
 
-__all__ = ["plan", "auto_budgets", "quote", "Plan", "PlanRow", "Calibration", "PlanInputError", "parse_budgets", "split_text",
+__all__ = ["plan", "auto_budgets", "quote", "PLAN_POLICIES", "Plan", "PlanRow", "Calibration", "PlanInputError", "parse_budgets", "split_text",
            "simulate_misses", "slots_at", "default_predictor_path"]
