@@ -102,6 +102,8 @@ def main(argv=None) -> int:
                     help="forecast rows per budget: the best simulated policy (default), or it and lru")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--results-dir", default=None, metavar="DIR",
+                    help="also write each model's plan as DIR/08_plan/<name>.json (for epqlab report: papers/08_plan.md)")
     ap.add_argument("--tune", default=None, metavar="NAME", help="also check tune on this model against an exhaustive grid")
     ap.add_argument("--quality", default="0.5%")
     a = ap.parse_args(argv)
@@ -120,6 +122,11 @@ def main(argv=None) -> int:
         doc = to_json(p)
         doc["plan_s"] = plan_s
         out["models"][name] = doc
+        if a.results_dir:
+            write_json({**doc, "notebook": "08_plan", "run_name": f"bench-{name}", "bench": "bench/bench_plan.py",
+                        "parameters": {"model": path, "budgets": budgets.get(name, "auto"), "n": a.n,
+                                       "repeats": a.repeats, "n_threads": a.threads}},
+                       f"{a.results_dir}/08_plan/bench-{name}.json")
         errs += [abs(r.error_pct) for r in p.rows if r.error_pct is not None]
         if a.json:
             write_json(out, a.json)
