@@ -33,7 +33,10 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="compute threads")
     p.add_argument("--n-ctx", type=int, default=None)
     p.add_argument("--io-threads", type=int, default=None)
-    p.add_argument("--reprobe", action="store_true", help="probe the device even if a cached probe exists")
+    p.add_argument("--reprobe", action="store_true",
+                   help="probe the device even if a cached probe exists (do it when the cached one ran on a busy box)")
+    p.add_argument("--row-policies", default="best+default", choices=["best+default", "best"],
+                   help="forecast rows per budget: the best simulated policy and lru (default), or the best only")
     p.add_argument("--verify", action="store_true",
                    help="measure every row under a hard memory limit and print forecast vs measured")
     p.add_argument("--repeats", type=int, default=3, help="runs per row with --verify (default %(default)s)")
@@ -56,7 +59,8 @@ def run(args) -> int:
         if args.verify and args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         p = plan(args.model, args.budgets, text=text, n=args.n, predictor=args.predictor, n_threads=args.threads,
-                 n_ctx=args.n_ctx, io_threads=args.io_threads, reprobe=args.reprobe, progress=sys.stderr.isatty())
+                 n_ctx=args.n_ctx, io_threads=args.io_threads, reprobe=args.reprobe, progress=sys.stderr.isatty(),
+                 row_policies=args.row_policies)
         if args.verify:
             p.verify(repeats=args.repeats, progress=sys.stderr.isatty())
     except (EpqlabError, ValueError, OSError) as e:

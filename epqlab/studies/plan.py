@@ -144,6 +144,8 @@ class PlanRow:
     measured_tok_s: float | None = None
     measured_runs: list = field(default_factory=list)
     measured_reason: str | None = None
+    measured_hit_rate: float | None = None        # median decode hit rate of the verification runs
+    measured_mb_per_token: float | None = None    # median decode SSD MB per token of the verification runs
 
     @property
     def error_pct(self) -> float | None:
@@ -188,7 +190,8 @@ class Plan:
         for r in self.rows:
             d = {k: getattr(r, k) for k in ("budget", "arena_bytes", "slots", "coverage", "policy", "prefetch", "hit_rate",
                                              "miss_mb_per_token", "decode_ms", "decode_tok_s", "roofline_ms",
-                                             "prefill_tok_s", "measured_tok_s")}
+                                             "prefill_tok_s", "measured_tok_s", "measured_hit_rate",
+                                             "measured_mb_per_token")}
             d.update({f"{k}_ms": v for k, v in r.parts_ms.items()})
             d["error_pct"] = r.error_pct
             recs.append(d)
@@ -219,6 +222,11 @@ class Plan:
                 ok = [t for t in r.measured_runs if t]
                 r.measured_tok_s = statistics.median(ok) if ok else None
                 r.measured_reason = next((x.get("reason") for x in got if x.get("status") != "PASS"), None)
+                sts = [x["stats"] for x in got if x.get("status") == "PASS" and x.get("stats")]
+                if sts:
+                    r.measured_hit_rate = statistics.median(float(st.get("decode_hit_rate") or 0.0) for st in sts)
+                    r.measured_mb_per_token = statistics.median(
+                        float(st.get("decode_ssd_bytes_per_token") or 0.0) / 1e6 for st in sts)
         self.verified = True
         return self
 
