@@ -36,7 +36,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def verified(default_path, cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("plan") / "plan.json"
-    r = _plan(str(default_path), "--budgets", "auto", "-n", N, "--threads", "1", "--verify", "--repeats", "1",
+    r = _plan(str(default_path), "--budgets", "auto", "-n", N, "--threads", "1", "--verify", "--repeats", "1", "--row-policies", "best",
               "--json", str(out), cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout, json.loads(out.read_text())
