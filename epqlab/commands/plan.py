@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import EpqlabError
+from ._args import load_text
 from ..results import write_json
 
 
@@ -24,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--budgets", default="auto",
                    help="RAM budgets, e.g. 4GiB,8GiB,16GiB, or auto: arenas of 1/8, 1/4, 1/2 and all of the experts")
     p.add_argument("--text", default=None, metavar="FILE",
-                   help="UTF-8 text: the calibration decodes its first half, --verify its second (default: the "
+                   help="a UTF-8 file or a held-out text (prose, code, legal): the calibration decodes its first half, "
+                        "--verify its second (default: the "
                         "shipped held-out prose)")
     p.add_argument("-n", type=int, default=48, help="teacher-forced decode steps per run (default %(default)s)")
     p.add_argument("--predictor", default=None, metavar="NPZ",
@@ -49,13 +51,7 @@ def run(args) -> int:
     from ..studies.plan_report import format_plan, to_json
 
     try:
-        text = None
-        if args.text is not None:
-            try:
-                with open(args.text, encoding="utf-8") as fh:
-                    text = fh.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise EpqlabError(f"cannot read --text {args.text}: {e}") from None
+        text = load_text(args.text)[1] if args.text is not None else None
         if args.verify and args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         p = plan(args.model, args.budgets, text=text, n=args.n, predictor=args.predictor, n_threads=args.threads,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import EpqlabError
+from ._args import load_text
 from ..results import write_json
 
 
@@ -22,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--quality", default="0.5%", help="perplexity increase allowed, e.g. 0.5%% (default %(default)s; 0..50%%)")
     p.add_argument("--budget", default=None, help="RAM budget (default: the one plan recommends)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default %(default)s)")
-    p.add_argument("--text", default=None, metavar="FILE", help="UTF-8 text (default: the shipped held-out prose)")
+    p.add_argument("--text", default=None, metavar="FILE", help="a UTF-8 file or a held-out text: prose, code, legal "
+                   "(default: the shipped held-out prose)")
     p.add_argument("-n", type=int, default=48, help="tokens per sequence per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per candidate (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -38,13 +40,7 @@ def run(args) -> int:
 
     try:
         parse_quality(args.quality)  # before any run
-        text = None
-        if args.text is not None:
-            try:
-                with open(args.text, encoding="utf-8") as fh:
-                    text = fh.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise EpqlabError(f"cannot read --text {args.text}: {e}") from None
+        text = load_text(args.text)[1] if args.text is not None else None
         t = tune(args.model, args.quality, budget=args.budget, batch=args.batch, text=text, n=args.n,
                  repeats=args.repeats, executor=executor_from(args.dask), n_threads=args.threads)
     except (EpqlabError, ValueError, OSError) as e:
