@@ -59,15 +59,17 @@ class DeviceTable:
     def bandwidth(self, size: float, concurrency: float) -> float:
         """MB/s for ``size``-byte reads at ``concurrency`` in flight: the probed size nearest in log scale,
         linear between probed concurrencies, the end values outside them."""
-        sizes = np.array(sorted(self.mb_s), np.float64)
-        s = int(sizes[np.argmin(np.abs(np.log(sizes) - np.log(max(size, 1.0))))])
-        cs, bw = self.mb_s[s]
+        cs, bw = self.mb_s[self.nearest(size)]
         return float(np.interp(concurrency, cs, bw))
 
     def best(self, size: float) -> float:
+        """The best MB/s at any concurrency for the probed size nearest ``size`` in log scale."""
+        return float(max(self.mb_s[self.nearest(size)][1]))
+
+    def nearest(self, size: float) -> int:
+        """The probed request size (bytes) nearest ``size`` in log scale."""
         sizes = np.array(sorted(self.mb_s), np.float64)
-        s = int(sizes[np.argmin(np.abs(np.log(sizes) - np.log(max(size, 1.0))))])
-        return float(max(self.mb_s[s][1]))
+        return int(sizes[np.argmin(np.abs(np.log(sizes) - np.log(max(size, 1.0))))])
 
 
 def read_us(n_experts: float, unit_bytes: int, n_mat: int, io_threads: int, dev: DeviceTable) -> float:
