@@ -227,6 +227,8 @@ def cumulative_stats(session) -> dict:
              io_uring=getattr(session, "io_uring", None),
              fixed_reads=pager.native.fixed_reads if pager else 0, plain_reads=pager.native.plain_reads if pager else 0,
              budget_bytes=session.budget_bytes, used_before_arena=session.used_before_arena,
+             arena_capacity_bytes=pager.capacity_bytes if pager else 0,
+             resizes=len(getattr(session, "resize_events", ())),
              load_bytes_read=session.load_report["load_bytes_read"], dense_weights=session.dense_weights,
              memory=memory_parts(session), **peak_fields(session), skip_cold=session.skip_cold,
              **lossy_fields(session, c))

@@ -25,6 +25,7 @@ from ..paging.pager import Pager, default_io_threads
 from ..routes.log import RouteLog
 from ..units import parse_bytes
 from . import run_stats
+from .arena_resize import MemoryFollower, resize_session
 from .arena_sizing import plan_arena
 from .batch import Batcher, BatchStream, Request
 from .decoder import LOGITS_BLOCK_BYTES, Decoder
@@ -66,6 +67,26 @@ def _resolve_budget(ram_budget, arena_bytes, lay: ModelLayout, paged: bool):
     budget = parse_bytes(ram_budget)
     budget_rule.check_budget(budget)
     return None, budget
+
+
+def _check_follow(budget, max_ram_budget, follow_memory, paged: bool):
+    """The most ``ram_budget`` a live resize may grow to (bytes), or None: ``max_ram_budget``, or the
+    opening budget with ``follow_memory``. Raises ValueError for a bool that is not one, either knob
+    without a pager or a budget, or ``max_ram_budget`` below ``ram_budget``."""
+    if not isinstance(follow_memory, bool):
+        raise ValueError(f"follow_memory must be True or False, got {follow_memory!r}")
+    if max_ram_budget is None and not follow_memory:
+        return None
+    what = "follow_memory=True" if max_ram_budget is None else "max_ram_budget"
+    if not paged or budget is None:
+        raise ValueError(f"{what} needs a paged Session with ram_budget (bytes or 'auto'): the arena follows the budget")
+    if max_ram_budget is None:
+        return budget
+    mx = parse_bytes(max_ram_budget)
+    if mx < budget:
+        raise ValueError(f"max_ram_budget {mx} bytes is below ram_budget {budget} bytes; give max_ram_budget >= ram_budget")
+    budget_rule.check_budget(mx)
+    return mx
 
 
 def _open_engine(lay: ModelLayout, o: Options, record: bool, predictor_owned: bool = False):
@@ -135,7 +156,14 @@ class Session:
             context exist: budget - measured usage - ``reserve`` - the staging buffer (see
             ``n_ubatch``) when not every expert fits. Everything allocated later is bounded by
             design (logits come in blocks of at most 16 MiB, see :meth:`iter_logits`) and fits
-            in the reserve. ``stats["memory"]`` reports each part.
+            in the reserve. ``stats["memory"]`` reports each part. :meth:`resize` changes it later.
+        max_ram_budget: the largest budget :meth:`resize` may grow to (default: the opening budget);
+            the arena's slots above the opening budget hold no memory until a resize gives them out.
+        follow_memory: re-read what ``"auto"`` reads, and Linux PSI, between decode steps; shrink the arena
+            when headroom falls below the margin or memory stalls rise, grow back slowly when headroom
+            returns, never above the opening budget (or ``max_ram_budget``) nor below the smallest that
+            opens (:mod:`epqlab.engine.arena_resize` states the rule and its constants). Each resize is in
+            :attr:`resize_events` and ``stats()["resizes"]``.
         reserve: bytes kept out of the arena for growth (default 64 MiB).
         dense_weights: where the non-expert weights live while paging: ``"anon"`` (default when
             paging: the load reads only the GGUF header and the dense tensors, into anonymous
@@ -306,6 +334,7 @@ class Session:
     def __init__(self, model, *,
                  # what to load and how much memory it may use
                  ram_budget=None, reserve=None, arena_bytes=None, pager: bool = True, dense_weights: str | None = None,
+                 max_ram_budget=None, follow_memory: bool = False,
                  # eviction and top-k
                  policy: str = "lru", hot_experts=None, expert_used: int | None = None,
                  # the llama.cpp context and its threads
@@ -356,8 +385,11 @@ class Session:
             if out is not None:
                 run_stats.check_writable(out, atomic=atomic)  # before the model loads, not after a generation
         self.auto_budget, self.budget_bytes = _resolve_budget(ram_budget, arena_bytes, lay, o.paged)
+        self.max_budget_bytes = _check_follow(self.budget_bytes, max_ram_budget, follow_memory, o.paged)
         self.reserve_bytes = parse_bytes(reserve) if reserve is not None else DEFAULT_RESERVE
         self._pager: Pager | None = None
+        self.resize_events: list = []  # arena_resize.ResizeEvent, in order
+        self._follower = None
         self.peak = PeakTracker()
         self.runs: list[dict] = []
         # speculative requests of a server take turns on the one sequence (epqlab/requests/completion_run.py); a plain
@@ -386,6 +418,8 @@ class Session:
             except Exception:
                 self.decoder.close()
                 raise
+            if follow_memory:
+                self._follower = MemoryFollower(self)
         self.n_vocab, self.n_ctx, self.n_batch = self.decoder.n_vocab, self.decoder.n_ctx, self.decoder.n_batch
         self.n_seq_max = int(self.decoder.engine.n_seq_max)
         self.peak.update()
@@ -399,8 +433,13 @@ class Session:
                           reserve=self.reserve_bytes, dense_bytes=int(self.load_report.get("dense_bytes", 0)),
                           arena_bytes=arena_bytes, io_threads=io_threads, n_ctx=o.n_ctx, n_seq=o.n_seq_max)
         self.read_buffer_bytes, self.stage_reserve = plan.read_buffers, plan.stage_reserve
+        capacity = None
+        if self.max_budget_bytes is not None and arena_bytes is None:  # room for resize to grow into
+            capacity = max(plan.arena, min(Pager.all_experts_bytes(lay), plan_arena(
+                lay, o.n_expert_used, budget=self.max_budget_bytes, used_before_arena=self.used_before_arena,
+                reserve=self.reserve_bytes, io_threads=io_threads).arena))
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
-                            n_expert_used=o.n_expert_used)
+                            n_expert_used=o.n_expert_used, capacity_bytes=capacity)
         self._pager.native.stage_lending = plan.stage_lend
         why = self._pager.native.set_slot_addressing(o.expert_addressing != "region")
         if why and o.expert_addressing == "slots":
@@ -431,7 +470,27 @@ class Session:
                                 lambda: self._pager.fill_bytes if self._pager else 0)
 
     def _on_step(self) -> None:
+        if self._follower is not None:
+            self._follower.look()
         self.peak.update()
+
+    def resize(self, ram_budget):
+        """Shrink or grow the arena to what ``ram_budget`` (bytes or "6GiB") buys, between decode steps
+        (a batched step or a prefetch in flight finishes first). Shrinking evicts by the Session's
+        policy and gives the pages back to the OS at once (a memory cgroup's usage falls); growing adds
+        slots. Logits stay bit-identical to ``pager=False`` across any sequence of resizes
+        (tests/test_resize.py). The arena is sized by the rule the Session opened with
+        (:func:`~epqlab.engine.arena_sizing.plan_arena`); docs/DESIGN.md §5 "Resizing the arena".
+        Returns the :class:`~epqlab.engine.arena_resize.ResizeEvent` (also kept in :attr:`resize_events`).
+
+        Raises:
+            ArenaTooSmall: the budget cannot hold one layer's top-k experts (the same quote ``Session`` gives).
+            ValueError: no pager or no ``ram_budget`` at open; a budget above what the Session made room
+                for (open it with ``max_ram_budget``).
+            BudgetTooLargeError: a budget larger than the machine (``ram_budget``'s check).
+        """
+        budget_rule.check_budget(parse_bytes(ram_budget))
+        return resize_session(self, ram_budget)
 
     # -- tokens --------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool | None = None, *,

@@ -89,6 +89,8 @@ class Pager:
         policy_params: the policy's parameters by name, over the defaults of
             :func:`epqlab.routes.policy_params.policy_params` (which names each one's range and source), e.g.
             ``{"half_life": 64}`` for ``"heat"``, ``{"kin": 0.25, "kout": 0.5}`` for ``"2q"``.
+        capacity_bytes: make room for an arena this large (default ``arena_bytes``); only ``arena_bytes``
+            of it is in use (and allocated) until :meth:`resize` grows it.
         prefault: allocate every page of the arena at creation (``posix_fallocate`` on its memfd:
             ~0.15 s per GiB here) and map it once more, populated (the fill mapping, :attr:`fill_bytes`),
             so reads go O_DIRECT straight into the slots: no read allocates a page or copies through a
@@ -106,7 +108,8 @@ class Pager:
 
     def __init__(self, layout: ModelLayout, arena_bytes: int | str, policy: str = "lru",
                  io_threads: int | None = None, direct_io: bool = True, n_expert_used: int | None = None,
-                 fnu_alpha: float = 0.3, prefault: bool = True, policy_params: dict | None = None):
+                 fnu_alpha: float = 0.3, prefault: bool = True, policy_params: dict | None = None,
+                 capacity_bytes: int | str | None = None):
         from .native import pager_core as core
 
         if policy not in POLICIES + OFFLINE_POLICIES:
@@ -130,13 +133,16 @@ class Pager:
                 f"arena of {fmt_bytes(arena)} cannot hold one layer's top-{k} experts of {layout.path.name}; "
                 f"the smallest arena that works is {need} bytes ({fmt_bytes(need)})"
             )
-        self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, arena, policy,
+        cap = max(arena, parse_bytes(capacity_bytes)) if capacity_bytes is not None else arena
+        self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, cap, policy,
                              int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha),
                              [str(f) for f in layout.files], {k: float(v) for k, v in prm.items()})
         self.policy_params = prm
         self.fnu_alpha = float(fnu_alpha)
         self.requested_arena_bytes = arena
         self.prefault = bool(prefault)
+        if cap > arena:  # the slots above `arena` start out of use: no page is allocated for them
+            self._p.resize(arena)
         if self.prefault:
             err = self._p.reserve_arena()
             if err:
@@ -370,7 +376,9 @@ class Pager:
         s = dict(self._p.stats())
         s["hit_rate"] = s["hits"] / s["requests"] if s["requests"] else 0.0
         s["arena_bytes"] = self.arena_bytes
-        s["slot_classes"] = [{"slot_bytes": b, "slots": n} for b, n in zip(self._p.class_slot_bytes, self._p.class_n_slots)]
+        s["slot_classes"] = [{"slot_bytes": b, "slots": n} for b, n in zip(self._p.class_slot_bytes, self._p.active_class_n)]
+        s["capacity_bytes"] = self.capacity_bytes
+        s["resizes"] = int(self._p.resizes)
         s["policy"] = self.policy
         s["io_threads"] = self.io_threads
         s["direct_io"] = self.direct_io
@@ -381,8 +389,39 @@ class Pager:
 
     @property
     def arena_bytes(self) -> int:
-        """Bytes of the arena actually used by slots (<= the requested size)."""
+        """Bytes of the arena's slots in use now (<= the requested size; :meth:`resize` changes it)."""
         return int(self._p.arena_bytes)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of slots the arena was made with: the most :meth:`resize` can give back (address space
+        only; slots out of use hold no memory)."""
+        return int(self._p.capacity_bytes)
+
+    @property
+    def min_resize_bytes(self) -> int:
+        """The smallest arena :meth:`resize` accepts, bytes: top-k slots of every slot class with slot
+        addressing (each layer then uses only its own class), of the largest class without."""
+        return int(self._p.min_arena_bytes)
+
+    def resize(self, arena_bytes: int | str) -> int:
+        """Shrink or grow the arena to the slots ``arena_bytes`` buys (the same split among slot classes
+        as at creation), between forward passes. Shrinking takes free slots out first, then the policy's
+        victims (evicted as on a miss), and punches their memfd pages out: the kernel and a memory
+        cgroup uncharge them at once. Growing gives slots back, allocated and populated before use.
+        Which bytes a matmul reads never changes, so logits do not (tests/test_resize.py).
+        Returns :attr:`arena_bytes` after (<= ``arena_bytes``, whole slots). docs/DESIGN.md §5
+        "Resizing the arena".
+
+        Raises:
+            ArenaTooSmall: below :attr:`min_resize_bytes`.
+            ValueError: above :attr:`capacity_bytes` (make the Pager with ``capacity_bytes``).
+        """
+        b = parse_bytes(arena_bytes)
+        if b > self.capacity_bytes:
+            raise ValueError(f"arena of {fmt_bytes(b)} is above this arena's capacity of "
+                             f"{fmt_bytes(self.capacity_bytes)}; make the Pager with capacity_bytes >= it")
+        return int(self._p.resize(b))
 
     @property
     def fill_bytes(self) -> int:
@@ -397,7 +436,8 @@ class Pager:
 
     @property
     def n_slots(self) -> int:
-        return int(sum(self._p.class_n_slots))
+        """Slots in use now (those :meth:`resize` took out are not counted)."""
+        return int(sum(self._p.active_class_n))
 
     def slot_states(self) -> dict:
         """What every arena slot holds now, as arrays of length ``n_slots`` (slots in arena order,

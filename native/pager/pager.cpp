@@ -99,6 +99,41 @@ void pager::open_files(const std::vector<std::string> & paths, bool direct) {
     }
 }
 
+// The arena split (pager.h split_arena): k slots of the largest class first (enough for any one
+// layer's top-k, since a large slot may hold a small unit); the rest shared among classes in
+// proportion to their total bytes, capped at the number of units a class has; leftover bytes buy
+// further slots largest class first.
+std::vector<int32_t> pager::split_arena(const std::vector<int64_t> & class_bytes, const std::vector<int64_t> & n_units,
+                                        int64_t k, int64_t bytes) {
+    const int nc = (int) class_bytes.size();
+    std::vector<int32_t> n(nc, 0);
+    int64_t all_bytes = 0;
+    for (int c = 0; c < nc; c++) all_bytes += n_units[c] * class_bytes[c];
+    if (bytes >= all_bytes) {
+        for (int c = 0; c < nc; c++) n[c] = (int32_t) n_units[c];
+        return n;
+    }
+    n[0] = (int32_t) std::min<int64_t>(k, n_units[0]);
+    const int64_t rest = bytes - n[0] * class_bytes[0];
+    int64_t left_bytes = 0;
+    for (int c = 0; c < nc; c++) left_bytes += (n_units[c] - n[c]) * class_bytes[c];
+    int64_t used = n[0] * class_bytes[0];
+    for (int c = 0; c < nc; c++) {
+        const int64_t cls_total = (n_units[c] - n[c]) * class_bytes[c];
+        int64_t add = (int64_t) ((long double) std::max<int64_t>(0, rest) * cls_total / std::max<int64_t>(1, left_bytes)) / class_bytes[c];
+        add = std::min<int64_t>(add, n_units[c] - n[c]);
+        n[c] += (int32_t) add;
+        used += add * class_bytes[c];
+    }
+    for (int c = 0; c < nc; c++) {
+        while (n[c] < n_units[c] && used + class_bytes[c] <= bytes) {
+            n[c]++;
+            used += class_bytes[c];
+        }
+    }
+    return n;
+}
+
 pager::pager(const pager_config & cfg) : n_expert_(cfg.n_expert) {
     // A constructor that throws runs no destructor: give back what init acquired, then rethrow.
     try {
@@ -169,11 +204,8 @@ void pager::init(const pager_config & cfg) {
         unit_bytes_.push_back(ub[li]);
     }
 
-    // --- slot classes and the arena split ---
-    // Classes are the distinct unit sizes, largest first. The arena first reserves k slots of
-    // the largest class (enough for any one layer's top-k, since a large slot may hold a small
-    // unit); the rest is shared among classes in proportion to their total bytes, capped at
-    // the number of units a class has; leftover bytes buy further slots largest class first.
+    // --- slot classes and the arena split (split_arena) ---
+    // Classes are the distinct unit sizes, largest first.
     class_bytes_ = unit_bytes_;
     std::sort(class_bytes_.begin(), class_bytes_.end(), std::greater<int64_t>());
     class_bytes_.erase(std::unique(class_bytes_.begin(), class_bytes_.end()), class_bytes_.end());
@@ -191,31 +223,8 @@ void pager::init(const pager_config & cfg) {
                                    std::to_string(k) + " experts; the smallest arena that works is " +
                                    std::to_string(min_bytes) + " bytes");
     }
-    class_n_.assign(nc, 0);
-    int64_t all_bytes = 0;
-    for (int c = 0; c < nc; c++) all_bytes += n_units[c] * class_bytes_[c];
-    if (cfg.arena_bytes >= all_bytes) {
-        for (int c = 0; c < nc; c++) class_n_[c] = (int32_t) n_units[c];
-    } else {
-        class_n_[0] = (int32_t) std::min<int64_t>(k, n_units[0]);
-        const int64_t rest = cfg.arena_bytes - class_n_[0] * class_bytes_[0];
-        int64_t left_bytes = 0;
-        for (int c = 0; c < nc; c++) left_bytes += (n_units[c] - class_n_[c]) * class_bytes_[c];
-        int64_t used = class_n_[0] * class_bytes_[0];
-        for (int c = 0; c < nc; c++) {
-            const int64_t cls_total = (n_units[c] - class_n_[c]) * class_bytes_[c];
-            int64_t add = (int64_t) ((long double) rest * cls_total / std::max<int64_t>(1, left_bytes)) / class_bytes_[c];
-            add = std::min<int64_t>(add, n_units[c] - class_n_[c]);
-            class_n_[c] += (int32_t) add;
-            used += add * class_bytes_[c];
-        }
-        for (int c = 0; c < nc; c++) {
-            while (class_n_[c] < n_units[c] && used + class_bytes_[c] <= cfg.arena_bytes) {
-                class_n_[c]++;
-                used += class_bytes_[c];
-            }
-        }
-    }
+    n_units_ = n_units;
+    class_n_ = split_arena(class_bytes_, n_units, k, cfg.arena_bytes);
     free_.assign(nc, {});
     class_first_.assign(nc, 0);
     int64_t off = 0;
@@ -275,12 +284,31 @@ void pager::release_resources() {
 
 int pager::reserve_arena() {
     if (memfd_ < 0) return EBADF;
-    int r;
-    do r = posix_fallocate(memfd_, 0, (off_t) arena_size_); while (r == EINTR);
-    if (r != 0 || fill_ || arena_size_ == 0) return r;
-    void * p = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd_, 0);
+    if (fill_ || arena_size_ == 0) return 0;
+    if (retired_bytes_ == 0) {
+        int r;
+        do r = posix_fallocate(memfd_, 0, (off_t) arena_size_); while (r == EINTR);
+        if (r != 0) return r;
+        void * p = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd_, 0);
+        if (p == MAP_FAILED) return errno;
+        fill_ = (char *) p;
+        return 0;
+    }
+    // Slots resize took out stay holes: allocate and populate only the others (MAP_POPULATE would
+    // allocate every page of a shared mapping).
+    void * p = mmap(nullptr, (size_t) arena_size_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
     if (p == MAP_FAILED) return errno;
     fill_ = (char *) p;
+    for (size_t s = 0; s < slots_.size(); s++) {
+        if (slots_[s].retired) continue;
+        try {
+            refill_slot((int) s);
+        } catch (const std::runtime_error &) {
+            munmap(fill_, (size_t) arena_size_);
+            fill_ = nullptr;
+            return ENOMEM;
+        }
+    }
     return 0;
 }
 
@@ -292,9 +320,14 @@ std::string pager::use_io_uring() {
     std::vector<std::pair<char *, int64_t>> bufs;
     std::vector<int32_t> chunk(slots_.size(), -1);
     for (size_t s = 0; s < slots_.size();) {  // slots lie back to back in the memfd, in order
+        if (slots_[s].retired) {  // registering pins pages: a hole would be allocated (refilled slots use pread)
+            s++;
+            continue;
+        }
         const int64_t lo = slots_[s].offset;
         int64_t n = 0, hi = lo;
-        while (s < slots_.size() && n < per && slots_[s].offset == hi && hi + slots_[s].bytes - lo <= (int64_t(1) << 30)) {
+        while (s < slots_.size() && n < per && !slots_[s].retired && slots_[s].offset == hi &&
+               hi + slots_[s].bytes - lo <= (int64_t(1) << 30)) {
             chunk[s] = (int32_t) bufs.size();
             hi += slots_[s].bytes;
             s++;
@@ -348,11 +381,10 @@ std::string pager::set_slot_addressing(bool on) {
     if (n_resident() > 0 || dm_active_ || !pf_.empty()) return "experts are resident already: set slot addressing before the first load";
     if (!fill_) return "the arena has no fill mapping (Pager(prefault=False)): slot addressing reads experts through it";
     const int k = top_k_;
+    const auto active = active_class_n();
     for (size_t c = 0; c < class_bytes_.size(); c++) {
-        int64_t units = 0;
-        for (size_t li = 0; li < unit_bytes_.size(); li++) units += (unit_bytes_[li] == class_bytes_[c]) * n_expert_;
-        if (class_n_[c] < std::min<int64_t>(k, units))
-            return "the arena gives the " + std::to_string(class_bytes_[c]) + "-byte slot class " + std::to_string(class_n_[c]) +
+        if (active[c] < std::min<int64_t>(k, n_units_[c]))
+            return "the arena gives the " + std::to_string(class_bytes_[c]) + "-byte slot class " + std::to_string(active[c]) +
                    " slots, fewer than top-" + std::to_string(k) + " (slot addressing keeps each layer in its own class)";
     }
     for (const auto & layer : maps_)
@@ -382,7 +414,7 @@ void pager::drop_file_cache(int li, int ti) const {
 
 int pager::capacity(int li) const {
     int n = 0;
-    for (const auto & s : slots_) n += slot_mode_ ? s.bytes == unit_bytes_.at(li) : s.bytes >= unit_bytes_.at(li);
+    for (const auto & s : slots_) n += !s.retired && (slot_mode_ ? s.bytes == unit_bytes_.at(li) : s.bytes >= unit_bytes_.at(li));
     return n;
 }
 
@@ -507,9 +539,10 @@ void pager::free_unit_slot(int u) {
 }
 
 // Returns a free slot id for a unit of layer li, evicting by policy when none is free.
-int pager::take_slot(int li, int64_t need, bool speculative, int u_in) {
+int pager::take_slot(int li, int64_t need, bool speculative, int u_in, bool exact) {
     int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
-    for (int c2 = c; c2 >= (slot_mode_ ? c : 0); c2--) {  // own class, then the smallest larger class (region addressing)
+    const bool same = slot_mode_ || exact;
+    for (int c2 = c; c2 >= (same ? c : 0); c2--) {  // own class, then the smallest larger class (region addressing)
         if (!free_[c2].empty()) {
             int s = free_[c2].back();
             free_[c2].pop_back();
@@ -519,7 +552,7 @@ int pager::take_slot(int li, int64_t need, bool speculative, int u_in) {
     auto fits = [&](const key_t & k) {
         const int u = std::get<2>(k);
         const int64_t b = slots_[units_[u].slot].bytes;
-        return (slot_mode_ ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(u));
+        return (same ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(u));
     };
     auto try_range = [&](std::set<key_t>::iterator b, std::set<key_t>::iterator e) -> int {
         for (auto it = b; it != e; ++it) {
@@ -537,7 +570,7 @@ int pager::take_slot(int li, int64_t need, bool speculative, int u_in) {
         const int v = qpol_->victim(u_in, [&](int w) {
             if (!evictable_[w]) return false;
             const int64_t b = slots_[units_[w].slot].bytes;
-            return (slot_mode_ ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(w));
+            return (same ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(w));
         });
         if (v >= 0) {
             s = units_[v].slot;
@@ -559,7 +592,7 @@ int pager::take_slot(int li, int64_t need, bool speculative, int u_in) {
         // Batches in flight hold slots (and keep their neighbours and predictions from being
         // victims): a demand load waits for them rather than fail.
         prefetch_finish();
-        return take_slot(li, need, speculative, u_in);
+        return take_slot(li, need, speculative, u_in, exact);
     }
     if (s < 0) {
         int64_t pinned = 0;

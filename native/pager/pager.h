@@ -280,15 +280,16 @@ public:
         return s < 0 ? -1 : s - class_first_[slots_[s].cls];
     }
     bool   is_resident(int li, int e) const { return units_[unit_id(li, e)].mapped; }
-    // Per-slot state, for live views (epqlab.widgets.ArenaView): {slot class, MoE layer index or -1
+    // Per slot in use, for live views (epqlab.widgets.ArenaView): {slot class, MoE layer index or -1
     // (free), expert or -1, pinned 0/1, hot 0/1} for each slot in order. Read-only; call it between
     // passes (as any other accessor, not concurrently with a load).
     std::vector<std::array<int32_t, 5>> slot_states() const {
-        std::vector<std::array<int32_t, 5>> out(slots_.size());
+        std::vector<std::array<int32_t, 5>> out;  // slots resize took out are left out
         for (size_t i = 0; i < slots_.size(); i++) {
+            if (slots_[i].retired) continue;
             const int u = slots_[i].unit;
-            out[i] = {slots_[i].cls, u >= 0 ? u / n_expert_ : -1, u >= 0 ? u % n_expert_ : -1,
-                      u >= 0 && units_[u].pinned ? 1 : 0, u >= 0 && units_[u].hot ? 1 : 0};
+            out.push_back({slots_[i].cls, u >= 0 ? u / n_expert_ : -1, u >= 0 ? u % n_expert_ : -1,
+                           u >= 0 && units_[u].pinned ? 1 : 0, u >= 0 && units_[u].hot ? 1 : 0});
         }
         return out;
     }
@@ -306,7 +307,30 @@ public:
     bool direct_io() const { return direct_; }
     int  io_threads() const { return pool_->n_threads(); }
     int64_t io_busy_us() const { return pool_->busy_us(); }  // io_pool::busy_us
-    int64_t arena_bytes() const { return arena_size_; }
+    // Bytes of the slots in use now (the arena after resize); capacity_bytes(): the memfd's size, the most
+    // resize can give back.
+    int64_t arena_bytes() const { return arena_size_ - retired_bytes_; }
+    int64_t capacity_bytes() const { return arena_size_; }
+    // Live resize (docs/DESIGN.md §5, "Resizing the arena"): the arena becomes the slots split_arena gives
+    // `bytes` (at most those the memfd was made with; in every class at least min(top-k, slots) with
+    // slot addressing, in the largest class without), whole slots taken out of use or given back per
+    // class. A slot taken out is a free one (the highest-numbered first) or, when none is free, the
+    // policy's victim of that class, evicted as any victim is; its memfd pages are punched out, so
+    // the kernel (and a memory cgroup) uncharges them at once. A slot given back is allocated again and
+    // its fill-mapping pages populated before it is freed (reads never allocate: reserve_arena's rule).
+    // Finishes prefetches and a pending pipelined load first, ends stage lending, and refuses (std::logic_error)
+    // while a layer is pinned. Throws pager_capacity_error below min_arena_bytes(). Returns arena_bytes().
+    // Queue policies (arc, 2q, s3fifo, wtinylfu) keep the sizes they derived from the slot count at creation.
+    int64_t resize(int64_t bytes);
+    // The smallest arena resize accepts, bytes: top-k slots of every class (slot addressing) or of the largest.
+    int64_t min_arena_bytes() const;
+    int64_t resizes() const { return resizes_; }
+    // Slots in use per class (class_n_slots() minus those resize took out).
+    std::vector<int32_t> active_class_n() const;
+    // How split_arena divides `bytes` among slot classes of class_bytes (largest first) with
+    // n_units units each, reserving k of the largest: slots per class.
+    static std::vector<int32_t> split_arena(const std::vector<int64_t> & class_bytes, const std::vector<int64_t> & n_units,
+                                            int64_t k, int64_t bytes);
     // Allocate every page of the arena memfd now (posix_fallocate) and map the whole memfd once,
     // populated (the fill mapping); returns 0 or the errno. Reads then go O_DIRECT straight into the
     // slot's pages through that mapping: no bounce-buffer copy, no pwrite under the memfd's inode
@@ -324,7 +348,7 @@ public:
     int64_t fixed_reads() const { return pool_->fixed_reads(); }
     int64_t plain_reads() const { return pool_->plain_reads(); }
     // Bytes of the fill mapping (0 before reserve_arena or when it was not made).
-    int64_t fill_bytes() const { return fill_ ? arena_size_ : 0; }
+    int64_t fill_bytes() const { return fill_ ? arena_size_ - retired_bytes_ : 0; }
     // Bytes of the arena memfd that hold pages (st_blocks): what the arena charges to memory.
     int64_t arena_resident_bytes() const;
     const std::vector<int64_t> & class_slot_bytes() const { return class_bytes_; }
@@ -369,6 +393,7 @@ private:
         int64_t bytes;
         int32_t cls;
         int32_t unit = -1;
+        bool    retired = false;  // out of the arena until resize gives it back (its pages punched out)
         // The unmap of the previous occupant's pages (see unmap_task); every read into the slot
         // runs it first. Null when the slot never had a victim whose unmap was deferred.
         std::shared_ptr<unmap_task> pending;
@@ -396,7 +421,8 @@ private:
     void erase_evictable(int u);
     // speculative (a prefetch): fail rather than finish the batches in flight when no victim fits.
     // u_in: the unit the slot is for (queue policies' victim choice; -1 unknown).
-    int  take_slot(int li, int64_t need_bytes, bool speculative = false, int u_in = -1);
+    // exact: a slot of exactly need_bytes (resize's class) even with region addressing.
+    int  take_slot(int li, int64_t need_bytes, bool speculative = false, int u_in = -1, bool exact = false);
     void evict(int u, int loading_li);
     // Gives unit u's slot back to the free list (u is not resident afterwards). Its pages must
     // already be unmapped, or never have been mapped.
@@ -451,6 +477,16 @@ private:
     int                          memfd_ = -1;
     bool                         lend_on_ = false;  // set_stage_lending
     std::vector<int>             lent_;             // slots lent to staging (out of use until unlend)
+    int64_t                      retired_bytes_ = 0;  // bytes of the slots resize took out of use
+    int64_t                      resizes_ = 0;
+    std::vector<int64_t>         n_units_;            // units per slot class
+    // Gives slot s's memfd pages back to the kernel (FALLOC_FL_PUNCH_HOLE), its deferred unmap run
+    // and its io_uring chunk unregistered first; the slot holds no unit. what: for the error message.
+    void punch_slot(int s, const char * what);
+    // Allocates slot s's memfd pages again and populates them in the fill mapping (when there is one).
+    void refill_slot(int s);
+    // Whether io_uring chunk ch holds no slot that is retired or lent (it can be registered again).
+    bool chunk_clear(int32_t ch) const;
     int64_t                      lent_bytes_ = 0;
     std::vector<int32_t>         slot_chunk_;   // use_io_uring: each slot's registered buffer (-1: none)
     std::vector<uint8_t>         chunk_out_;    // ... buffers taken out of use by stage lending

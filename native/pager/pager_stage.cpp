@@ -94,16 +94,7 @@ int64_t pager::lend(int li, const int32_t * keep, int n, int64_t bytes) {
     std::vector<int32_t> kept(keep, keep + n);
     std::sort(kept.begin(), kept.end());
     auto give = [&](int s) {
-        if (slots_[s].pending) run_pending(slots_[s].pending);  // no region page maps the slot afterwards
-        if (!slot_chunk_.empty() && slot_chunk_[s] >= 0 && !chunk_out_[slot_chunk_[s]]) {
-            // no read is in flight (finished above): unpin the chunk before its pages are punched out
-            pool_->set_fixed_buffer(slot_chunk_[s], false);
-            chunk_out_[slot_chunk_[s]] = 1;
-        }
-        int r;
-        do r = fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) slots_[s].offset, (off_t) slots_[s].bytes);
-        while (r != 0 && errno == EINTR);
-        if (r != 0) throw std::runtime_error(std::string("cannot give an arena slot's pages back for staging: ") + strerror(errno));
+        punch_slot(s, "staging");
         lent_.push_back(s);
         lent_bytes_ += slots_[s].bytes;
         stats_.stage_lent_bytes += slots_[s].bytes;
@@ -148,7 +139,10 @@ int64_t pager::lend(int li, const int32_t * keep, int n, int64_t bytes) {
 }
 
 void pager::unlend() {
-    for (int s : lent_) {
+    const std::vector<int> back = std::move(lent_);
+    lent_.clear();
+    lent_bytes_ = 0;
+    for (int s : back) {
         if (fill_) {  // reads land in allocated pages (reserve_arena's rule)
             int r;
             do r = posix_fallocate(memfd_, (off_t) slots_[s].offset, (off_t) slots_[s].bytes); while (r == EINTR);
@@ -156,11 +150,9 @@ void pager::unlend() {
         }
         free_[slots_[s].cls].push_back(s);
     }
-    lent_.clear();
-    lent_bytes_ = 0;
-    // every slot is back: pin the chunks again (their pages as they are now); one that cannot be
-    // pinned stays out of use and its slots are read with pread
+    // every lent slot is back: pin the chunks again (their pages as they are now); one that cannot be
+    // pinned, or holds a slot resize took out, stays out of use and its slots are read with pread
     for (size_t c = 0; c < chunk_out_.size(); c++)
-        if (chunk_out_[c] && pool_->set_fixed_buffer((int) c, true) == 0) chunk_out_[c] = 0;
+        if (chunk_out_[c] && chunk_clear((int32_t) c) && pool_->set_fixed_buffer((int) c, true) == 0) chunk_out_[c] = 0;
 }
 

@@ -210,6 +210,14 @@ void register_pager(py::module_ & m) {
         .def_property_readonly("direct_io", &pager::direct_io)
         .def_property_readonly("io_threads", &pager::io_threads)
         .def_property_readonly("arena_bytes", &pager::arena_bytes)
+        .def_property_readonly("capacity_bytes", &pager::capacity_bytes)
+        .def_property_readonly("min_arena_bytes", &pager::min_arena_bytes)
+        .def_property_readonly("resizes", &pager::resizes)
+        .def_property_readonly("active_class_n", &pager::active_class_n)
+        .def("resize", [](pager & p, int64_t bytes) {
+            py::gil_scoped_release nogil;  // waits for reads in flight; punches or allocates pages
+            return p.resize(bytes);
+        }, py::arg("bytes"), "Live resize (pager.h): the arena becomes the slots `bytes` buys; returns the arena's bytes.")
         .def_property_readonly("class_slot_bytes", &pager::class_slot_bytes)
         .def_property_readonly("class_n_slots", &pager::class_n_slots)
         .def_property_readonly("policy", &pager::policy)
