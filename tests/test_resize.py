@@ -212,3 +212,24 @@ def test_follower_rule(default_path):
         for i in range(20):
             f.look(now=100.0 + i)
         assert s.budget_bytes == top and not f.floor_under_pressure
+
+
+@pytest.mark.skipif(cgroup_unavailable_reason() is not None, reason="no writable memory cgroup here")
+def test_follow_memory_under_a_hog(default_path):
+    """A hog in the same memory cgroup takes memory while a follow_memory Session decodes: no OOM kill, the
+    arena shrinks (headroom fell under the margin), the hog ends and the arena grows back, and the greedy
+    tokens equal plain llama.cpp's."""
+    limit, hog_mib, n = 1536 * 2**20, 1000, 400  # the hog leaves the budget too small for more than the floor
+    r = run_limited([sys.executable, str(HERE / "pressure_child.py"), str(default_path), str(hog_mib), str(n)],
+                    limit, mode="cgroup", timeout_s=240)
+    assert r.returncode == 0 and not r.killed and not r.oom_kills, (r.reason, r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    reasons = [e["reason"] for e in out["events"]]
+    assert out["hog_end"] is not None, (out["events"], out["arena"][:20])  # the arena shrank under the hog
+    assert "headroom" in reasons and reasons[-1] == "grow" and out["arena"][-1] == out["full"]
+    assert min(out["arena"]) < out["full"]
+    shrink = next(e for e in out["events"] if e["reason"] == "headroom")
+    assert shrink["arena_after"] < shrink["arena_before"] and shrink["seconds"] < 1.0
+    with epqlab.Session(default_path, pager=False, n_threads=THREADS) as plain:
+        ref = plain.generate(PROMPT, n_predict=len(out["tokens"]), temperature=0.0).tokens
+    assert out["tokens"] == ref[:len(out["tokens"])] and len(out["tokens"]) > out["hog_end"]

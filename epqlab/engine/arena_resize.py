@@ -83,8 +83,10 @@ def budget_for_arena(session, arena_bytes: int) -> int:
     return session.used_before_arena + session.reserve_bytes + session.read_buffer_bytes + int(arena_bytes)
 
 
-def resize_session(session, ram_budget, reason: str = "user", psi: float | None = None) -> ResizeEvent:
-    """Resize ``session``'s arena to what ``ram_budget`` (bytes or "6GiB") buys; see :meth:`Session.resize`."""
+def resize_session(session, ram_budget, reason: str = "user", psi: float | None = None) -> ResizeEvent | None:
+    """Resize ``session``'s arena to what ``ram_budget`` (bytes or "6GiB") buys; see :meth:`Session.resize`.
+    For the follower (``reason`` other than ``"user"``) a budget that leaves the arena as it is only moves
+    ``session.budget_bytes`` and returns None."""
     p = session.pager
     if p is None:
         raise ValueError("resize needs a paged Session (pager=True)")
@@ -106,6 +108,9 @@ def resize_session(session, ram_budget, reason: str = "user", psi: float | None 
                          f"{fmt_bytes(p.capacity_bytes)} this Session made room for at open; open it with "
                          f"max_ram_budget={fmt_bytes(budget)!r} (or more)")
     before, b0 = p.arena_bytes, session.budget_bytes
+    if reason != "user" and min(arena, p.capacity_bytes) == before:  # the follower's budget moved, the arena would not
+        session.budget_bytes = budget
+        return None
     with session.decoder.lock:  # between forward passes: a batched step or a prefetch finishes first
         ev0 = int(p.native.stats()["evictions"])
         t0 = time.perf_counter()
@@ -153,12 +158,12 @@ class MemoryFollower:
     ``budget_fn`` (tests): returns the auto budget in bytes instead of :func:`auto_budget`; ``psi_fn``
     likewise for PSI."""
 
-    def __init__(self, session, budget_fn=None, psi_fn=None, period_s: float = FOLLOW_PERIOD_S):
+    def __init__(self, session, budget_fn=None, psi_fn=None, period_s: float | None = None):
         self.session = session
         self.ceiling = session.budget_bytes  # never grows above what it opened with (or max_ram_budget)
         self.budget_fn = budget_fn or (lambda: budget_rule.auto_budget().budget)
         self.psi_fn = psi_fn or read_psi
-        self.period_s = float(period_s)
+        self.period_s = FOLLOW_PERIOD_S if period_s is None else float(period_s)
         self._next = 0.0
         self._last_shrink = float("-inf")
         self._last_psi: float | None = None
@@ -168,14 +173,22 @@ class MemoryFollower:
     def floor(self) -> int:
         """The smallest budget that opens an arena (the quote's exact part), bytes."""
         lo, hi = 0, self.ceiling
-        while hi - lo > 2**20:  # bisect plan_arena's refusal: it is monotone in the budget
+        least = self.session.pager.min_resize_bytes
+        while hi - lo > 2**20:  # bisect the refusal (plan_arena's and the slot classes'): monotone in the budget
             mid = (lo + hi) // 2
             try:
-                plan_for_budget(self.session, mid)
-                hi = mid
+                ok = plan_for_budget(self.session, mid) >= least
             except ArenaTooSmall:
-                lo = mid
+                ok = False
+            lo, hi = (lo, mid) if ok else (mid, hi)
         return hi
+
+    def _resize(self, target: int, reason: str, psi) -> ResizeEvent | None:
+        try:
+            return resize_session(self.session, target, reason, psi)
+        except ArenaTooSmall as e:  # never raise inside a decode step: stay at this size
+            log.warning("follow_memory: no resize to %s (%s)", fmt_bytes(target), e)
+            return None
 
     def look(self, now: float | None = None) -> ResizeEvent | None:
         now = time.monotonic() if now is None else now
@@ -200,7 +213,7 @@ class MemoryFollower:
             self.floor_under_pressure = target >= cur and cur <= floor
             if target < cur:
                 self._last_shrink = now
-                return resize_session(s, target, reason, psi)
+                return self._resize(target, reason, psi)
             return None
         self.floor_under_pressure = False
         calm = psi is None or psi < PSI_CALM
@@ -209,7 +222,7 @@ class MemoryFollower:
             step = int(GROW_STEP * s.pager.capacity_bytes)
             target = min(auto, self.ceiling, cur + step)
             if target > cur:
-                return resize_session(s, target, "grow", psi)
+                return self._resize(target, "grow", psi)
         return None
 
     def _floor_cached(self) -> int:
