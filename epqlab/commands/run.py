@@ -15,6 +15,12 @@ def add_session_args(p) -> None:
                    help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB, or 'auto' "
                         "(cgroup limit or MemAvailable minus a margin; default: all experts fit, or auto when the "
                         "model is larger than that)")
+    p.add_argument("--follow-memory", action="store_true",
+                   help="follow memory pressure: between decode steps re-read what 'auto' reads and Linux PSI; shrink the "
+                        "arena when headroom falls below the margin or memory stalls rise, grow it back slowly "
+                        "(epqlab.engine.arena_resize states the rule); needs --ram-budget")
+    p.add_argument("--max-ram-budget", default=None,
+                   help="the largest budget a resize may grow to (default: the opening --ram-budget)")
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
@@ -189,6 +195,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
     if args.n_predict < 0:  # before the model loads, and before the prompt is echoed
         raise ValueError(f"n_predict must be >= 0 (-n), got {args.n_predict}")
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
+                 follow_memory=getattr(args, "follow_memory", False), max_ram_budget=getattr(args, "max_ram_budget", None),
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,
                  dense_weights=getattr(args, "dense_weights", None), prefetch=getattr(args, "prefetch", None),

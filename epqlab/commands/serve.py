@@ -39,6 +39,12 @@ def register(sub) -> None:
     p.add_argument("--ram-budget", default=None,
                    help="RAM budget for the whole process, e.g. 4GiB, or 'auto' (default: every expert fits, "
                         "or auto when the model is larger than that)")
+    p.add_argument("--follow-memory", action="store_true",
+                   help="follow memory pressure: between decode steps re-read what 'auto' reads and Linux PSI; shrink the "
+                        "arena when headroom falls below the margin or memory stalls rise, grow it back slowly "
+                        "(epqlab.engine.arena_resize states the rule); needs --ram-budget")
+    p.add_argument("--max-ram-budget", default=None,
+                   help="the largest budget a resize may grow to (default: the opening --ram-budget)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 accepts every network "
                         "that reaches the machine: set --api-key then)")
@@ -103,6 +109,7 @@ def run(args) -> int:
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
     with sock, Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
+                 follow_memory=args.follow_memory, max_ram_budget=args.max_ram_budget,
                  n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch, **lossy_kwargs(args),
                  **spec_kwargs(args)) as s:
         if s.auto_budget is not None:

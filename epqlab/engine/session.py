@@ -77,7 +77,7 @@ def _check_follow(budget, max_ram_budget, follow_memory, paged: bool):
         raise ValueError(f"follow_memory must be True or False, got {follow_memory!r}")
     if max_ram_budget is None and not follow_memory:
         return None
-    what = "follow_memory=True" if max_ram_budget is None else "max_ram_budget"
+    what = "follow_memory=True (--follow-memory)" if max_ram_budget is None else "max_ram_budget (--max-ram-budget)"
     if not paged or budget is None:
         raise ValueError(f"{what} needs a paged Session with ram_budget (bytes or 'auto'): the arena follows the budget")
     if max_ram_budget is None:
