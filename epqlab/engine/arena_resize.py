@@ -183,6 +183,21 @@ class MemoryFollower:
             lo, hi = (lo, mid) if ok else (mid, hi)
         return hi
 
+    def short_of_memory(self) -> bool:
+        """Whether the arena is at its floor with memory still short (:attr:`floor_under_pressure`), read again
+        when that was set: no decode step runs while a server refuses new requests, so the server asks here
+        (at most every :data:`FOLLOW_PERIOD_S`, no resize; the next decode step grows the arena back)."""
+        if not self.floor_under_pressure:
+            return False
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.period_s
+            psi = self.psi_fn()
+            rising = psi is not None and psi >= PSI_SHRINK and (self._last_psi is None or psi > self._last_psi)
+            self._last_psi = psi
+            self.floor_under_pressure = self.budget_fn() < self.session.budget_bytes or rising
+        return self.floor_under_pressure
+
     def _resize(self, target: int, reason: str, psi) -> ResizeEvent | None:
         try:
             return resize_session(self.session, target, reason, psi)

@@ -180,6 +180,14 @@ class Batcher:
         self.reused_cells_total = 0  # of which a cached sequence's KV cells already held
         self.step_log: deque = deque(maxlen=STEP_HISTORY)
         self.steps_total = 0
+        # since the batcher started (the server's /metrics): prefill of the tokens not reused, decode steps'
+        # tokens and wall time, and finished requests by finish reason
+        self.prefill_tokens_total = 0
+        self.prefill_s_total = 0.0
+        self.decode_tokens_total = 0
+        self.decode_s_total = 0.0
+        self.finished_total: dict[str, int] = {}
+        self.generated_tokens_total = 0
         self._waiting: deque[Request] = deque()
         self._active: dict[int, Request] = {}
         self._free = list(range(n))
@@ -351,6 +359,8 @@ class Batcher:
         r.t_prefill1 = time.perf_counter()
         self.prompt_tokens_total += len(r.tokens)
         self.reused_cells_total += r.reused
+        self.prefill_tokens_total += len(r.tokens) - r.reused
+        self.prefill_s_total += r.t_prefill1 - r.t_prefill0
         r.ubatch_ends = fresh_ubatch_ends(len(r.tokens), d.chunk_tokens(d.record_routes), self._n_ubatch())
         r.pos = len(r.tokens)
         r.kv_tokens = list(r.tokens)
@@ -403,6 +413,8 @@ class Batcher:
         c1 = _step_counters(s)
         union = (c1["union"] - c0["union"]).tolist() if c1["union"] is not None else []
         self.steps_total += 1
+        self.decode_tokens_total += len(rs)
+        self.decode_s_total += wall
         self.step_log.append({
             "step": self.steps_total, "n_tokens": len(rs), "wall_s": wall,
             "bytes_read": c1["bytes_read"] - c0["bytes_read"], "union": union,
@@ -464,6 +476,8 @@ class Batcher:
                 self._free.append(r.seq)
                 self._free.sort()
         r.t_end = time.perf_counter()
+        self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
+        self.generated_tokens_total += len(r.out)
         try:
             r._put_piece(r._text.flush())  # held back in case it began a stop string; it ends here
             # a character cut by the last token is dropped, as llama-cpp-python does

@@ -474,6 +474,11 @@ class Session:
             self._follower.look()
         self.peak.update()
 
+    @property
+    def memory_follower(self):
+        """The :class:`~epqlab.engine.arena_resize.MemoryFollower` of ``follow_memory=True``, else None."""
+        return self._follower
+
     def resize(self, ram_budget):
         """Shrink or grow the arena to what ``ram_budget`` (bytes or "6GiB") buys, between decode steps
         (a batched step or a prefetch in flight finishes first). Shrinking evicts by the Session's

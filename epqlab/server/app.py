@@ -50,7 +50,7 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
     # one module per API surface; each adds its routes on the shared state. The Anthropic Messages API
     # (anthropic_messages.py) and OpenAI's Responses API (openai_responses.py) will be added here the same way.
-    from . import epqlab_routes, openai_chat
+    from . import epqlab_routes, metrics, openai_chat
     from .http_errors import add_error_handlers
 
     batcher = Batcher(session, max_batch, prompt_cache=prompt_cache, window_s=batch_window_s).start()
@@ -70,7 +70,13 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     add_error_handlers(app)
     epqlab_routes.add_routes(app, served)
     openai_chat.add_routes(app, served)
-    return _Guard(app, api_key, int(max_body_bytes), session.decoder.files.check)
+    counter = metrics.RequestCounter(None, ())
+    metrics.add_routes(app, served, counter)
+    counter.routes = {r.path for r in app.routes}
+    follower = session.memory_follower
+    counter.app = _Guard(app, api_key, int(max_body_bytes), session.decoder.files.check,
+                         busy=follower.short_of_memory if follower is not None else None)
+    return counter
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -17,16 +17,22 @@ def _bearer(header: bytes) -> bytes | None:
     return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
 
 
+RETRY_AFTER_S = 5  # seconds a client is told to wait when memory is short (Retry-After, RFC 9110 section 10.2.3)
+_CHEAP = ("tokenize", "detokenize", "/count")  # POST routes that generate nothing: served under memory pressure too
+
+
 class _Guard:
     """ASGI wrapper in front of the app: the API key (every path but ``/health``), the model file's check (every
-    path: once the file changed, 503 with the reason, ``/health`` included) and the body-size limit, all
+    path: once the file changed, 503 with the reason, ``/health`` included), ``busy`` (while it returns True, new
+    generation requests get 503 with ``Retry-After``) and the body-size limit, all
     answered before the app parses anything, in OpenAI's error shape."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int, check_model=None):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, check_model=None, busy=None):
         self.app = app
         self._want = None if not api_key else api_key.encode()
         self.max_body_bytes = max_body_bytes
         self._check_model = check_model or (lambda: None)
+        self._busy = busy or (lambda: False)
 
     def __getattr__(self, name):  # the wrapped app's attributes (routes, state) for callers that look
         return getattr(self.app, name)
@@ -56,6 +62,12 @@ class _Guard:
             return await self._send_error(send, 503, msg, "server_error", (), {"status": "error"} if health else None)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
+        if self._busy() and not scope.get("path", "").endswith(_CHEAP):
+            # follow_memory is at its smallest arena and memory is still short: no new generation (those running
+            # finish); docs/DESIGN.md §5 "Following memory"
+            return await self._send_error(send, 503, "the server is short of memory: its arena is at the smallest "
+                                          "size that works and memory pressure is still rising; retry later",
+                                          "server_error", [(b"retry-after", str(RETRY_AFTER_S).encode())])
         limit = self.max_body_bytes
         cl = dict(scope.get("headers") or []).get(b"content-length")
         too_big = f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)"
