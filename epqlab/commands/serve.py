@@ -10,6 +10,7 @@ from ..engine.arena_sizing import default_max_batch, kv_cache_bytes
 from ..engine.session import Session
 from ..layout import inspect
 from ..memory.auto_budget import auto_budget
+from ..engine.prompt_disk_cache import check_dir
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
@@ -45,6 +46,11 @@ def register(sub) -> None:
                         "(epqlab.engine.arena_resize states the rule); needs --ram-budget")
     p.add_argument("--max-ram-budget", default=None,
                    help="the largest budget a resize may grow to (default: the opening --ram-budget)")
+    p.add_argument("--prompt-cache-dir", default=None,
+                   help="also keep finished sequences' states in this directory, so a prompt that extends one starts "
+                        "from it after a restart (same rule as --prompt-cache; epqlab.engine.prompt_disk_cache)")
+    p.add_argument("--prompt-cache-size", default="4GiB",
+                   help="most bytes the --prompt-cache-dir files may take, least recently used evicted (default 4GiB)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 accepts every network "
                         "that reaches the machine: set --api-key then)")
@@ -104,6 +110,11 @@ def run(args) -> int:
         if max_batch not in (None, 1):
             raise ValueError(f"--spec-type draft-mtp serves one sequence at a time; drop --max-batch {max_batch} (or give 1)")
         max_batch = 1
+    size = parse_bytes(args.prompt_cache_size)
+    if args.prompt_cache_dir is not None:  # before the model loads
+        check_dir(args.prompt_cache_dir)
+        if size < 1:
+            raise ValueError(f"--prompt-cache-size must be >= 1 byte, got {args.prompt_cache_size!r}")
     if max_batch is None:
         rb = args.ram_budget
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
@@ -125,5 +136,6 @@ def run(args) -> int:
             print(line, file=sys.stderr, flush=True)
         serve(s, args.host, args.port, model_name=args.model_alias, log_level=args.log_level, max_batch=max_batch,
               batch_window_s=args.batch_window_ms / 1000, api_key=api_key, max_body_bytes=args.max_body_bytes,
-              prompt_cache=args.prompt_cache, sock=sock)
+              prompt_cache=args.prompt_cache, sock=sock, prompt_cache_dir=args.prompt_cache_dir,
+              prompt_cache_size=size)
     return 0

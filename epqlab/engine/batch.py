@@ -158,7 +158,7 @@ class Batcher:
     """
 
     def __init__(self, session, max_batch: int | None = None, *, prompt_cache: bool | str = False,
-                 window_s: float = 0.0):
+                 window_s: float = 0.0, disk_cache=None):
         n = session.n_seq_max
         if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
@@ -170,6 +170,9 @@ class Batcher:
         if not window_s >= 0:
             raise ValueError(f"window_s must be >= 0 seconds, got {window_s!r}")
         self.session = session
+        # the prompt cache on disk (epqlab.engine.prompt_disk_cache.PromptDiskCache): finished sequences' states
+        # are saved there, and a prompt that extends one starts from it (only with a prompt cache mode on)
+        self.disk_cache = disk_cache if mode != "off" else None
         self.max_batch = min(int(max_batch or n), n)
         self.prompt_cache = mode
         self.window_s = float(window_s)
@@ -323,6 +326,9 @@ class Batcher:
                 n = reusable_prefix(held, self._cached_ends.get(q, []), r.tokens, self.prompt_cache)
                 if n > keep:
                     best, keep = q, n
+        disk = self._from_disk(r, keep)
+        if disk is not None:
+            return disk
         if best is None:
             empty = [q for q in self._free if q not in self._cached and q not in self._dirty]
             best = empty[0] if empty else self._free[0]
@@ -334,6 +340,38 @@ class Batcher:
             self._dirty.discard(best)
         self._free.remove(best)
         return best, keep
+
+    def _from_disk(self, r: Request, keep: int) -> tuple[int, int] | None:
+        """The prompt cache on disk's pick for ``r`` when a saved sequence reuses more than ``keep`` cells (the best
+        in memory): its state is restored into a free sequence (an empty one first) and trimmed to the reuse as a
+        cached sequence in memory is. None (nothing restored) when no entry does better, or the state is refused
+        (the entry is then removed: prompt_disk_cache's failure rule)."""
+        dc = self.disk_cache
+        if dc is None:
+            return None
+        e, n = dc.best(r.tokens, lambda held, ends, toks: reusable_prefix(held, ends, toks, self.prompt_cache))
+        d = self.session.decoder
+        if e is None or n <= keep or (d.engine.memory_is_recurrent and n != len(e.tokens)):
+            return None  # recurrent state: only the whole saved sequence (trim_seq's rule), so skip the read
+        blob = dc.load(e)
+        if blob is None:
+            return None
+        empty = [q for q in self._free if q not in self._cached and q not in self._dirty]
+        q = empty[0] if empty else self._free[0]
+        self._cached.pop(q, None)
+        self._cached_ends.pop(q, None)
+        self._dirty.add(q)  # until its cells are known again
+        with d.lock:
+            ok = d.engine.set_seq_state(q, blob)
+        if not ok:
+            dc.refuse(e, "llama.cpp refused the state (llama_state_seq_set_data returned 0)")
+            return None
+        n = d.trim_seq(q, len(e.tokens), n)
+        self._dirty.discard(q)
+        self._free.remove(q)
+        dc.hits += 1
+        dc.hit_tokens += n
+        return q, n
 
     def _admit(self, r: Request) -> None:
         """Give ``r`` a sequence and prefill its prompt. Any error here ends ``r`` alone, with that error, and
@@ -466,6 +504,9 @@ class Batcher:
                 if self.prompt_cache != "off" and reason != "error" and r.kv_tokens:
                     self._cached[r.seq] = r.kv_tokens  # kept for a prompt that extends them
                     self._cached_ends[r.seq] = r.ubatch_ends
+                    if self.disk_cache is not None and not self.disk_cache.has(r.kv_tokens):
+                        with d.lock:  # the cells as they are now; written by the cache's own thread
+                            self.disk_cache.save(r.kv_tokens, r.ubatch_ends, d.engine.seq_state(r.seq))
                 else:
                     self._cached.pop(r.seq, None)
                     try:

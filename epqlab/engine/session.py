@@ -24,7 +24,7 @@ from ..memory.usage import PeakTracker, cpu_threads, read_bytes, sample
 from ..paging.pager import Pager, default_io_threads
 from ..routes.log import RouteLog
 from ..units import parse_bytes
-from . import run_stats
+from . import run_stats, state_file
 from .arena_resize import MemoryFollower, resize_session
 from .arena_sizing import plan_arena
 from .batch import Batcher, BatchStream, Request
@@ -473,6 +473,50 @@ class Session:
         if self._follower is not None:
             self._follower.look()
         self.peak.update()
+
+    def save_state(self, path) -> int:
+        """Save what the context holds for the last generation (its tokens' KV cells, or recurrent state) to
+        ``path``, atomically (:mod:`epqlab.engine.state_file`: checksummed, tied to this model and context). A Session
+        of the same model and settings resumes from it with :meth:`load_state`, then ``generate(prompt, reuse_kv=True)``
+        for a prompt that extends the saved tokens. Returns the file's size in bytes.
+
+        Raises:
+            EpqlabError: nothing to save (the context is empty), or ``speculative="mtp"`` (the draft context is not
+                saved).
+            OSError: ``path`` cannot be written (nothing is left behind).
+        """
+        d = self.decoder
+        with d.lock:
+            d.check_open()
+            if self.speculative:
+                raise EpqlabError("save_state is not available with speculative='mtp' (the draft context's state is not saved)")
+            if not d.kv:
+                raise EpqlabError("nothing to save: the context is empty (generate first)")
+            tokens, blob = list(d.kv), d.engine.seq_state(0)
+        return state_file.write(Path(path), state_file.identity(self), tokens, [], blob)
+
+    def load_state(self, path) -> list[int]:
+        """Restore a :meth:`save_state` file into this Session's context; returns the token ids it holds. The next
+        ``generate(prompt, reuse_kv=True)`` whose prompt extends them decodes only the rest.
+
+        Raises:
+            StateFileError: the file is not a state file, truncated or corrupt, or was saved for another model or
+                context (model file, n_ctx, n_batch, n_ubatch, top-k, a lossy knob); the context is then empty.
+            EpqlabError: ``speculative="mtp"``, or llama.cpp refused the state.
+            OSError: ``path`` cannot be read.
+        """
+        d = self.decoder
+        e = state_file.read_header(Path(path), state_file.identity(self))
+        blob = state_file.read_state(e)
+        with d.lock:
+            d.check_open()
+            if self.speculative:
+                raise EpqlabError("load_state is not available with speculative='mtp'")
+            d.begin()  # a new operation: the context is cleared
+            if not d.engine.set_seq_state(0, blob):
+                raise EpqlabError(f"llama.cpp refused the state in {path} (llama_state_seq_set_data returned 0)")
+            d.kv = list(e.tokens)
+        return list(e.tokens)
 
     @property
     def memory_follower(self):

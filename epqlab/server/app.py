@@ -12,11 +12,14 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..engine import state_file
 from ..engine.batch import Batcher
+from ..engine.prompt_disk_cache import PromptDiskCache
 from .context import Served
 from .guard import _Guard
 
 WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
+PROMPT_CACHE_SIZE = 4 << 30  # default --prompt-cache-size, bytes
 MAX_BODY_BYTES = 8 << 20  # default request body limit (--max-body-bytes): a full context of token ids fits many times
 
 
@@ -31,7 +34,8 @@ def _require():
 
 
 def create_app(session, *, model_name: str | None = None, max_batch: int | None = None, batch_window_s: float = 0.0,
-               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, prompt_cache: str = "exact"):
+               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, prompt_cache: str = "exact",
+               prompt_cache_dir=None, prompt_cache_size: int = PROMPT_CACHE_SIZE):
     """A FastAPI app serving ``session`` (see :mod:`epqlab.server`) with continuous batching of up to
     ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
     that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
@@ -40,7 +44,10 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     ``max_body_bytes``: larger request bodies get 413 before they are parsed; ``prompt_cache``: ``"exact"``
     (default: a cached prefix is reused only where the answer stays the uncached one bit for bit),
     ``"fast"`` (llama.cpp's server's ``cache_prompt``: the whole common prefix) or ``"off"``
-    (:func:`epqlab.engine.batch.reusable_prefix`). Raises ValueError for another value."""
+    (:func:`epqlab.engine.batch.reusable_prefix`). ``prompt_cache_dir``: keep finished sequences' states there
+    too, at most ``prompt_cache_size`` bytes, and start a prompt that extends one from it after a restart
+    (:mod:`epqlab.engine.prompt_disk_cache`; needs a prompt cache mode other than ``"off"``). Raises ValueError for
+    another value, or a directory that cannot be written."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     _require()
@@ -53,7 +60,15 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     from . import epqlab_routes, metrics, openai_chat
     from .http_errors import add_error_handlers
 
-    batcher = Batcher(session, max_batch, prompt_cache=prompt_cache, window_s=batch_window_s).start()
+    disk = None
+    if prompt_cache_dir is not None:
+        if prompt_cache == "off":
+            raise ValueError("--prompt-cache-dir needs a prompt cache: drop --prompt-cache off (or the directory)")
+        if session.speculative:
+            raise ValueError("--prompt-cache-dir is not available with --spec-type draft-mtp (the draft context's "
+                             "state is not saved)")
+        disk = PromptDiskCache(prompt_cache_dir, prompt_cache_size, state_file.identity(session))
+    batcher = Batcher(session, max_batch, prompt_cache=prompt_cache, window_s=batch_window_s, disk_cache=disk).start()
     served = Served(session=session, name=model_name or session.model_name, batcher=batcher,
                     waiters=ThreadPoolExecutor(max_workers=WAITERS, thread_name_prefix="epqlab-request"),
                     stats_pool=ThreadPoolExecutor(max_workers=1, thread_name_prefix="epqlab-stats"),
@@ -63,6 +78,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     async def lifespan(app):
         yield
         batcher.close()
+        if disk is not None:
+            disk.flush()  # states of the last requests reach the disk before the process ends
         served.waiters.shutdown(wait=False, cancel_futures=True)
         served.stats_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -113,7 +130,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
           log_level: str = "info", max_batch: int | None = None, batch_window_s: float = 0.0,
           api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, sock: socket.socket | None = None,
-          prompt_cache: str = "exact") -> None:
+          prompt_cache: str = "exact", prompt_cache_dir=None, prompt_cache_size: int = PROMPT_CACHE_SIZE) -> None:
     """Serve ``session`` with uvicorn until interrupted (Ctrl-C: open streams end with an error event and
     ``[DONE]``, then the server stops); batching, ``api_key``, ``max_body_bytes`` and ``prompt_cache`` as :func:`create_app`.
     ``sock``: a socket from :func:`bind_socket` (default: bound here to ``host``:``port``). Raises ValueError
@@ -123,5 +140,6 @@ def serve(session, host: str = "127.0.0.1", port: int = 8000, *, model_name: str
 
     sock = sock or bind_socket(host, int(port))
     app = create_app(session, model_name=model_name, max_batch=max_batch, batch_window_s=batch_window_s,
-                     api_key=api_key, max_body_bytes=max_body_bytes, prompt_cache=prompt_cache)
+                     api_key=api_key, max_body_bytes=max_body_bytes, prompt_cache=prompt_cache,
+                     prompt_cache_dir=prompt_cache_dir, prompt_cache_size=prompt_cache_size)
     uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level=log_level)).run(sockets=[sock])

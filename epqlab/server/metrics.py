@@ -16,7 +16,9 @@ Names (``epqlab_`` prefix; counters end in ``_total``, bytes in ``_bytes``, seco
   the last ``reset_stats``);
 - ``arena_bytes``, ``arena_capacity_bytes``, ``arena_slots``, ``arena_resizes_total``, ``ram_budget_bytes``;
   ``memory_pressure_some_avg10`` (PSI, %; absent where the kernel has none), ``memory_floor_under_pressure`` (1 while
-  the follower is at its smallest arena with memory still short: new requests get 503).
+  the follower is at its smallest arena with memory still short: new requests get 503);
+- with ``--prompt-cache-dir``: ``prompt_cache_disk_hits_total``, ``prompt_cache_disk_hit_tokens_total``,
+  ``prompt_cache_disk_saved_total``, ``prompt_cache_disk_refused_total``, ``prompt_cache_disk_bytes``.
 """
 from __future__ import annotations
 
@@ -103,6 +105,13 @@ def _families(served: Served, counter: RequestCounter, follower) -> list:
     gauge("arena_slots", "arena slots in use", arena[2])
     counter_("arena_resizes", "arena resizes (follow_memory or Session.resize)", len(session.resize_events))
     gauge("ram_budget_bytes", "the RAM budget now, bytes", session.budget_bytes or 0)
+    dc = b.disk_cache
+    if dc is not None:
+        counter_("prompt_cache_disk_hits", "requests started from a state on disk", dc.hits)
+        counter_("prompt_cache_disk_hit_tokens", "prompt tokens those states held", dc.hit_tokens)
+        counter_("prompt_cache_disk_saved", "states written", dc.saved)
+        counter_("prompt_cache_disk_refused", "files refused and removed (truncated, corrupt, foreign)", dc.refused)
+        gauge("prompt_cache_disk_bytes", "bytes the prompt cache's files take", dc.disk_bytes())
     if follower is not None:
         psi = follower.psi_fn()
         if psi is not None:

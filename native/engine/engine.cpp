@@ -301,6 +301,24 @@ int32_t engine::seq_pos_max(int32_t seq) const {
     return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq);
 }
 
+std::vector<uint8_t> engine::seq_state(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    std::vector<uint8_t> out(llama_state_seq_get_size(ctx_, seq));
+    const size_t got = llama_state_seq_get_data(ctx_, out.data(), out.size(), seq);
+    out.resize(got);
+    return out;
+}
+
+bool engine::set_seq_state(int32_t seq, const uint8_t * src, size_t n) {
+    if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
+    if (llama_state_seq_set_data(ctx_, src, n, seq) == 0) {
+        llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
+        return false;
+    }
+    return true;
+}
+
 int32_t engine::seq_pos_min(int32_t seq) const {
     if (seq < 0 || seq >= n_seq_max()) throw std::invalid_argument("sequence " + std::to_string(seq) + " outside 0.." + std::to_string(n_seq_max() - 1) + " (n_seq_max)");
     return llama_memory_seq_pos_min(llama_get_memory(ctx_), seq);

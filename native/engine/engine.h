@@ -105,6 +105,12 @@ public:
     void seq_rm(int32_t seq, int32_t p0 = -1);
     int32_t seq_pos_max(int32_t seq) const;  // the last position sequence seq holds, -1 when empty
     int32_t seq_pos_min(int32_t seq) const;  // the first position sequence seq still holds (SWA prunes), -1 when empty
+    // Sequence seq's state (its KV cells, or recurrent state) as llama.cpp serializes it (llama_state_seq_get_data):
+    // the bytes a later set_seq_state restores, in this context or one of the same model and parameters.
+    std::vector<uint8_t> seq_state(int32_t seq) const;
+    // Clears sequence seq and restores a seq_state() blob into it (llama_state_seq_set_data). Returns false when
+    // llama.cpp refuses the blob (another model or context shape, truncated): the sequence is left empty.
+    bool set_seq_state(int32_t seq, const uint8_t * src, size_t n);
     bool memory_is_recurrent() const;  // recurrent or hybrid memory: a sequence's tail cannot be removed
     int32_t n_swa() const;              // sliding-window size of the model's SWA layers, 0 when none
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & msgs, bool add_assistant) const;

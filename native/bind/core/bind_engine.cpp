@@ -242,6 +242,19 @@ void register_engine(py::module_ & m) {
         .def("seq_rm", &engine::seq_rm, py::arg("seq"), py::arg("p0") = -1)
         .def("seq_pos_max", &engine::seq_pos_max, py::arg("seq"))
         .def("seq_pos_min", &engine::seq_pos_min, py::arg("seq"))
+        .def("seq_state", [](const engine & e, int32_t seq) {
+            std::vector<uint8_t> v;
+            {
+                py::gil_scoped_release nogil;
+                v = e.seq_state(seq);
+            }
+            return py::bytes(reinterpret_cast<const char *>(v.data()), v.size());
+        }, py::arg("seq"), "Sequence seq's state as llama.cpp serializes it (llama_state_seq_get_data), bytes.")
+        .def("set_seq_state", [](engine & e, int32_t seq, py::bytes blob) {
+            std::string_view b = blob;
+            py::gil_scoped_release nogil;
+            return e.set_seq_state(seq, reinterpret_cast<const uint8_t *>(b.data()), b.size());
+        }, py::arg("seq"), py::arg("state"), "Restores a seq_state blob into sequence seq (cleared first); False if refused.")
         .def_property_readonly("memory_is_recurrent", &engine::memory_is_recurrent)
         .def_property_readonly("n_swa", &engine::n_swa)
         .def("attach_pager", &engine::attach_pager, py::keep_alive<1, 2>())
