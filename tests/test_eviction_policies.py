@@ -207,6 +207,28 @@ def test_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path, po
     assert sim["staged"] == 0 or st["staged_reads"] + st["staged_copies"] > 0
 
 
+@pytest.mark.parametrize("policy,params", [("heat", {"half_life": 2.0})])
+def test_session_policy_params_reach_the_pager(default_path, tmp_path, policy, params):
+    """Session(policy_params=...) runs the pager with those numbers: its live hits, misses and evictions equal the
+    simulator's with the same parameters on the run's own route log (and differ from the defaults' where the
+    parameter matters); a value out of range is refused before the model loads."""
+    lay = epqlab.inspect(default_path)
+    with epqlab.Session(default_path, arena_bytes=small_arena(default_path), policy=policy, policy_params=params,
+                        n_threads=1, io_threads=2, route_log=tmp_path / "r.npz") as s:
+        s.generate("A CPU cache is a small, fast memory that sits between the processor and", n_predict=24)
+        st = s.stats
+        classes = [(c["slot_bytes"], c["slots"]) for c in st["slot_classes"]]
+        assert s.pager.policy_params == params
+    log = RouteLog.load(tmp_path / "r.npz")
+    kw = dict(slot_classes=classes, unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    sim = simulate_online(log, None, policy, params=params, **kw)
+    assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
+    default = simulate_online(log, None, policy, **kw)
+    assert (default["hits"], default["evictions"]) != (sim["hits"], sim["evictions"])  # the parameter mattered
+    with pytest.raises(ValueError, match="must lie in"):
+        epqlab.Session(default_path, policy=policy, policy_params={k: -1.0 for k in params})
+
+
 def test_bad_policy_input(one):
     unit = epqlab.Pager.unit_slot_bytes(one)[0]
     with pytest.raises(ValueError, match="choose one of lru, ls, .*wtinylfu"):

@@ -32,3 +32,21 @@ def load_text(text: str) -> tuple[str, str]:
         return text, heldout_texts()[text]
     raise ValueError(f"TEXT {text!r} is neither a file nor a held-out text; pass a UTF-8 file or one of "
                      f"{', '.join(HELDOUT)}")
+
+
+def policy_params_arg(items) -> dict:
+    """``--policy-param NAME=VALUE`` (repeated) as ``{name: float}``; ranges are checked by the Session.
+
+    Raises:
+        ValueError: an item that is not ``NAME=NUMBER``.
+    """
+    out = {}
+    for it in items or ():
+        name, eq, val = str(it).partition("=")
+        try:
+            if not eq or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(val)
+        except ValueError:
+            raise ValueError(f"--policy-param takes NAME=NUMBER (e.g. half_life=64), got {it!r}") from None
+    return out

@@ -5,6 +5,7 @@ import sys
 from ..engine.session import Session
 from ..engine.time_split import format_summary
 from ..paging.pager import POLICIES
+from ._args import policy_params_arg
 from ..units import fmt_bytes
 
 
@@ -24,6 +25,9 @@ def add_session_args(p) -> None:
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
+                        "epqlab.routes.policy_params)")
     p.add_argument("--expert-used", type=int, default=None, help="override top-k")
     p.add_argument("--io-threads", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -195,6 +199,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
     if args.n_predict < 0:  # before the model loads, and before the prompt is echoed
         raise ValueError(f"n_predict must be >= 0 (-n), got {args.n_predict}")
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
+                 policy_params=policy_params_arg(getattr(args, "policy_param", None)),
                  follow_memory=getattr(args, "follow_memory", False), max_ram_budget=getattr(args, "max_ram_budget", None),
                  io_threads=args.io_threads, n_threads=args.threads, n_ctx=args.n_ctx, pager=args.pager,
                  route_log=args.route_log, stats_file=args.stats_file, arena_bytes=arena_bytes,

@@ -11,6 +11,7 @@ from ..engine.session import Session
 from ..layout import inspect
 from ..memory.auto_budget import auto_budget
 from ..engine.prompt_disk_cache import check_dir
+from ._args import policy_params_arg
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
@@ -61,6 +62,9 @@ def register(sub) -> None:
                    help=f"largest request body accepted, bytes (default {MAX_BODY_BYTES})")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
+                        "epqlab.routes.policy_params)")
     p.add_argument("--n-ctx", type=int, default=2048, help="context of each sequence, tokens (default 2048)")
     p.add_argument("--max-batch", type=int, default=None,
                    help="sequences decoded together (continuous batching); default: the most, up to 8, whose KV "
@@ -120,6 +124,7 @@ def run(args) -> int:
         budget = None if rb is None else auto_budget().budget if str(rb).strip().lower() == "auto" else parse_bytes(rb)
         max_batch = default_max_batch(inspect(args.model), args.n_ctx, budget)
     with sock, Session(args.model, ram_budget=args.ram_budget, policy=args.policy, n_ctx=args.n_ctx, n_seq_max=max_batch,
+                 policy_params=policy_params_arg(getattr(args, "policy_param", None)),
                  follow_memory=args.follow_memory, max_ram_budget=args.max_ram_budget,
                  n_threads=args.threads, pager=args.pager, n_ubatch=args.n_ubatch, **lossy_kwargs(args),
                  **spec_kwargs(args)) as s:

@@ -23,6 +23,7 @@ from ..memory import auto_budget as budget_rule
 from ..memory.usage import PeakTracker, cpu_threads, read_bytes, sample
 from ..paging.pager import Pager, default_io_threads
 from ..routes.log import RouteLog
+from ..routes.policy_params import policy_params as policy_params_checked
 from ..units import parse_bytes
 from . import run_stats, state_file
 from .arena_resize import MemoryFollower, resize_session
@@ -157,6 +158,8 @@ class Session:
             ``n_ubatch``) when not every expert fits. Everything allocated later is bounded by
             design (logits come in blocks of at most 16 MiB, see :meth:`iter_logits`) and fits
             in the reserve. ``stats["memory"]`` reports each part. :meth:`resize` changes it later.
+        policy_params: the eviction policy's parameters by name over their defaults, e.g. ``{"half_life": 64}``
+            for ``"heat"`` (:func:`epqlab.routes.policy_params.policy_params` names each one's range and source).
         max_ram_budget: the largest budget :meth:`resize` may grow to (default: the opening budget);
             the arena's slots above the opening budget hold no memory until a resize gives them out.
         follow_memory: re-read what ``"auto"`` reads, and Linux PSI, between decode steps; shrink the arena
@@ -336,7 +339,7 @@ class Session:
                  ram_budget=None, reserve=None, arena_bytes=None, pager: bool = True, dense_weights: str | None = None,
                  max_ram_budget=None, follow_memory: bool = False,
                  # eviction and top-k
-                 policy: str = "lru", hot_experts=None, expert_used: int | None = None,
+                 policy: str = "lru", policy_params: dict | None = None, hot_experts=None, expert_used: int | None = None,
                  # the llama.cpp context and its threads
                  n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None,
@@ -368,6 +371,8 @@ class Session:
                           adaptive_k=adaptive_k, expert_budget=expert_budget, expert_addressing=expert_addressing, io_uring=io_uring,
                           speculative=speculative, draft_max=draft_max, draft_p_min=draft_p_min)
         self.options = o
+        # checked before the model loads: ValueError naming the parameter and its range
+        self.policy_params = policy_params_checked(o.policy, policy_params) if o.paged else {}
         self.speculative, self.draft_max, self.draft_p_min = o.speculative, o.draft_max, o.draft_p_min
         self.mtp_blocks = list(lay.mtp_moe_layers) if o.speculative else []
         if o.speculative:  # the MTP block's experts are paged in the same arena (epqlab/engine/speculative.py)
@@ -439,7 +444,8 @@ class Session:
                 lay, o.n_expert_used, budget=self.max_budget_bytes, used_before_arena=self.used_before_arena,
                 reserve=self.reserve_bytes, io_threads=io_threads).arena))
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
-                            n_expert_used=o.n_expert_used, capacity_bytes=capacity)
+                            n_expert_used=o.n_expert_used, capacity_bytes=capacity,
+                            policy_params=self.policy_params)
         self._pager.native.stage_lending = plan.stage_lend
         why = self._pager.native.set_slot_addressing(o.expert_addressing != "region")
         if why and o.expert_addressing == "slots":
