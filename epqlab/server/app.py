@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..engine.batch import Batcher
 from .context import Served
 from .guard import _Guard
+from .response_store import ResponseStore
 
 WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
 MAX_BODY_BYTES = 8 << 20  # default request body limit (--max-body-bytes): a full context of token ids fits many times
@@ -48,9 +49,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
     from fastapi import FastAPI
 
-    # one module per API surface; each adds its routes on the shared state. The Anthropic Messages API
-    # (anthropic_messages.py) and OpenAI's Responses API (openai_responses.py) will be added here the same way.
-    from . import epqlab_routes, openai_chat
+    # one module per API surface; each adds its routes on the shared state (docs/DESIGN.md §1)
+    from . import anthropic_messages, epqlab_routes, openai_chat, openai_responses
     from .http_errors import add_error_handlers
 
     batcher = Batcher(session, max_batch, prompt_cache=prompt_cache, window_s=batch_window_s).start()
@@ -70,6 +70,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     add_error_handlers(app)
     epqlab_routes.add_routes(app, served)
     openai_chat.add_routes(app, served)
+    anthropic_messages.add_routes(app, served)
+    openai_responses.add_routes(app, served, ResponseStore())
     return _Guard(app, api_key, int(max_body_bytes), session.decoder.files.check)
 
 
