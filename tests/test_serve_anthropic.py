@@ -11,8 +11,7 @@ import json
 
 import pytest
 
-from test_serve import served
-from test_serve_api import KEY, _ready
+from test_serve_api import KEY, keyed
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -31,10 +30,8 @@ T0 = {"extra_body": {"temperature": 0}}  # greedy; this client sends sampling fi
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    with served(default_model_path, "--n-ctx", 512, "--max-batch", 2, "--api-key", KEY,
-                "--max-body-bytes", 20000) as (url, p):
-        _ready(url, p)
-        yield url, p
+    with keyed(default_model_path) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import json
 import pytest
 
 from epqlab.server.response_store import ResponseStore
-from test_serve import served
-from test_serve_api import KEY, _ready
+from test_serve_api import KEY, keyed
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -30,10 +29,8 @@ N = 8
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    with served(default_model_path, "--n-ctx", 512, "--max-batch", 2, "--api-key", KEY,
-                "--max-body-bytes", 20000) as (url, p):
-        _ready(url, p)
-        yield url, p
+    with keyed(default_model_path) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +96,8 @@ def test_function_call_round_trip_and_previous_response_id(client):
 
 
 def test_previous_response_id_and_store(client):
-    r1 = client.responses.create(model="x", input="Hi", max_output_tokens=4, temperature=0)
+    r1 = client.responses.create(model="x", input="Hi", max_output_tokens=4, temperature=0,
+                                 instructions="Answer in French.")  # not carried over (OpenAI's rule)
     r2 = client.responses.create(model="x", input="And?", previous_response_id=r1.id, max_output_tokens=4,
                                  temperature=0, instructions=SYSTEM)
     ref = _chat(client, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"},

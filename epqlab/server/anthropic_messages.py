@@ -32,7 +32,7 @@ from .context import Served
 from .fields import check_names
 from .http_errors import anthropic
 from .streaming import ANTHROPIC, run
-from .translate import (assistant, chat_kwargs, function_tool, json_body, number, reply_events, reply_of, start,
+from .translate import (assistant, chat_kwargs, function_tools, json_body, number, reply_events, reply_of, start,
                         text_parts, tool_call, tool_result)
 from .wording import said
 
@@ -104,16 +104,8 @@ def chat_messages(body: dict) -> list[dict]:
 def chat_tools(body: dict) -> tuple[list, object, bool | None]:
     """``(tools, tool_choice, parallel_tool_calls)`` in OpenAI chat's terms. ValueError naming a bad tool or
     choice."""
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise ValueError("tools must be a list of {\"name\", \"description\", \"input_schema\"} objects")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type", "custom") not in ("custom", None):
-            what = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise ValueError(f"tools[{i}]: {what!r} is a server tool, which is not offered here: send client tools "
-                             f"({{\"name\", \"description\", \"input_schema\"}})")
-        out.append(function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools[{i}]"))
+    out = function_tools(body.get("tools"), (None, "custom"), "input_schema", "is a server tool, which is not "
+                         'offered here: send client tools ({"name", "description", "input_schema"})')
     tc = body.get("tool_choice")
     if tc is None:
         return out, None, None

@@ -32,7 +32,7 @@ from .fields import check_names
 from .http_errors import error
 from .response_store import ResponseStore
 from .streaming import NAMED, run
-from .translate import (assistant, chat_kwargs, function_tool, json_body, number, reply_events, reply_of, start,
+from .translate import (assistant, chat_kwargs, function_tools, json_body, number, reply_events, reply_of, start,
                         text_parts, tool_call, tool_result)
 
 RULE = " (OpenAI's Responses API: https://platform.openai.com/docs/api-reference/responses/create)"
@@ -91,16 +91,8 @@ def chat_input(inp) -> list[dict]:
 def chat_tools(body: dict) -> tuple[list, object]:
     """``(tools, tool_choice)`` in OpenAI chat's terms. ValueError naming a tool that is not a function, or a bad
     choice."""
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise ValueError("tools must be a list of {\"type\": \"function\", \"name\", \"parameters\"} objects")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            what = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise ValueError(f"tools[{i}]: {what!r} tools are not offered here (OpenAI's hosted tools): only "
-                             "function tools")
-        out.append(function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
+    out = function_tools(body.get("tools"), ("function",), "parameters",
+                         "tools are not offered here (OpenAI's hosted tools): only function tools")
     tc = body.get("tool_choice")
     if isinstance(tc, dict):
         if tc.get("type") != "function" or not isinstance(tc.get("name"), str):

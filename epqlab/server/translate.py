@@ -77,6 +77,22 @@ def function_tool(name, description, parameters, where: str) -> dict:
     return {"type": "function", "function": f}
 
 
+def function_tools(tools, accepted: tuple, schema_key: str, refusal: str) -> list[dict]:
+    """``tools`` (null or a list) as OpenAI chat tools: each an object whose ``type`` is one of ``accepted`` (None:
+    absent), with ``name``, ``description`` and the JSON schema of its arguments under ``schema_key``. ValueError
+    for a tools value that is not a list, a tool of another type (its type, then ``refusal``), a tool
+    :func:`function_tool` refuses."""
+    if not isinstance(tools or [], list):
+        raise ValueError(f"tools must be a list of tool objects, got {type(tools).__name__}")
+    out = []
+    for i, t in enumerate(tools or []):
+        typ = t.get("type") if isinstance(t, dict) else type(t).__name__
+        if not isinstance(t, dict) or typ not in accepted:
+            raise ValueError(f"tools[{i}]: {typ!r} {refusal}")
+        out.append(function_tool(t.get("name"), t.get("description"), t.get(schema_key), f"tools[{i}]"))
+    return out
+
+
 def tool_call(call_id, name, arguments, where: str) -> dict:
     """An OpenAI chat assistant's tool call; ``arguments``: a JSON string or an object. ValueError naming a
     missing id or name."""
