@@ -125,14 +125,21 @@ def test_count_tokens_by_hand(server, claude):
 
 def test_keys(server):
     url = server[0]
-    assert anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0).messages.count_tokens(
-        model="x", messages=[{"role": "user", "content": "Hi"}]).input_tokens > 0  # Authorization: Bearer
+    n = anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0).messages.count_tokens(
+        model="x", messages=[{"role": "user", "content": "Hi"}])  # Authorization: Bearer
+    assert n.input_tokens > 0
     with pytest.raises(anthropic.AuthenticationError) as e:
         anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
             model="x", max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
     assert e.value.body == {"type": "error", "error": {"type": "authentication_error", "message": e.value.body["error"]["message"]}}
-    h = httpx.post(url + "/v1/messages", json={"model": "x", "max_tokens": 1, "messages": []})
-    assert h.status_code == 401 and h.json()["error"]["type"] == "authentication_error" and h.json()["type"] == "error"
+    body = {"model": "x", "messages": [{"role": "user", "content": "Hi"}]}
+    # x-api-key, as older clients and Claude Code send it (this client version sends a bearer token)
+    h = httpx.post(url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": KEY})
+    assert h.status_code == 200 and h.json()["input_tokens"] == n.input_tokens
+    for hdr in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+        h = httpx.post(url + "/v1/messages", json={**body, "max_tokens": 1}, headers=hdr)
+        assert h.status_code == 401 and h.json()["type"] == "error", hdr
+        assert h.json()["error"]["type"] == "authentication_error", hdr
 
 
 def test_malformed_bodies_then_serves(server, claude):

@@ -173,6 +173,8 @@ def test_malformed_bodies_then_serves(server, client):
         assert err["type"] == "invalid_request_error" and what in err["message"], (what, h.text)
     h = httpx.post(url + "/v1/responses", content=b"[1, 2", headers=hdr)
     assert h.status_code == 400 and "not JSON" in h.json()["error"]["message"]
+    h = httpx.post(url + "/v1/responses", json=[ok], headers=hdr)
+    assert h.status_code == 400 and "must be a JSON object" in h.json()["error"]["message"]
     h = httpx.post(url + "/v1/responses", json={**ok, "input": "x" * 30000}, headers=hdr)
     assert h.status_code == 413 and h.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.AuthenticationError):
