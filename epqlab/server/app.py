@@ -37,7 +37,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
     that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
     batcher's thread; it is stopped with the app (lifespan). ``api_key``: every endpoint but ``GET /health``
-    answers 401 without ``Authorization: Bearer <api_key>`` (compared in constant time, never logged);
+    answers 401 without ``Authorization: Bearer <api_key>`` or ``x-api-key: <api_key>`` (compared in constant
+    time, never logged);
     ``max_body_bytes``: larger request bodies get 413 before they are parsed; ``prompt_cache``: ``"exact"``
     (default: a cached prefix is reused only where the answer stays the uncached one bit for bit),
     ``"fast"`` (llama.cpp's server's ``cache_prompt``: the whole common prefix) or ``"off"``
