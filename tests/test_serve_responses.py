@@ -8,6 +8,7 @@ while the server keeps serving."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -152,6 +153,26 @@ def test_same_tokens_through_three_apis(server, client):
     assert m.content[0].text == r.output_text == text
     assert m.usage.output_tokens == r.usage.output_tokens == len(toks)
     assert m.usage.input_tokens == r.usage.input_tokens == ref.usage.prompt_tokens
+
+
+def test_disconnect_frees_the_sequence(server):
+    """A client that leaves a stream of either new API frees its sequence at the next step (the shared
+    streaming.run): the batcher has no active sequence soon after, long before 400 tokens (about 5 s here)."""
+    url, auth = server[0], {"Authorization": f"Bearer {KEY}"}
+    long = "Tell me a long story about a river."
+    for path, body in (("/v1/messages", {"model": "x", "max_tokens": 400, "temperature": 0, "stream": True,
+                                         "messages": [{"role": "user", "content": long}]}),
+                       ("/v1/responses", {"model": "x", "max_output_tokens": 400, "temperature": 0, "stream": True,
+                                          "input": long})):
+        with httpx.stream("POST", url + path, json=body, headers=auth, timeout=60) as h:
+            assert h.status_code == 200
+            next(ln for ln in h.iter_lines() if "text_delta" in ln or "output_text.delta" in ln)
+            left = time.time()
+        active = 1
+        while active and time.time() < left + 1.5:
+            time.sleep(0.05)
+            active = httpx.get(url + "/v1/epqlab/stats", headers=auth).json()["batch"]["active"]
+        assert active == 0, path
 
 
 def test_malformed_bodies_then_serves(server, client):
