@@ -8,6 +8,7 @@ in-process through ``Session.create_*`` (with ``n`` = 2: per-sequence samplers i
 model is a random-ish MoE: the grammar is what makes its JSON valid."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 import epqlab
 from epqlab.requests.tools import StreamSplitter, parse_reply, render_jinja
-from test_serve import _free_port
+from test_serve import _free_port, served
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -71,6 +72,15 @@ def server(default_model_path):
         p.kill()
         out = p.communicate()[0]
     assert KEY not in out  # the key is never logged
+
+
+@contextlib.contextmanager
+def keyed(model):
+    """``epqlab serve`` with the key and limits this module's server has, ready; yields ``(url, process)`` (the
+    fixture of the Anthropic and Responses tests)."""
+    with served(model, "--n-ctx", 512, "--max-batch", 2, "--api-key", KEY, "--max-body-bytes", 20000) as (url, p):
+        _ready(url, p)
+        yield url, p
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ from collections.abc import Iterator, Sequence
 
 from ..engine.batch import Batcher
 from ..engine.sampling import MAX_LOGPROBS
-from .completion_run import _check_n, _stop_list, batch_events, choice_events, prompt_list, run_all, sampling_args
+from .completion_run import (_check_n, _stop_list, batch_events, choice_events, matched_stop, prompt_list, run_all,
+                             sampling_args)
 from .structured import request_grammar
 from .tools import StreamSplitter, chat_prompt, check_tools, forced_grammar, parse_reply
 
@@ -273,6 +274,15 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
+def chat_prompt_tokens(session, messages: Sequence[dict], tools: list | None = None, tool_choice=None) -> list[int]:
+    """The prompt token ids :func:`create_chat_completion` decodes for ``messages`` with ``tools`` /
+    ``tool_choice`` (the chat template's rendering, :func:`epqlab.requests.tools.chat_prompt`): its ``usage``'s
+    ``prompt_tokens``, counted without decoding. Raises ValueError as :func:`create_chat_completion` does for
+    malformed messages or tools."""
+    fns, choice = check_tools(tools, tool_choice)
+    return session.tokenize(chat_prompt(session, check_messages(messages), fns, choice), add_special=False)
+
+
 def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int | None = None,
                            temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                            repeat_penalty: float = 1.0, stop: str | Sequence[str] | None = None,
@@ -283,11 +293,14 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                            top_logprobs: int | None = None, tools: list | None = None, tool_choice=None,
                            functions: list | None = None, function_call=None, batcher: Batcher | None = None,
                            cancel: threading.Event | None = None, strict_context: bool = False,
-                           stream_options: dict | None = None,
-                           parallel_tool_calls: bool | None = None) -> dict | Iterator[dict]:
+                           stream_options: dict | None = None, parallel_tool_calls: bool | None = None,
+                           stop_detail: bool = False) -> dict | Iterator[dict]:
     """:meth:`epqlab.Session.create_chat_completion` (see there); ``batcher``, ``cancel``, ``strict_context``,
     ``stream_options`` as :func:`create_completion`. ``parallel_tool_calls``: OpenAI's; False: at most one tool
-    call per choice (the first the reply makes; later ones are dropped), None or True: every call."""
+    call per choice (the first the reply makes; later ones are dropped), None or True: every call.
+    ``stop_detail``: each choice (a stream: its last chunk's) also carries ``"stop_sequence"``, the stop string
+    that ended it or None (:func:`~epqlab.requests.completion_run.matched_stop`; Anthropic's Messages API reports
+    it, OpenAI's chat does not)."""
     _check_stream_options(stream_options, stream)
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
         raise ValueError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}")
@@ -307,6 +320,7 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
         raise ValueError("top_logprobs needs logprobs=true")
     nlp = _n_logprobs(top_logprobs or 0, "top_logprobs") if logprobs else None
     toks = session.tokenize(chat_prompt(session, msgs, fns, choice), add_special=False)
+    stops = _stop_list(stop)
     n = _check_n(n)
     sampling = sampling_args(session, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
@@ -315,9 +329,11 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                              grammar=g, n_logprobs=nlp)
     cid, created, name = f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or session.model_name
 
-    def chunk(delta: dict, reason, index: int = 0, extra=None, lp=None) -> dict:
+    def chunk(delta: dict, reason, index: int = 0, extra=None, lp=None, gen=None) -> dict:
         d = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
              "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
+        if stop_detail and gen is not None:
+            d["choices"][0]["stop_sequence"] = matched_stop(session, gen, stops)
         if extra:
             d.update(extra)
         return d
@@ -329,11 +345,13 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
             msg["tool_calls"] = calls
         elif forced:  # the grammar admits only the call: cut short (max_tokens, a stop), it is no call and no text
             msg.update(content=None, tool_calls=[])
-        return {"index": c, "message": msg,
-                "logprobs": None if recs is None else _chat_logprobs(session, recs),
-                "finish_reason": "tool_calls" if calls else gen.finish_reason}
+        out = {"index": c, "message": msg, "logprobs": None if recs is None else _chat_logprobs(session, recs),
+               "finish_reason": "tool_calls" if calls else gen.finish_reason}
+        if stop_detail:
+            out["stop_sequence"] = matched_stop(session, gen, stops)
+        return out
 
-    events = choice_events(session, [toks], n, max_tokens, _stop_list(stop), seed, sampling, batcher, cancel,
+    events = choice_events(session, [toks], n, max_tokens, stops, seed, sampling, batcher, cancel,
                            strict_context, pieces=stream)
     if stream:
         def chunks():
@@ -363,11 +381,11 @@ def create_chat_completion(session, messages: Sequence[dict], *, max_tokens: int
                     yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
                                                  "function": {"name": f["name"], "arguments": ""}}]}, None, c)
                     yield chunk({"tool_calls": [{"index": i, "function": {"arguments": f["arguments"]}}]}, None, c)
-                yield chunk({}, "tool_calls" if calls else gen.finish_reason, c, extra)
+                yield chunk({}, "tool_calls" if calls else gen.finish_reason, c, extra, gen=gen)
         return _usage_last(chunks(), stream_options)
     gens, extra = run_all(session, events, batcher is None)
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [message(c, gen, recs) for c, (gen, recs) in enumerate(gens)], **extra}
 
 
-__all__ = ["create_completion", "create_chat_completion", "check_messages", "prompt_list", "batch_events"]
+__all__ = ["create_completion", "create_chat_completion", "chat_prompt_tokens", "check_messages", "prompt_list", "batch_events"]

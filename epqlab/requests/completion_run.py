@@ -284,6 +284,17 @@ def run_all(session, events: Iterator[tuple], local: bool) -> tuple[list, dict]:
     return [out[c] for c in sorted(out)], extra
 
 
+def matched_stop(session, gen: Generation, stops: list[str]) -> str | None:
+    """The stop string that ended ``gen``, or None (an end-of-generation token, the length limit, no stop).
+    ``gen.text`` is its tokens' text cut before the earliest stop string (:mod:`epqlab.engine.stop_text`), and the
+    tokens run through that stop (an end-of-generation token is not among them), so the stop is the one that
+    begins where the text ends; of several that begin there, the first in ``stops``."""
+    if gen is None or gen.finish_reason != "stop":
+        return None
+    full = b"".join(session.decoder.piece(t) for t in gen.tokens).decode("utf-8", "ignore")
+    return next((s for s in stops if s and full.startswith(s, len(gen.text))), None)
+
+
 def _records(sampler: Sampler, gen: Generation | None) -> list | None:
     """The log-probability records of ``gen``'s tokens (the end-of-generation draw dropped), or None."""
     if sampler.n_logprobs is None or gen is None:

@@ -15,6 +15,10 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
 - ``POST /tokenize`` and ``/extras/tokenize`` (``{"input": str}`` -> ``{"tokens": [int]}``),
   ``/extras/tokenize/count`` (-> ``{"count": int}``), ``POST /detokenize`` and ``/extras/detokenize``
   (``{"tokens": [int]}`` -> ``{"text": str}``): llama-cpp-python's server's shapes.
+- ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API (:mod:`.anthropic_messages`;
+  errors in Anthropic's shape, the key also as ``x-api-key``); ``POST /v1/responses``: OpenAI's Responses API
+  (:mod:`.openai_responses`, ``previous_response_id`` over :mod:`.response_store`). Both run as one chat request
+  (:mod:`.translate`): the same batcher, prompt cache, limits and refusals as chat.
 - ``POST /v1/embeddings``: 400, naming why (a causal MoE language model's hidden states are not embeddings).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`),
   ``batch``: the continuous batcher's figures (:meth:`epqlab.engine.batch.Batcher.summary`: prompt tokens
@@ -24,8 +28,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   (:func:`epqlab.engine.time_split.decode_summary`).
 
 Keys and limits: with an API key (``--api-key`` / ``EPQLAB_API_KEY``) every endpoint but ``/health`` answers
-401 (OpenAI's error body, ``authentication_error``) without ``Authorization: Bearer <key>`` (the scheme in
-any case, RFC 7235); an unknown request field gets 400 naming it (:data:`~epqlab.server.fields.IGNORED` lists the
+401 (the path's API's error body, ``authentication_error``) without ``Authorization: Bearer <key>`` (the scheme in
+any case, RFC 7235) or ``x-api-key: <key>``; an unknown request field gets 400 naming it (:data:`~epqlab.server.fields.IGNORED` lists the
 OpenAI fields accepted without effect); a body over
 ``--max-body-bytes`` gets 413 before it is parsed; a prompt that does not fit the context, or a ``max_tokens``
 that does not fit after the prompt, gets 400 before any decoding (the server does not clamp ``max_tokens``,
@@ -59,8 +63,9 @@ the runtime, :mod:`epqlab.engine`):
   (OpenAI's error shape and the app-wide handlers), :mod:`.wording` (errors in the server's terms),
   :mod:`.context` (what the API modules share);
 - one module per API surface: :mod:`.openai_chat` (OpenAI's completions, chat completions, models,
-  embeddings), :mod:`.epqlab_routes` (health, tokenize/detokenize, ``/v1/epqlab/stats``); the Anthropic
-  Messages API and OpenAI's Responses API are to come as modules of their own beside them.
+  embeddings), :mod:`.anthropic_messages` (Anthropic's Messages API), :mod:`.openai_responses` (OpenAI's Responses
+  API, with :mod:`.response_store`), :mod:`.epqlab_routes` (health, tokenize/detokenize, ``/v1/epqlab/stats``);
+  :mod:`.translate` and :mod:`.error_shapes` are what the two newer ones share.
 """
 from __future__ import annotations
 

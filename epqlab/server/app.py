@@ -17,6 +17,8 @@ from ..engine.batch import Batcher
 from ..engine.prompt_disk_cache import PromptDiskCache
 from .context import Served
 from .guard import _Guard
+from .response_store import ResponseStore
+from .response_store import ResponseStore
 
 WAITERS = 64  # threads that may wait on running requests at once (each holds one open request)
 PROMPT_CACHE_SIZE = 4 << 30  # default --prompt-cache-size, bytes
@@ -40,7 +42,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     ``max_batch`` sequences (default and cap: ``session.n_seq_max``); ``batch_window_s``: how long a batch
     that starts from idle waits for company (:class:`~epqlab.engine.batch.Batcher`). The app owns the
     batcher's thread; it is stopped with the app (lifespan). ``api_key``: every endpoint but ``GET /health``
-    answers 401 without ``Authorization: Bearer <api_key>`` (compared in constant time, never logged);
+    answers 401 without ``Authorization: Bearer <api_key>`` or ``x-api-key: <api_key>`` (compared in constant
+    time, never logged);
     ``max_body_bytes``: larger request bodies get 413 before they are parsed; ``prompt_cache``: ``"exact"``
     (default: a cached prefix is reused only where the answer stays the uncached one bit for bit),
     ``"fast"`` (llama.cpp's server's ``cache_prompt``: the whole common prefix) or ``"off"``
@@ -55,9 +58,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
 
     from fastapi import FastAPI
 
-    # one module per API surface; each adds its routes on the shared state. The Anthropic Messages API
-    # (anthropic_messages.py) and OpenAI's Responses API (openai_responses.py) will be added here the same way.
-    from . import epqlab_routes, metrics, openai_chat
+    # one module per API surface; each adds its routes on the shared state (docs/DESIGN.md §1)
+    from . import anthropic_messages, epqlab_routes, metrics, openai_chat, openai_responses
     from .http_errors import add_error_handlers
 
     disk = None
@@ -87,6 +89,8 @@ def create_app(session, *, model_name: str | None = None, max_batch: int | None 
     add_error_handlers(app)
     epqlab_routes.add_routes(app, served)
     openai_chat.add_routes(app, served)
+    anthropic_messages.add_routes(app, served)
+    openai_responses.add_routes(app, served, ResponseStore())
     counter = metrics.RequestCounter(None, ())
     metrics.add_routes(app, served, counter)
     counter.routes = {r.path for r in app.routes}

@@ -29,15 +29,25 @@ IGNORED = {"user": "an end-user id for OpenAI's abuse monitoring: nothing here u
            "verbosity": "OpenAI's answer-length hint: not applied (use max_tokens)"}
 
 
-def check_fields(req) -> None:
-    """ValueError naming every field of ``req`` (a pydantic model that allows extra fields) that is neither one of
-    its own, nor refused with a reason (UNSUPPORTED), nor ignored with one (IGNORED): a typo such as ``max_token``
-    is not silently dropped."""
-    unknown = sorted(k for k in (req.model_extra or {}) if k not in UNSUPPORTED and k not in IGNORED)
+def check_names(given, own, ignored: dict = IGNORED, unsupported: dict = UNSUPPORTED) -> None:
+    """ValueError naming every field in ``given`` (names, or a dict's keys) that is neither one of the endpoint's
+    ``own``, nor refused with a reason (``unsupported``: name -> (accepted "off" values, reason)), nor ignored with
+    one (``ignored``: name -> reason), so a typo such as ``max_token`` is not silently dropped; then, for a dict,
+    ValueError for a refused field set to something other than its "off" values, with the reason."""
+    unknown = sorted(k for k in given if k not in own and k not in unsupported and k not in ignored)
     if unknown:
-        known = sorted(set(type(req).model_fields) | set(UNSUPPORTED) | set(IGNORED))
+        known = sorted(set(own) | set(unsupported) | set(ignored))
         raise ValueError(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: not a "
                          f"field of this endpoint (check the spelling; it takes: {', '.join(known)})")
+    for k in given:
+        if isinstance(given, dict) and k in unsupported and given[k] not in unsupported[k][0]:
+            raise ValueError(f"{k}={given[k]!r}: {unsupported[k][1]}; drop it")
+
+
+def check_fields(req) -> None:
+    """:func:`check_names` for ``req``, a pydantic model of OpenAI's fields that allows extra ones (unknown names
+    only: :func:`sampling_kwargs` checks the refused fields' values)."""
+    check_names(list(req.model_extra or {}), type(req).model_fields)
 
 
 def check_openai_ranges(req) -> None:
@@ -71,9 +81,7 @@ def sampling_kwargs(served: Served, req, fields: tuple) -> dict:
     (:func:`check_openai_ranges`), or a seed out of range."""
     check_fields(req)
     check_openai_ranges(req)
-    for k, v in (req.model_extra or {}).items():
-        if k in UNSUPPORTED and v not in UNSUPPORTED[k][0]:
-            raise ValueError(f"{k}={v!r}: {UNSUPPORTED[k][1]}; drop it")
+    check_names(req.model_extra or {}, type(req).model_fields)
     if req.seed is not None and not 0 <= req.seed < 2**32:
         raise ValueError(f"seed must be in 0..2**32-1, got {req.seed}")
     kw = dict(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,

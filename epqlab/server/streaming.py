@@ -1,12 +1,16 @@
 """Running a request on the batcher from the event loop: the answer as JSON (the request cancelled when its
-client goes away first), or Server-Sent Events (``data: {chunk}`` lines, then ``data: [DONE]``; an error after
-the first byte is an ``error`` event; a server that stops ends open streams with one)."""
+client goes away first), or Server-Sent Events (an error after the first byte is an error event; a server that
+stops ends open streams with one). What differs between the APIs is a :class:`Shape`: OpenAI's chat streams
+``data: {chunk}`` lines then ``data: [DONE]`` (:data:`OPENAI`); the Anthropic Messages API and OpenAI's Responses
+API name each event (``event: <type>``) and end with their own last event (:data:`NAMED`, :data:`ANTHROPIC`)."""
 # no `from __future__ import annotations`: FastAPI reads the endpoint annotations at runtime
 
 import asyncio
 import json
 import queue
 import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import anyio
 from fastapi import Request
@@ -15,7 +19,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..errors import EpqlabError, ModelChangedError
 from .context import Served
-from .http_errors import error
+from .http_errors import anthropic, error
 from .wording import said
 
 POLL_S = 0.25  # how often a waiting request checks whether its client is still there (a stream: the server stopping)
@@ -23,10 +27,38 @@ _EMPTY = object()  # no chunk within POLL_S
 SHUTDOWN_GRACE_S = 2.0  # an open stream's time to send its error event and [DONE] once the server stops (> POLL_S)
 
 
-async def run(served: Served, make, stream: bool, request: Request):
+@dataclass(frozen=True)
+class Shape:
+    """How one API answers: ``error(status, message, type)`` an error response; ``sse(item)`` the SSE event of a
+    streamed item; ``failed(message)`` the event that ends a stream cut by an error; ``done`` the last event
+    (None: the API has none of its own)."""
+    error: Callable
+    sse: Callable[[Any], dict]
+    failed: Callable[[str], dict]
+    done: Optional[dict] = None
+
+
+# OpenAI's chat and completions (https://platform.openai.com/docs/api-reference/chat-streaming)
+OPENAI = Shape(error, lambda item: {"data": json.dumps(item)},
+               lambda msg: {"data": json.dumps({"error": {"message": msg, "type": "server_error"}})},
+               {"data": "[DONE]"})
+# OpenAI's Responses API: each event named by its type, an `error` event for a failure
+# (https://platform.openai.com/docs/api-reference/responses-streaming/error)
+NAMED = Shape(error, lambda item: {"event": item["type"], "data": json.dumps(item)},
+              lambda msg: {"event": "error", "data": json.dumps({"type": "error", "code": "server_error",
+                                                                 "message": msg, "param": None})})
+# Anthropic's Messages API (https://docs.anthropic.com/en/docs/build-with-claude/streaming#error-events)
+ANTHROPIC = Shape(lambda status, msg, typ=None: anthropic(status, msg), NAMED.sse,
+                  lambda msg: {"event": "error", "data": json.dumps({"type": "error", "error": {
+                      "type": "api_error", "message": msg}})})
+
+
+async def run(served: Served, make, stream: bool, request: Request, shape: Shape = OPENAI):
     """Run ``make(cancel)`` (a completion call on the batcher) on a waiting thread. Non-streaming: its
     dict as JSON, the requests cancelled if the client goes away first. Streaming: validate first
-    (errors -> 400 before any byte is sent), then SSE."""
+    (errors -> 400 before any byte is sent), then SSE, each item as ``shape.sse`` makes it. Errors in ``shape``'s
+    API's shape: 400 for a ValueError / TypeError, 503 once the model file changed, 500 for anything else."""
+    error = shape.error
     waiters = served.waiters
     loop = asyncio.get_running_loop()
     cancel = threading.Event()
@@ -97,10 +129,11 @@ async def run(served: Served, make, stream: bool, request: Request):
                 if item is None:
                     break
                 if isinstance(item, Exception):
-                    yield {"data": json.dumps({"error": {"message": said(item), "type": "server_error"}})}
+                    yield shape.failed(said(item))
                     break
-                yield {"data": json.dumps(item)}
-            yield {"data": "[DONE]"}
+                yield shape.sse(item)
+            if shape.done is not None:
+                yield shape.done
         finally:
             cancel.set()  # client gone (or done): the worker stops at the next token
 

@@ -1,0 +1,45 @@
+"""The Responses API's stored responses (``previous_response_id``), in memory and bounded: the newest
+:data:`KEEP` responses, fewer when their conversations together pass :data:`KEEP_CHARS` characters; the oldest go
+first. A response made with ``store: false`` is never kept. Nothing survives a restart.
+
+What is kept per response is its conversation as OpenAI chat messages (every turn before it, its own input and its
+reply), not its ``instructions``: OpenAI's rule is that a previous response's instructions are not carried over
+(https://platform.openai.com/docs/api-reference/responses/create#responses-create-instructions).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+KEEP = 256  # responses kept
+KEEP_CHARS = 64 << 20  # characters of kept conversations (their JSON), all together
+
+
+class ResponseStore:
+    """Responses by id (module docstring); safe to use from several threads."""
+
+    def __init__(self, keep: int = KEEP, keep_chars: int = KEEP_CHARS):
+        self.keep, self.keep_chars = keep, keep_chars
+        self._items: OrderedDict[str, tuple[list[dict], int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def put(self, rid: str, conversation: list[dict]) -> None:
+        size = len(json.dumps(conversation))
+        with self._lock:
+            self._items[rid] = (conversation, size)
+            self._chars += size
+            while self._items and (len(self._items) > self.keep or self._chars > self.keep_chars):
+                self._chars -= self._items.popitem(last=False)[1][1]
+
+    def conversation(self, rid) -> list[dict]:
+        """The conversation through response ``rid`` (a copy). ValueError when it is not kept (unknown, made with
+        ``store: false``, or evicted), naming the bound."""
+        with self._lock:
+            hit = self._items.get(rid) if isinstance(rid, str) else None
+        if hit is None:
+            raise ValueError(f"previous_response_id {rid!r} is not a stored response: this server keeps the last "
+                             f"{self.keep} responses made with store=true in memory, since it started (fewer when "
+                             "their conversations are long); send the whole conversation as input instead")
+        return [dict(m) for m in hit[0]]
