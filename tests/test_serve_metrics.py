@@ -78,7 +78,7 @@ def test_memory_floor_answers_503_and_recovers(client):
     f = s.memory_follower
     real_budget, real_period = f.budget_fn, f.period_s
     try:
-        f.period_s = 0.0
+        f.period_s, f._next = 0.0, 0.0  # look at every step from now on
         f.budget_fn = lambda: 1  # no headroom at all: shrink to the floor, then stay short
         r = c.post("/v1/completions", headers=H, json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200  # admitted before the follower looked: it finishes
