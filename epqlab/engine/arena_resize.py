@@ -16,7 +16,7 @@ accounting/psi.rst). Its rule, with hysteresis:
   under the margin), and by :data:`PRESSURE_STEP` of the arena when PSI ``some avg10`` is at least
   :data:`PSI_SHRINK` % and rose since the last look; never below the smallest budget that opens;
 - **grow slowly** only when the auto budget exceeds the current one by :data:`GROW_HYSTERESIS` of the
-  arena's capacity,
+  arena's capacity (or reaches the budget the Session opened with: the last step home),
   PSI ``some avg10`` is below :data:`PSI_CALM` %, and no shrink happened for :data:`GROW_HOLD_S`:
   by at most :data:`GROW_STEP` of the capacity per look, never above the budget the Session opened
   with (or ``max_ram_budget``).
@@ -232,8 +232,8 @@ class MemoryFollower:
             return None
         self.floor_under_pressure = False
         calm = psi is None or psi < PSI_CALM
-        if (auto - cur > GROW_HYSTERESIS * s.pager.capacity_bytes and calm and now - self._last_shrink >= GROW_HOLD_S
-                and cur < self.ceiling):
+        room = auto - cur > GROW_HYSTERESIS * s.pager.capacity_bytes or auto >= self.ceiling  # (the last step home)
+        if room and calm and now - self._last_shrink >= GROW_HOLD_S and cur < self.ceiling:
             step = int(GROW_STEP * s.pager.capacity_bytes)
             target = min(auto, self.ceiling, cur + step)
             if target > cur:
