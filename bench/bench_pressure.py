@@ -97,7 +97,9 @@ def ttft(a) -> dict:
     from epqlab.server import create_app
 
     with epqlab.Session(a.ttft_model, pager=False, n_threads=a.threads, n_ctx=a.prompt + 256) as s:
-        ids = s.tokenize(heldout_texts()["legal"])
+        ids = s.tokenize(heldout_texts()["legal"] + "\n\n" + heldout_texts()["prose"])  # legal alone: < 2,040 tokens
+    if len(ids) < a.prompt + 40:
+        raise SystemExit(f"the held-out texts give {len(ids)} tokens, fewer than --prompt {a.prompt} + 40")
     first, second = ids[:a.prompt], ids[:a.prompt + 40]
     kw = dict(n_threads=a.threads, n_ctx=a.prompt + 256, ram_budget=a.ttft_budget, n_ubatch=a.n_ubatch)
 

@@ -233,3 +233,20 @@ def test_follow_memory_under_a_hog(default_path):
     with epqlab.Session(default_path, pager=False, n_threads=THREADS) as plain:
         ref = plain.generate(PROMPT, n_predict=len(out["tokens"]), temperature=0.0).tokens
     assert out["tokens"] == ref[:len(out["tokens"])] and len(out["tokens"]) > out["hog_end"]
+
+
+def test_requested_resize_lands_between_layers(default_path):
+    """A resize asked for from another thread (follow_memory's monitor: request_resize, an atomic store) is applied
+    by the hook before the next layer's load, inside a forward pass: after one decode call nobody else applied,
+    the arena is the asked size and the logits are still plain llama.cpp's."""
+    lay = epqlab.inspect(default_path)
+    toks, (rp, rs, rg) = greedy_ref(default_path)
+    with _open(default_path) as s:
+        p = s.pager
+        small = _smallest_arena(lay, s)
+        p.native.request_resize(small)
+        assert p.native.requested_resize == small and p.native.resizes == 0
+        p1, s1, g1 = s.greedy_trace(toks, N_STEPS)  # its prefill's first layer applies the request
+        assert p.native.requested_resize == -1 and p.native.resizes == 1
+        assert p.arena_bytes <= small < epqlab.Pager.all_experts_bytes(lay) and p.arena_resident_bytes == p.arena_bytes
+    assert np.array_equal(p1, rp) and np.array_equal(s1, rs) and g1 == rg

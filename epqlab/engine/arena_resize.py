@@ -26,6 +26,7 @@ Every resize is logged (``logging`` at INFO) and kept in ``Session.resize_events
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from .arena_sizing import plan_arena
 log = logging.getLogger("epqlab.resize")
 
 FOLLOW_PERIOD_S = 0.25  # seconds between two looks at memory (a look costs ~50 µs: a few small /proc reads)
+MONITOR_PERIOD_S = 0.05  # the monitor thread's period: how soon a shrink is asked for after headroom goes
 PSI_SHRINK = 10.0       # % of time some task stalled on memory (avg10) that shrinks the arena
 PSI_CALM = 1.0          # % below which growing is allowed
 PRESSURE_STEP = 0.125   # fraction of the arena a pressure shrink gives back
@@ -169,6 +171,81 @@ class MemoryFollower:
         self._last_psi: float | None = None
         self.floor_under_pressure = False
         self.looks = 0
+        self._pending = None  # a shrink the monitor asked for: (budget, budget before, arena before, time, psi)
+        self._thread = None
+
+    # -- the monitor thread: shrinks land within one layer (docs/DESIGN.md §5 "Following memory") ----------
+    def start(self) -> "MemoryFollower":
+        """Start the monitor thread: every :data:`MONITOR_PERIOD_S` it reads the auto budget and, when it fell
+        below the current one, asks the pager for the smaller arena (``request_resize``, an atomic store), which
+        the hook applies before the next layer's load; when no forward pass runs it applies it itself (the
+        decoder's lock taken for at most 10 ms). A hog that takes memory in a second is then answered within a
+        layer, not a decode step. Growth stays with :meth:`look` (slow on purpose)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._monitor, name="epqlab-follow-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if getattr(self, "_thread", None) is not None:
+            self._stop.set()
+            self._thread.join(2.0)
+            self._thread = None
+
+    def _monitor(self) -> None:
+        while not self._stop.wait(MONITOR_PERIOD_S):
+            try:
+                self._watch()
+            except Exception:  # noqa: BLE001 - the monitor must outlive a failed reading; logged
+                log.exception("follow_memory: the monitor's reading failed")
+
+    def _watch(self) -> None:
+        s = self.session
+        p = s.pager
+        if p is None or s.decoder.closed or self._pending is not None:
+            return
+        auto, cur = self.budget_fn(), s.budget_bytes
+        if auto >= cur:
+            return
+        floor = self._floor_cached()
+        target = max(auto, floor)
+        if target >= cur:
+            self.floor_under_pressure = cur <= floor  # at the floor and still short: the server's 503
+            return
+        try:
+            arena = min(plan_for_budget(s, target), p.capacity_bytes)
+        except ArenaTooSmall:
+            return
+        if arena >= p.arena_bytes:
+            return  # the budget moves, the arena would not: look() records it between steps
+        self._pending = (target, cur, p.arena_bytes, time.time(), self.psi_fn())
+        p.native.request_resize(arena)
+        if s.decoder.lock.acquire(timeout=0.01):  # nobody is decoding: apply it here
+            try:
+                self._settle()
+            finally:
+                s.decoder.lock.release()
+
+    def _settle(self) -> ResizeEvent | None:
+        """Record a resize the monitor asked for (call with the decoder's lock held): applied by the hook inside
+        a forward pass, or here. None while it is still pending."""
+        if self._pending is None:
+            return None
+        s, p = self.session, self.session.pager
+        if p.native.requested_resize >= 0:
+            p.native.apply_requested_resize()
+            if p.native.requested_resize >= 0:
+                return None
+        target, b0, before, t_wall, psi = self._pending
+        self._pending = None
+        s.budget_bytes = target
+        self._last_shrink = time.monotonic()
+        e = ResizeEvent(t_wall, "headroom", b0, target, before, p.arena_bytes, p.native.last_resize_us / 1e6,
+                        int(p.native.last_resize_evictions), psi)
+        s.resize_events.append(e)
+        log.info("arena %s -> %s (ram_budget %s -> %s, headroom, monitor; %.1f ms, %d evictions)", fmt_bytes(before),
+                 fmt_bytes(e.arena_after), fmt_bytes(b0), fmt_bytes(target), e.seconds * 1e3, e.evictions)
+        return e
 
     def floor(self) -> int:
         """The smallest budget that opens an arena (the quote's exact part), bytes."""
@@ -211,6 +288,9 @@ class MemoryFollower:
             return None
         self._next = now + self.period_s
         self.looks += 1
+        settled = self._settle()
+        if settled is not None:
+            return settled
         s = self.session
         cur = s.budget_bytes
         auto = self.budget_fn()

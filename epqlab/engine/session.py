@@ -424,7 +424,7 @@ class Session:
                 self.decoder.close()
                 raise
             if follow_memory:
-                self._follower = MemoryFollower(self)
+                self._follower = MemoryFollower(self).start()
         self.n_vocab, self.n_ctx, self.n_batch = self.decoder.n_vocab, self.decoder.n_ctx, self.decoder.n_batch
         self.n_seq_max = int(self.decoder.engine.n_seq_max)
         self.peak.update()
@@ -913,6 +913,8 @@ class Session:
         """Save the route log (if asked for) and free the model, context and arena. Called from another
         thread while a generation runs, it waits for the generation to end (a stream iterated by hand:
         for its current decode step; the stream's next step raises EpqlabError)."""
+        if self._follower is not None:
+            self._follower.stop()  # its monitor thread reads the pager
         with self.decoder.lock:
             if self.decoder.closed:
                 return

@@ -38,7 +38,7 @@ from ..paging.pager import Pager, default_io_threads
 from ..routes.log import RouteLog
 from ..routes.simulators import simulate, stack_distances
 from ..units import fmt_bytes, parse_bytes
-from .plan_model import (DeviceTable, LayerShape, Terms, decode_us_off, decode_us_prefetch, expected_union,
+from .plan_model import (DeviceTable, LayerShape, Terms, decode_us_off, decode_us_prefetch, expected_union, fit_compute,
                          prefetch_wait_us, prefill_us, step_read_us)
 from . import strict
 from .plan_probe import ProbeUnusableError, probe_for_plan
@@ -122,6 +122,7 @@ class Calibration:
     seconds: float = 0.0
     peak_charged: int = 0      # the child's peak charged memory (cgroup or sampled RSS), bytes
     limit_mode: str = ""
+    step_compute_us: tuple = ()  # per single-token decode step: wall - io wait - map, µs
 
 
 @dataclass
@@ -281,7 +282,8 @@ def _calibrate(model, limit: int, prompt: str, text: str, n: int, workdir: str, 
         decode_read_bytes=int(float(st.get("decode_ssd_bytes_per_token") or 0.0) * steps),
         prefetch_used=int(st.get("prefetch_used") or 0), prefetch_wasted_bytes=int(st.get("prefetch_wasted_bytes") or 0),
         decode_tok_s=float(st.get("decode_tok_s") or 0.0), log=log, seconds=time.perf_counter() - t0,
-        peak_charged=int(run.get("peak_charged") or 0), limit_mode=str(run.get("limit_mode")))
+        peak_charged=int(run.get("peak_charged") or 0), limit_mode=str(run.get("limit_mode")),
+        step_compute_us=tuple(1e3 * float(x) for x in (st.get("time_split_tokens") or {}).get("t_compute_ms", [])))
 
 
 # ------------------------------------------------------------------------------------------- simulation
@@ -330,6 +332,21 @@ def simulate_misses(log: RouteLog, layer_slot_bytes, class_slots: dict, policies
 
 
 # ------------------------------------------------------------------------------------------- the plan
+def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float) -> tuple[float, float, str]:
+    """``(C0, kappa, how)`` for a calibration: :func:`~epqlab.studies.plan_model.fit_compute` of its per-step compute
+    against its steps' simulated miss MB (``miss`` ``[T, L]``, LRU at its arena: the live pager's count); the steps
+    are matched from the end (the decode steps the time split saw). Without a per-step series: the old rule, the
+    mean compute less ``probe_kappa`` x MB per step (``how`` = ``"probe"``)."""
+    steps = max(1, cal.n_steps)
+    y = np.asarray(cal.step_compute_us, float)
+    mb = miss.astype(float) @ np.array([sh.unit_bytes for sh in shapes], float) / 1e6
+    n = min(y.size, mb.size)
+    if n == 0:
+        mb_cal = cal.decode_read_bytes / steps / 1e6
+        return max(0.0, cal.compute_us / steps - probe_kappa * mb_cal), probe_kappa, "probe"
+    return fit_compute(y[-n:], mb[-n:])
+
+
 def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTable, io_threads: int,
            kappa: float = 0.0) -> dict:
     slot_b, shapes = _classes(lay)
@@ -338,15 +355,15 @@ def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTab
     model_read = float(step_read_us(m_off[dec], shapes, io_threads, dev).sum())
     steps = max(1, cal_off.n_steps)
     k_io = cal_off.io_us / model_read if model_read > 0 and cal_off.io_us > 0 else 1.0
-    # compute with nothing read: the measured compute less what the run's reads took from it (kappa per MB)
-    mb_cal = cal_off.decode_read_bytes / steps / 1e6
-    base = dict(compute_us=max(0.0, cal_off.compute_us / steps - kappa * mb_cal), kappa_us_per_mb=kappa,
+    # compute with nothing read and per MB read: fitted on the calibration's own steps (plan_model.fit_compute)
+    c0, kappa, how = _fit_steps(cal_off, m_off[dec], shapes, kappa)
+    base = dict(compute_us=c0, kappa_us_per_mb=kappa,
                 map_us_per_miss=cal_off.map_us / cal_off.misses if cal_off.misses else 0.0,
                 k_io=k_io, io_threads=io_threads, window_us=cal_off.layer_compute_us,
                 prefill_us_per_token=max(0.0, 1e6 * cal_off.prefill_s - 1e6 * cal_off.prefill_read_bytes
                                          / (dev.best(float(np.mean([sh.unit_bytes / sh.n_mat for sh in shapes]))) * 1e6))
                 / max(1, cal_off.prefill_tokens))
-    out = {"off": Terms(**base, notes={"model_read_us": model_read, "measured_io_us": cal_off.io_us,
+    out = {"off": Terms(**base, notes={"model_read_us": model_read, "measured_io_us": cal_off.io_us, "compute_fit": how,
                                        "sim_decode_misses": int(m_off[dec].sum()), "live_decode_misses": cal_off.misses})}
     if cal_pf is not None:
         psteps = max(1, cal_pf.n_steps)

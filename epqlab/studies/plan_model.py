@@ -17,8 +17,12 @@ The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
 - ``C0 + kappa * MB(t)``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and
   mapping taken out). Reads in flight take CPU from the two compute threads (pinning pages, completions:
   docs/DESIGN.md §3e measured 6-23 ms per token on the 35B shape), so compute grows with the MB a step reads,
-  ``MB(t)`` (its misses' bytes, plus wasted prefetch reads); ``kappa`` is the CPU µs per MB the device probe's
-  own reads cost, and ``C0`` the calibration's measured compute less ``kappa`` times its MB per step. ``c_map``: mapping and bookkeeping µs per missed expert, from the
+  ``MB(t)`` (its misses' bytes, plus wasted prefetch reads). ``C0`` and ``kappa`` are fitted on the calibration's
+  own steps (:func:`fit_compute`): each step's measured compute against the MB its simulated misses read (a cold
+  arena's first steps read far more than its last, which spreads MB(t)), a Theil-Sen line. Where the steps' MB
+  barely vary the fit is not trusted: kappa = 0 and C0 = the median step's compute. (The device probe's CPU per MB,
+  the first estimate, said 1977 µs/MB for the default model's 19-36 KiB reads, which left C0 at half the compute
+  an all-resident step measured.) ``c_map``: mapping and bookkeeping µs per missed expert, from the
   same run; ``P``: the predictor's µs per step, from the prefetch calibration.
 - ``k_io``: measured io wait over the model's read time at the calibration budget (1 = the device delivers what
   the probe promised; above 1: reads slow each other and compute, or pay a latency the probe did not see).
@@ -178,3 +182,32 @@ def prefill_us(n_tokens: int, union_l: np.ndarray, shapes, terms: Terms, dev: De
 
 __all__ = ["DeviceTable", "LayerShape", "Terms", "read_us", "step_mb", "step_read_us", "decode_us_off", "decode_us_prefetch",
            "prefetch_wait_us", "expected_union", "prefill_us"]
+
+
+FIT_MIN_SPREAD = 0.25  # (max - min) of the steps' MB over their mean below which kappa is not fitted
+
+
+def fit_compute(step_us, step_mb) -> tuple[float, float, str]:
+    """``(C0 µs, kappa µs/MB, how)`` from per-step compute ``step_us`` (µs, wall - io wait - map) and the MB each
+    step read ``step_mb``: the Theil-Sen line (the median of the pairwise slopes, clipped at 0, then the median
+    intercept; Sen 1968, doi:10.1080/01621459.1968.10480934), robust to the few steps a page fault or a busy core
+    slows. ``how``: ``"fit"``, or ``"median"`` (kappa 0, C0 the median) when fewer than 8 steps or their MB spread
+    is under :data:`FIT_MIN_SPREAD` of the mean. Raises ValueError when the two differ in length."""
+    y = np.asarray(step_us, float)
+    x = np.asarray(step_mb, float)
+    if x.shape != y.shape:
+        raise ValueError(f"{y.size} step times but {x.size} step MB")
+    if y.size == 0:
+        return 0.0, 0.0, "median"
+    mean = float(x.mean())
+    if y.size < 8 or mean <= 0 or (float(x.max()) - float(x.min())) < FIT_MIN_SPREAD * mean:
+        return float(np.median(y)), 0.0, "median"
+    i, j = np.triu_indices(y.size, 1)
+    dx = x[j] - x[i]
+    ok = np.abs(dx) > 1e-9
+    slope = max(0.0, float(np.median((y[j] - y[i])[ok] / dx[ok]))) if ok.any() else 0.0
+    c0 = float(np.median(y - slope * x))
+    if c0 < 0:  # a line through the cold steps that predicts negative compute at zero reads: not trusted
+        return float(np.median(y)), 0.0, "median"
+    return c0, slope, "fit"
+

@@ -511,6 +511,8 @@ void expert_hook::on_topk(ggml_tensor * t) {
         }
     }
     last_li_ = li;
+    // follow_memory: a shrink asked for by another thread lands here, between layers (nothing pinned)
+    pg_->apply_requested_resize();
 
     if (n_tokens == 1 && skip_tau_ >= 0) {
         // Skip-cold: load at the layer's first MUL_MAT_ID ask, once the weights were observed

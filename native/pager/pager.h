@@ -325,6 +325,16 @@ public:
     // The smallest arena resize accepts, bytes: top-k slots of every class (slot addressing) or of the largest.
     int64_t min_arena_bytes() const;
     int64_t resizes() const { return resizes_; }
+    // follow_memory's monitor thread asks for a resize (any thread: an atomic store); the thread that runs the
+    // pager applies it at the next point where nothing is pinned or lent: the hook before each layer's load
+    // (so a shrink waits one layer, not one forward pass), or apply_requested_resize between passes.
+    void request_resize(int64_t bytes) { resize_target_.store(bytes); }
+    int64_t requested_resize() const { return resize_target_.load(); }
+    // Applies a requested resize (never throws: a refusal keeps the arena and drops the request); true if the
+    // arena changed. last_resize_us: how long the last resize took, µs.
+    bool apply_requested_resize();
+    int64_t last_resize_us() const { return last_resize_us_; }
+    int64_t last_resize_evictions() const { return last_resize_evictions_; }  // victims the last resize evicted
     // Slots in use per class (class_n_slots() minus those resize took out).
     std::vector<int32_t> active_class_n() const;
     // How split_arena divides `bytes` among slot classes of class_bytes (largest first) with
@@ -479,6 +489,9 @@ private:
     std::vector<int>             lent_;             // slots lent to staging (out of use until unlend)
     int64_t                      retired_bytes_ = 0;  // bytes of the slots resize took out of use
     int64_t                      resizes_ = 0;
+    std::atomic<int64_t>         resize_target_{-1};  // request_resize; -1 none
+    int64_t                      last_resize_us_ = 0;
+    int64_t                      last_resize_evictions_ = 0;
     std::vector<int64_t>         n_units_;            // units per slot class
     // Gives slot s's memfd pages back to the kernel (FALLOC_FL_PUNCH_HOLE), its deferred unmap run
     // and its io_uring chunk unregistered first; the slot holds no unit. what: for the error message.

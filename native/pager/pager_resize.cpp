@@ -66,7 +66,24 @@ int64_t pager::min_arena_bytes() const {
     return b;
 }
 
+bool pager::apply_requested_resize() {
+    if (resize_target_.load() < 0) return false;
+    for (const auto & p : pinned_)
+        if (!p.empty()) return false;  // the next call (a layer later) applies it
+    if (!lent_.empty()) return false;
+    const int64_t t = resize_target_.exchange(-1);
+    if (t < 0) return false;
+    const int64_t before = arena_bytes();
+    try {
+        resize(std::max(t, min_arena_bytes()));
+    } catch (const std::exception &) {
+        return false;  // a refused or failed resize leaves the arena as it was (resize undoes nothing half-done)
+    }
+    return arena_bytes() != before;
+}
+
 int64_t pager::resize(int64_t bytes) {
+    const int64_t t_start = io_now_us(), ev_start = stats_.evictions;
     prefetch_finish();
     if (dm_active_) demand_finish();
     for (const auto & p : pinned_)
@@ -114,5 +131,7 @@ int64_t pager::resize(int64_t bytes) {
         }
     }
     resizes_++;
+    last_resize_us_ = io_now_us() - t_start;
+    last_resize_evictions_ = stats_.evictions - ev_start;
     return arena_bytes();
 }

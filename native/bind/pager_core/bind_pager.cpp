@@ -213,6 +213,15 @@ void register_pager(py::module_ & m) {
         .def_property_readonly("capacity_bytes", &pager::capacity_bytes)
         .def_property_readonly("min_arena_bytes", &pager::min_arena_bytes)
         .def_property_readonly("resizes", &pager::resizes)
+        .def_property_readonly("last_resize_us", &pager::last_resize_us)
+        .def_property_readonly("last_resize_evictions", &pager::last_resize_evictions)
+        .def("request_resize", &pager::request_resize, py::arg("bytes"),
+             "Ask for a resize from any thread; applied before the next layer's load (or apply_requested_resize).")
+        .def_property_readonly("requested_resize", &pager::requested_resize)
+        .def("apply_requested_resize", [](pager & p) {
+            py::gil_scoped_release nogil;
+            return p.apply_requested_resize();
+        })
         .def_property_readonly("active_class_n", &pager::active_class_n)
         .def("resize", [](pager & p, int64_t bytes) {
             py::gil_scoped_release nogil;  // waits for reads in flight; punches or allocates pages
