@@ -47,11 +47,12 @@ def child(a) -> None:
         prompt, forced = ids[:16], ids[16:16 + a.n]
         full = s.pager.arena_bytes
         t0 = time.monotonic()
-        steps, hog, t_up, t_gone = [], None, None, None
+        steps, hog, t_up, t_gone, t_spawn = [], None, None, None, None
         for i, _ in enumerate(s.stream(prompt, n_predict=len(forced), forced=forced)):
             now = time.monotonic() - t0
             steps.append((now, s.pager.arena_bytes, s.budget_bytes))
             if i == a.hog_at:
+                t_spawn = time.monotonic() - t0
                 hog = subprocess.Popen([sys.executable, "-c", HOG.format(n=a.hog, hold=a.hold)], stdout=subprocess.PIPE,
                                        text=True)
                 hog.stdout.readline()
@@ -59,7 +60,7 @@ def child(a) -> None:
             if hog is not None and t_gone is None and hog.poll() is not None:
                 t_gone = time.monotonic() - t0
         ev = [dict(e.as_dict(), t=e.t - (time.time() - (time.monotonic() - t0))) for e in s.resize_events]
-        print(json.dumps({"steps": steps, "full": full, "t_up": t_up, "t_gone": t_gone, "events": ev,
+        print(json.dumps({"steps": steps, "full": full, "t_up": t_up, "t_gone": t_gone, "events": ev, "t_spawn": t_spawn,
                           "budget0": s.memory_follower.ceiling}))
 
 
@@ -76,8 +77,13 @@ def pressure(a) -> dict:
     st = out["steps"]
     win = [(st[i + 8][0] - st[i][0]) for i in range(0, len(st) - 8, 8)]
     res["tok_s_windows"] = [{"t": st[i][0], "tok_s": 8 / w, "arena": st[i][1]} for i, w in zip(range(0, len(st) - 8, 8), win)]
-    shrinks = [e for e in out["events"] if e["arena_after"] < e["arena_before"]]
-    res["time_to_shrink_s"] = shrinks[0]["t"] - out["t_up"] if shrinks and out["t_up"] is not None else None
+    # the hog takes its memory over a few seconds: the arena follows it step by step; report when the arena reached
+    # its smallest against when the hog had all its pages, and the cgroup's peak against its limit
+    shrinks = [e for e in out["events"] if e["arena_after"] < e["arena_before"] and e["t"] >= (out["t_spawn"] or 0)]
+    res["first_shrink_after_spawn_s"] = shrinks[0]["t"] - out["t_spawn"] if shrinks else None
+    res["last_shrink_after_hog_up_s"] = shrinks[-1]["t"] - out["t_up"] if shrinks and out["t_up"] is not None else None
+    res["shrink_steps"] = len(shrinks)
+    res["headroom_at_peak_bytes"] = (a.limit - r.cgroup_peak) if r.cgroup_peak else None
     back = [t for t, arena, _ in st if out["t_gone"] is not None and t > out["t_gone"] and arena >= out["full"]]
     res["time_to_grow_back_s"] = back[0] - out["t_gone"] if back else None
     res.update(full_arena=out["full"], min_arena=min(x[1] for x in st), resizes=len(out["events"]),
@@ -154,7 +160,9 @@ def main(argv=None) -> int:
         out["pressure"] = r = pressure(a)
         print(f"pressure: {fmt_bytes(a.hog)} hog in a {fmt_bytes(a.limit)} cgroup: OOM kills {r['oom_kills']}, "
               f"arena {fmt_bytes(r.get('full_arena', 0))} -> min {fmt_bytes(r.get('min_arena', 0))}, "
-              f"shrink {r.get('time_to_shrink_s')} s after the hog, grown back {r.get('time_to_grow_back_s')} s after "
+              f"{r.get('shrink_steps')} shrinks from {r.get('first_shrink_after_spawn_s')} s after the hog started to "
+              f"{r.get('last_shrink_after_hog_up_s')} s after it held all its pages, cgroup peak "
+              f"{fmt_bytes(r.get('cgroup_peak') or 0)}, grown back {r.get('time_to_grow_back_s')} s after "
               f"it left; tok/s before/during/after {r.get('tok_s_before')} / {r.get('tok_s_during')} / "
               f"{r.get('tok_s_after')}", flush=True)
     if a.ttft_model:

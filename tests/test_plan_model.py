@@ -122,3 +122,23 @@ def test_simulated_misses_equal_the_pagers_replay(one_class, slots):
         st = epqlab.Pager(one_class, slots * unit, policy=pol).replay(log)
         assert agg[pol] == (st["hits"], st["requests"]), pol
     assert int(miss.sum()) == agg["lru"][1] - agg["lru"][0]
+
+
+def test_fit_compute_recovers_the_line_and_ignores_outliers():
+    """C0 and kappa from a calibration's steps: a cold arena's steps read 40 -> 2 MB; compute = 9000 µs + 120 µs/MB,
+    with two steps slowed 5x (a page fault storm, a busy core): the Theil-Sen line is the true one, where a least
+    squares fit is pulled far off. Steps whose MB barely vary give kappa 0 and the median."""
+    from epqlab.studies.plan_model import fit_compute
+
+    mb = np.linspace(40, 2, 32)
+    y = 9000 + 120 * mb
+    y[[3, 20]] *= 5
+    c0, kappa, how = fit_compute(y, mb)
+    assert how == "fit" and kappa == pytest.approx(120, rel=1e-6) and c0 == pytest.approx(9000, rel=1e-6)
+    ls_slope = np.polyfit(mb, y, 1)[0]
+    assert abs(ls_slope - 120) > 30  # what an ordinary fit would have said
+    flat = np.full(32, 10.0) + np.linspace(0, 0.5, 32)
+    c0, kappa, how = fit_compute(9000 + 120 * flat, flat)
+    assert how == "median" and kappa == 0 and c0 == pytest.approx(np.median(9000 + 120 * flat))
+    with pytest.raises(ValueError, match="step"):
+        fit_compute([1.0, 2.0], [1.0])
