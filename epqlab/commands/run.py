@@ -9,6 +9,23 @@ from ._args import policy_params_arg
 from ..units import fmt_bytes
 
 
+def add_memory_args(p) -> None:
+    """``--follow-memory`` and ``--max-ram-budget`` (run and serve)."""
+    p.add_argument("--follow-memory", action="store_true",
+                   help="follow memory pressure: a monitor re-reads what 'auto' reads (every 50 ms) and Linux PSI; the "
+                        "arena shrinks between two layers when headroom falls below the margin or memory stalls rise, "
+                        "and grows back slowly (epqlab.engine.arena_resize states the rule); needs --ram-budget")
+    p.add_argument("--max-ram-budget", default=None,
+                   help="the largest budget a resize may grow to (default: the opening --ram-budget)")
+
+
+def add_policy_param_arg(p) -> None:
+    """``--policy-param NAME=VALUE`` (run and serve; :func:`epqlab.commands._args.policy_params_arg` parses it)."""
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
+                        "epqlab.routes.policy_params)")
+
+
 def add_session_args(p) -> None:
     p.add_argument("-p", "--prompt", default="A CPU cache is a small, fast memory that")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64)")
@@ -16,18 +33,11 @@ def add_session_args(p) -> None:
                    help="RAM budget for the whole process (anon + shmem + file-backed RSS), e.g. 4GiB, or 'auto' "
                         "(cgroup limit or MemAvailable minus a margin; default: all experts fit, or auto when the "
                         "model is larger than that)")
-    p.add_argument("--follow-memory", action="store_true",
-                   help="follow memory pressure: between decode steps re-read what 'auto' reads and Linux PSI; shrink the "
-                        "arena when headroom falls below the margin or memory stalls rise, grow it back slowly "
-                        "(epqlab.engine.arena_resize states the rule); needs --ram-budget")
-    p.add_argument("--max-ram-budget", default=None,
-                   help="the largest budget a resize may grow to (default: the opening --ram-budget)")
+    add_memory_args(p)
     p.add_argument("--dense-weights", default=None, choices=["anon", "mlock", "mmap"],
                    help="non-expert weights: anonymous copy (default when paging), locked copy, or llama's file mapping")
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
-    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
-                        "epqlab.routes.policy_params)")
+    add_policy_param_arg(p)
     p.add_argument("--expert-used", type=int, default=None, help="override top-k")
     p.add_argument("--io-threads", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="compute threads")

@@ -15,7 +15,8 @@ from ._args import policy_params_arg
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
-from .run import add_lossy_args, add_spec_args, lossy_kwargs, spec_kwargs
+from .run import (add_lossy_args, add_memory_args, add_policy_param_arg, add_spec_args, lossy_kwargs,
+                  spec_kwargs)
 
 CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
 
@@ -41,12 +42,7 @@ def register(sub) -> None:
     p.add_argument("--ram-budget", default=None,
                    help="RAM budget for the whole process, e.g. 4GiB, or 'auto' (default: every expert fits, "
                         "or auto when the model is larger than that)")
-    p.add_argument("--follow-memory", action="store_true",
-                   help="follow memory pressure: between decode steps re-read what 'auto' reads and Linux PSI; shrink the "
-                        "arena when headroom falls below the margin or memory stalls rise, grow it back slowly "
-                        "(epqlab.engine.arena_resize states the rule); needs --ram-budget")
-    p.add_argument("--max-ram-budget", default=None,
-                   help="the largest budget a resize may grow to (default: the opening --ram-budget)")
+    add_memory_args(p)
     p.add_argument("--prompt-cache-dir", default=None,
                    help="also keep finished sequences' states in this directory, so a prompt that extends one starts "
                         "from it after a restart (same rule as --prompt-cache; epqlab.engine.prompt_disk_cache)")
@@ -62,9 +58,7 @@ def register(sub) -> None:
                    help=f"largest request body accepted, bytes (default {MAX_BODY_BYTES})")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (see epqlab.Pager)")
-    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
-                        "epqlab.routes.policy_params)")
+    add_policy_param_arg(p)
     p.add_argument("--n-ctx", type=int, default=2048, help="context of each sequence, tokens (default 2048)")
     p.add_argument("--max-batch", type=int, default=None,
                    help="sequences decoded together (continuous batching); default: the most, up to 8, whose KV "
