@@ -270,10 +270,15 @@ class MemoryFollower:
         if now >= self._next:
             self._next = now + self.period_s
             psi = self.psi_fn()
-            rising = psi is not None and psi >= PSI_SHRINK and (self._last_psi is None or psi > self._last_psi)
-            self._last_psi = psi
+            rising = self._stalls_rising(psi)
             self.floor_under_pressure = self.budget_fn() < self.session.budget_bytes or rising
         return self.floor_under_pressure
+
+    def _stalls_rising(self, psi: float | None) -> bool:
+        """PSI ``some avg10`` at least :data:`PSI_SHRINK` % and above the last reading (which it then replaces)."""
+        rising = psi is not None and psi >= PSI_SHRINK and (self._last_psi is None or psi > self._last_psi)
+        self._last_psi = psi
+        return rising
 
     def _resize(self, target: int, reason: str, psi) -> ResizeEvent | None:
         try:
@@ -295,8 +300,7 @@ class MemoryFollower:
         cur = s.budget_bytes
         auto = self.budget_fn()
         psi = self.psi_fn()
-        rising = psi is not None and psi >= PSI_SHRINK and (self._last_psi is None or psi > self._last_psi)
-        self._last_psi = psi
+        rising = self._stalls_rising(psi)
         floor = self._floor_cached()
         target, reason = cur, None
         if auto < cur:
