@@ -21,7 +21,7 @@ from epqlab.routes.policy_params import policy_params
 from exact import check_identical, small_arena
 from ggufs import LayerSpec, write_moe
 
-NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact")
+NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact", "gate_rank")
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +48,23 @@ def pair(tmp_path_factory):
     return epqlab.inspect(path)
 
 
-def trace_log(lay, s) -> RouteLog:
-    """``s``: one letter per token (k = 1), or a list of k-letter strings (one per token, router order)."""
+def trace_log(lay, s, probs=None) -> RouteLog:
+    """``s``: one letter per token (k = 1), or a list of k-letter strings (one per token, router order);
+    ``probs``: the router probability of each letter, in the same order (default none)."""
     steps = [s] if isinstance(s, str) else s
     ex = np.array([[ord(ch) - ord("a") for ch in w] for w in steps], np.int32)
     ex = ex.reshape(-1, 1, 1) if isinstance(s, str) else ex.reshape(len(s), 1, -1)
-    return RouteLog.from_arrays(ex, lay.n_expert, layers=np.array(lay.moe_layers, np.int32))
+    pr = None if probs is None else np.asarray(probs, np.float32).reshape(ex.shape)
+    return RouteLog.from_arrays(ex, lay.n_expert, layers=np.array(lay.moe_layers, np.int32), probs=pr)
 
 
-def run(lay, policy, trace, slots, params=None):
+def run(lay, policy, trace, slots, params=None, probs=None):
     """(hits, resident experts as letters) of ``trace`` with ``slots`` slots, asserting the native pager's replay
     and the simulator agree on hits, misses and evictions."""
     unit = epqlab.Pager.unit_slot_bytes(lay)[0]
     p = epqlab.Pager(lay, slots * unit, policy=policy, policy_params=params, prefault=False)
     assert p.n_slots == slots
-    log = trace_log(lay, trace)
+    log = trace_log(lay, trace, probs)
     st = p.replay(log)
     sim = simulate_online(log, slots, policy, params=params)
     assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
@@ -140,6 +142,26 @@ def test_heat_decay(one):
 # 2Q, 4 slots: Kin = 1, Kout = 2. "abcdeafghia": a-d fill A1in. e: |A1in| = 4 > 1: a (oldest) goes, its id to
 # A1out. a: found in A1out, so it enters Am (b goes). f, g, h, i: each evicts A1in's oldest (c, d, e, f) while
 # a stays in Am. a: hit. LRU evicts a at i (least recent): 0 hits.
+# gate_rank, 2 slots, "abbbca" with router probabilities .9 .1 .1 .1 .5 .9. At c the mass is a 0.9 against
+# b 0.3 (decay 2^(-3/128) on a's barely matters), so b goes, and a's return hits: hits b, b, a = 3, residents
+# a, c. LRU evicts a (least recent) at c and b at a: 2 hits; heat evicts a (1 request against 3) at c and
+# c (1 against b's ~3) at a: 2 hits, residents a, b. With half_life 0.5 a's mass has decayed to 0.9/64 by c,
+# under b's ~0.13, so gate_rank evicts a at c, and at a evicts b (0.13 two passes back against c's fresh 0.5):
+# 2 hits, residents a, c.
+def test_gate_rank_weighs_router_probability(one):
+    pr = [.9, .1, .1, .1, .5, .9]
+    assert run(one, "gate_rank", "abbbca", 2, probs=pr) == (3, "ac")
+    assert run(one, "lru", "abbbca", 2, probs=pr) == (2, "ac")
+    assert run(one, "heat", "abbbca", 2, probs=pr) == (2, "ab")
+    assert run(one, "gate_rank", "abbbca", 2, {"half_life": 0.5}, probs=pr) == (2, "ac")
+    assert policy_params("gate_rank") == {"half_life": 128.0}
+    with pytest.raises(ValueError, match="needs the router probability"):
+        simulate_online(trace_log(one, "abc"), 2, "gate_rank")
+    unit = epqlab.Pager.unit_slot_bytes(one)[0]
+    with pytest.raises(ValueError, match="gate_rank replays need"):
+        epqlab.Pager(one, 2 * unit, policy="gate_rank", prefault=False).replay(trace_log(one, "abc"))
+
+
 def test_2q_a1out_promotes(one):
     assert run(one, "2q", "abcdeafghi", 4) == (0, "aghi")
     assert run(one, "lru", "abcdeafghi", 4) == (0, "fghi")
@@ -177,8 +199,9 @@ def test_native_replay_equals_simulator(four, policy):
     rng = np.random.default_rng(0)
     ex = np.stack([rng.choice(8, 2, replace=False, p=[.3, .2, .15, .1, .1, .05, .05, .05]) for _ in range(800)])
     ub = np.concatenate([np.repeat(np.arange(50), 2), np.arange(50, 150)]).astype(np.int32)
+    pr = np.random.default_rng(1).random((200, 4, 2)).astype(np.float32)  # router probabilities (gate_rank)
     log = RouteLog.from_arrays(ex.reshape(200, 4, 2).astype(np.int32), 8, layers=np.array(four.moe_layers, np.int32),
-                               ubatch=ub)
+                               ubatch=ub, probs=pr)
     unit = epqlab.Pager.unit_slot_bytes(four)[0]
     hot = [[0, 0], [1, 0]] if policy == "static" else None
     for slots in (3, 7, 16):

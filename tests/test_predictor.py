@@ -44,6 +44,29 @@ def test_recorded_router_inputs_reproduce_the_routes(default_path, heldout, fitt
         assert F._hits(F._topk(logits, k), routes[:, l]) >= 0.99 * T * k, l
 
 
+def test_route_log_probs_are_the_routers_softmax(default_path, fitted, tmp_path):
+    """The route log's ``probs`` (gate_rank's weights) equal the router applied in NumPy to the captured input:
+    softmax over all experts of H @ W^T + b (float64), at each selected expert, within float32 rounding."""
+    _, Ws, bs = fitted
+    with epqlab.Session(default_path, pager=False, route_log=tmp_path / "r.npz", n_ctx=256) as s:
+        ids = s.tokenize(heldout_texts()["code"])[:40]
+        s.decoder.capture_router_inputs(True)
+        for _ in s.iter_logits(ids):
+            pass
+        flat, dim = s.decoder.take_router_inputs()
+        log = s.route_log()
+    T, L, k = log.experts.shape
+    H = np.asarray(flat, np.float32).reshape(T, L, int(dim)).astype(np.float64)
+    assert log.probs is not None and log.probs.shape == (T, L, k)
+    for l in range(L):
+        z = H[:, l] @ Ws[l].T.astype(np.float64) + bs[l]
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        want = np.take_along_axis(p, log.experts[:, l], 1)
+        assert np.allclose(log.probs[:, l], want, rtol=1e-3, atol=1e-6), l
+        assert (np.diff(log.probs[:, l], axis=1) <= 1e-7).all()  # router order: descending probability
+
+
 def test_trained_predictor_beats_lookahead_on_heldout_text(heldout, fitted):
     H, routes = heldout
     p, Ws, bs = fitted

@@ -56,7 +56,7 @@ class Decoder:
         self.lock = FairRLock()  # FIFO: a caller waiting between two batched steps gets the next turn
         self.epoch = 0
         self.kv: list[int] = []  # token ids whose KV entries the context holds at positions 0..
-        self.route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.route_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.record_routes = bool(record_routes)
         self.prompt_hash = ""  # of the last generation's prompt ids (route-log metadata)
         self.closed = False
@@ -105,6 +105,7 @@ class Decoder:
             # routes of a decode whose caller was interrupted before taking them (KeyboardInterrupt
             # as llama_decode returned): they belong to no recorded operation
             self.engine.take_route()
+            self.engine.take_route_probs()
             self.engine.take_route_ubatch()
         return self.epoch, kept
 
@@ -331,19 +332,23 @@ class Decoder:
     def take_route(self, phase: int) -> None:
         """Move the routes the hook recorded in the last decode into :attr:`route_parts`."""
         flat = self.engine.take_route()
+        probs = self.engine.take_route_probs()
         ubs = self.engine.take_route_ubatch()
         k = self.engine.route_k()
         if flat.size:
             e = flat.reshape(-1, self._n_layers, k)
-            self.route_parts.append((e, np.full(e.shape[0], phase, np.uint8), ubs.astype(np.int32)))
+            self.route_parts.append((e, np.full(e.shape[0], phase, np.uint8), ubs.astype(np.int32),
+                                     probs.astype(np.float32).reshape(e.shape)))
 
-    def routes(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every recorded route: experts int32 ``[T, L, k]``, phase uint8 ``[T]``, ubatch int32 ``[T]``."""
+    def routes(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every recorded route: experts int32 ``[T, L, k]``, phase uint8 ``[T]``, ubatch int32 ``[T]``, and
+        each selected expert's router probability float32 ``[T, L, k]`` (NaN where the graph gave none)."""
         parts = list(self.route_parts)
         if not parts:
-            return np.zeros((0, self._n_layers, k), np.int32), np.zeros(0, np.uint8), np.zeros(0, np.int32)
+            return (np.zeros((0, self._n_layers, k), np.int32), np.zeros(0, np.uint8), np.zeros(0, np.int32),
+                    np.zeros((0, self._n_layers, k), np.float32))
         return (np.concatenate([p[0] for p in parts]).astype(np.int32), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]).astype(np.int32))
+                np.concatenate([p[2] for p in parts]).astype(np.int32), np.concatenate([p[3] for p in parts]))
 
     def capture_router_inputs(self, on: bool) -> None:
         """Record every MoE layer's router input (the hook's ``ffn_moe_*`` input rows) while decoding."""

@@ -889,17 +889,19 @@ class Session:
     def route_log(self):
         """Routes recorded so far as an :class:`epqlab.routes.RouteLog` (the owner of the route-log
         format, docs/DESIGN.md §6): experts int32 [T, L, k], layers, phase, expert_bytes, n_expert,
-        meta, and ``ubatch`` int32 [T] (the forward pass each token was computed in). Requires
+        meta, ``ubatch`` int32 [T] (the forward pass each token was computed in) and ``probs`` float32
+        [T, L, k] (each selected expert's router probability; None if the graph gave none). Requires
         ``route_log=`` at construction."""
         if self.route_log_path is None:
             raise EpqlabError("routes are recorded only when Session(route_log=PATH) is given")
         lay = self.layout
         k = self.n_expert_used
-        experts, phase, ubatch = self.decoder.routes(k)
+        experts, phase, ubatch, probs = self.decoder.routes(k)
         meta = {"model": str(lay.path), "arch": lay.architecture, "k": k, "prompt_hash": self.decoder.prompt_hash}
         return RouteLog(experts=experts.astype(np.int32), layers=np.array(lay.moe_layers, np.int32), phase=phase,
                         expert_bytes=np.array([l.expert_bytes for l in lay.layers], np.int64),
-                        n_expert=int(lay.n_expert), meta=meta, ubatch=ubatch.astype(np.int32))
+                        n_expert=int(lay.n_expert), meta=meta, ubatch=ubatch.astype(np.int32),
+                        probs=None if np.isnan(probs).any() else probs)
 
     def save_route_log(self, path=None) -> Path:
         """Write the recorded routes to ``path`` (default: the route_log path) with

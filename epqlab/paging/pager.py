@@ -77,6 +77,10 @@ class Pager:
               them are in :mod:`epqlab.routes.online`, whose ``simulate_online`` replays each exactly as this
               pager runs it. A prefetched expert enters a policy's structures as a miss does (the same
               admission and insertion), with no request counted; its first demand request is a hit.
+            - ``"gate_rank"``: heat weighted by the router: each request adds the expert's router
+              probability mass in that forward pass (not 1), decayed with ``half_life`` passes; a live
+              Session hands the pager each step's probabilities (``ffn_moe_probs``), :meth:`replay`
+              takes them from the log's ``probs``.
             - ``"belady"``: Belady's MIN (farthest next use), only in :meth:`replay`, which knows
               the future from the log: the bound for the online policies under the same
               constraints (slot classes, pinned layer, per-ubatch unions, staged layers).
@@ -310,18 +314,20 @@ class Pager:
         self._p.set_hot([self._li(int(b)) * self.layout.n_expert + int(e) for b, e in hot])
         self.hot = hot.astype(np.int32)
 
-    def replay(self, route_log, layers: Sequence[int] | None = None, ubatch=None) -> dict:
+    def replay(self, route_log, layers: Sequence[int] | None = None, ubatch=None, probs=None) -> dict:
         """Drive the pager through a route log exactly as the live llama.cpp hook does (real reads,
         no compute) and return :meth:`stats`.
 
         Args:
             route_log: a path to a route-log NPZ (docs/DESIGN.md §6, read with
                 :meth:`epqlab.routes.RouteLog.load`), a :class:`~epqlab.routes.RouteLog`, a dict or object
-                with ``experts``, ``layers`` and (optionally) ``ubatch``, or an int32 array
+                with ``experts``, ``layers`` and (optionally) ``ubatch`` and ``probs``, or an int32 array
                 ``[T, L, k]`` (then ``layers`` = GGUF block ids of its L columns, default the
                 model's MoE layers).
             ubatch: int ``[T]``: the llama.cpp ubatch of each token (consecutive equal ids form one
                 forward pass); default the log's, else one token per pass.
+            probs: float ``[T, L, k]``: each selected expert's router probability (the log's ``probs`` by
+                default); policy ``gate_rank`` weighs each request by it, as the live hook does.
 
         Per forward pass, per MoE layer in order: the previous layer is released; the routed
         tokens' experts are requested (one token: in router order; several: their sorted union),
@@ -332,17 +338,19 @@ class Pager:
 
         Raises:
             RouteLogError: ``route_log`` is a path to a file that is not a valid route log.
-            ValueError: expert ids outside ``[-1, n_expert)``, or layer / ubatch counts that do not
-                match the log's shape.
+            ValueError: expert ids outside ``[-1, n_expert)``, layer / ubatch / probs counts that do not
+                match the log's shape, or policy ``gate_rank`` without router probabilities.
         """
-        log_ub = None
+        log_ub = log_pr = None
         if isinstance(route_log, (str, os.PathLike)):
             route_log = RouteLog.load(route_log)  # the format's one reader; names what is wrong with the file
         if isinstance(route_log, dict):
             experts, layers, log_ub = route_log["experts"], route_log["layers"], route_log.get("ubatch")
+            log_pr = route_log.get("probs")
         elif hasattr(route_log, "experts"):
             experts, layers = route_log.experts, route_log.layers
             log_ub = getattr(route_log, "ubatch", None)
+            log_pr = getattr(route_log, "probs", None)
         else:
             experts = route_log
         experts = np.ascontiguousarray(experts, dtype=np.int32)
@@ -357,7 +365,15 @@ class Pager:
         ub = np.arange(experts.shape[0], dtype=np.int32) if ub is None else np.ascontiguousarray(ub, dtype=np.int32)
         if ub.shape != (experts.shape[0],):
             raise ValueError(f"ubatch must have one entry per token ({experts.shape[0]}), got shape {ub.shape}")
-        self._p.replay(experts, ub, [self._li(l) for l in layers])
+        pr = probs if probs is not None else log_pr
+        if pr is not None:
+            pr = np.ascontiguousarray(pr, dtype=np.float32)
+            if pr.shape != experts.shape:
+                raise ValueError(f"probs must have the experts' shape {experts.shape}, got {pr.shape}")
+        elif self.policy == "gate_rank":
+            raise ValueError("policy gate_rank replays need each selected expert's router probability: a route log "
+                             "recorded by Session(route_log=...) of this version has them (`probs`), or pass probs=")
+        self._p.replay(experts, ub, [self._li(l) for l in layers], pr)
         return self.stats
 
     def pass_history(self) -> tuple[np.ndarray, np.ndarray]:

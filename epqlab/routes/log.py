@@ -11,7 +11,10 @@ A route log is an NPZ file with
                    at ``reset_stats``); consecutive equal ids form one pass (:meth:`epqlab.Pager.replay` follows them);
 - ``expert_bytes`` int64 ``[L]``: bytes of one expert (gate+up+down) in each layer;
 - ``n_expert``     scalar: experts per layer;
-- ``meta``         a JSON string (model path, arch, k, prompt hash, ...).
+- ``meta``         a JSON string (model path, arch, k, prompt hash, ...);
+- ``probs``        float32 ``[T, L, k]``, optional (files of 2026-12-06 and before lack it): the router's
+                   probability of each selected expert (``ffn_moe_probs``, normalised over all the layer's
+                   experts), which the ``gate_rank`` policy weighs requests by.
 
 :class:`RouteLog` is the one owner of this format: it loads, validates, saves and synthesises such logs
 (:meth:`epqlab.Session.save_route_log` and :meth:`epqlab.Pager.replay` go through it). Everything in
@@ -48,6 +51,7 @@ class RouteLog:
     n_expert: int
     meta: dict = field(default_factory=dict)
     ubatch: np.ndarray | None = None  # int32 (T,) or None
+    probs: np.ndarray | None = None   # float32 (T, L, k) or None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -118,6 +122,13 @@ class RouteLog:
                  f"`ubatch` must be int32 of shape ({T},), got {getattr(ub, 'dtype', type(ub).__name__)} "
                  f"{getattr(ub, 'shape', '')}")
             need(not ub.size or int(ub.min()) >= 0, "`ubatch` ids must be >= 0")
+        pr = self.probs
+        if pr is not None:
+            need(isinstance(pr, np.ndarray) and pr.dtype == np.float32 and pr.shape == e.shape,
+                 f"`probs` must be float32 of shape {e.shape} like `experts`, got "
+                 f"{getattr(pr, 'dtype', type(pr).__name__)} {getattr(pr, 'shape', '')}")
+            need(bool(np.isfinite(pr).all()) and (not pr.size or float(pr.min()) >= 0.0),
+                 "`probs` must be finite router probabilities >= 0")
 
     # ----------------------------------------------------------------------------------- I/O
     def save(self, path: str | os.PathLike) -> None:
@@ -128,6 +139,8 @@ class RouteLog:
                       n_expert=np.int64(self.n_expert), meta=np.array(json.dumps(self.meta)))
         if self.ubatch is not None:
             arrays["ubatch"] = self.ubatch
+        if self.probs is not None:
+            arrays["probs"] = self.probs
         path = os.fspath(path)
         if not path.endswith(".npz"):
             path += ".npz"
@@ -169,14 +182,15 @@ class RouteLog:
             try:
                 return cls(experts=z["experts"], layers=z["layers"], phase=z["phase"],
                            expert_bytes=z["expert_bytes"], n_expert=int(ne), meta=meta,
-                           ubatch=z["ubatch"] if "ubatch" in z.files else None)
+                           ubatch=z["ubatch"] if "ubatch" in z.files else None,
+                           probs=z["probs"] if "probs" in z.files else None)
             except RouteLogError as ex:
                 raise RouteLogError(f"{ex} (file {path!r})") from None
 
     @classmethod
     def from_dict(cls, d) -> "RouteLog":
         """A log from a mapping of the NPZ's arrays, e.g. a loaded NPZ or arrays built by hand
-        (:meth:`epqlab.Session.route_log` already returns a :class:`RouteLog`; ``meta`` as a dict or a JSON string; ``ubatch`` optional). Raises :class:`RouteLogError` naming a
+        (:meth:`epqlab.Session.route_log` already returns a :class:`RouteLog`; ``meta`` as a dict or a JSON string; ``ubatch`` and ``probs`` optional). Raises :class:`RouteLogError` naming a
         missing or malformed entry."""
         missing = [n for n in REQUIRED if n not in d]
         if missing:
@@ -184,13 +198,13 @@ class RouteLog:
         meta = d.get("meta", {})
         meta = json.loads(str(meta)) if isinstance(meta, (str, np.ndarray)) else dict(meta)
         return cls(experts=d["experts"], layers=d["layers"], phase=d["phase"], expert_bytes=d["expert_bytes"],
-                   n_expert=int(d["n_expert"]), meta=meta, ubatch=d.get("ubatch"))
+                   n_expert=int(d["n_expert"]), meta=meta, ubatch=d.get("ubatch"), probs=d.get("probs"))
 
     @classmethod
     def from_arrays(cls, experts, n_expert: int, *, layers=None, phase=None, expert_bytes=None,
-                    meta: dict | None = None, ubatch=None) -> "RouteLog":
+                    meta: dict | None = None, ubatch=None, probs=None) -> "RouteLog":
         """Build a log from a nested list / array ``[T][L][k]``, filling the optional arrays with defaults
-        (layers 0..L-1, all decode, 1 byte per expert, no ubatch)."""
+        (layers 0..L-1, all decode, 1 byte per expert, no ubatch, no probs)."""
         e = np.asarray(experts)
         if e.ndim != 3:
             raise RouteLogError(f"route log: `experts` must have shape [T, L, k], got shape {e.shape}")
@@ -203,7 +217,8 @@ class RouteLog:
                    expert_bytes=(np.ones(L, np.int64) if expert_bytes is None
                                  else np.broadcast_to(np.asarray(expert_bytes, dtype=np.int64), (L,)).copy()),
                    n_expert=int(n_expert), meta=dict(meta or {}),
-                   ubatch=None if ubatch is None else np.asarray(ubatch, dtype=np.int32))
+                   ubatch=None if ubatch is None else np.asarray(ubatch, dtype=np.int32),
+                   probs=None if probs is None else np.asarray(probs, dtype=np.float32))
 
     # ------------------------------------------------------------------------------ synthetic
     @classmethod
@@ -215,7 +230,8 @@ class RouteLog:
         Per token and layer, each of the k slots repeats an expert the previous token used in that layer with
         probability ``locality`` (0 = independent tokens, 1 = the same set as long as possible); the rest are
         drawn without replacement from a Zipf-like popularity ``p(rank) ~ 1/(rank+1)**skew`` (a random
-        permutation per layer; ``skew=0`` is uniform)."""
+        permutation per layer; ``skew=0`` is uniform). ``probs`` holds each selected expert's popularity
+        p(rank), normalised per layer (a stand-in for the router's probability)."""
         if not (0.0 <= locality <= 1.0):
             raise ValueError(f"locality must be in [0, 1], got {locality}")
         if k > n_expert:
@@ -237,6 +253,8 @@ class RouteLog:
             out[t] = np.take_along_axis(top, rng.permuted(np.tile(np.arange(k), (n_layers, 1)), axis=1), 1)
         phase = np.ones(n_tokens, np.uint8)
         phase[:n_prefill] = 0
+        probs = np.exp(np.take_along_axis(np.broadcast_to(logp, (n_tokens, n_layers, n_expert)), out, 2))
         return cls(experts=out, layers=np.arange(n_layers, dtype=np.int32), phase=phase,
                    expert_bytes=np.full(n_layers, expert_bytes, np.int64), n_expert=int(n_expert),
-                   meta={"synthetic": True, "k": k, "locality": locality, "skew": skew, "seed": seed})
+                   meta={"synthetic": True, "k": k, "locality": locality, "skew": skew, "seed": seed},
+                   probs=probs.astype(np.float32))

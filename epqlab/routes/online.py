@@ -15,10 +15,11 @@ The model (that of :mod:`epqlab.routes.reference`, plus the pager's forward pass
 - ``per_layer=True`` gives each MoE layer its own pool of ``capacity`` slots and its own policy state.
 
 Policies (sources in each class's docstring): key-ordered ``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``,
-``fnu``, ``lfuda``, ``heat`` (:mod:`.policy_keys`); queue-based ``arc``, ``2q``, ``sieve``, ``s3fifo``
-(:mod:`.policy_queues`); ``wtinylfu`` (:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`).
-Not here: ``gate-rank`` needs each expert's router probability, which route logs do not record (only the ids,
-docs/DESIGN.md §6); ``predictor-rank`` needs the trained predictor's scores per token.
+``fnu``, ``lfuda``, ``heat``, ``gate_rank`` (:mod:`.policy_keys`; ``gate_rank`` weighs each request by the
+log's ``probs``, summed per expert over the step's tokens in log order, as the pager's ``set_gate_mass``);
+queue-based ``arc``, ``2q``, ``sieve``, ``s3fifo`` (:mod:`.policy_queues`); ``wtinylfu``
+(:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`).
+Not here: ``predictor-rank`` needs the trained predictor's scores per token.
 Prefetch is not modelled (the pager's prefetched experts enter a policy as a miss does, with no request).
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _State:
         self.last_pass = [0] * n
         self.count = [0] * n
         self.passno = 1
+        self.mass: dict[int, float] = {}  # gate_rank: this step's router probability mass per unit
 
 
 def _passes(log: RouteLog):
@@ -79,7 +81,7 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
 
     Raises:
         ValueError: unknown policy (lists the valid ones), a parameter unknown or out of range (names the range),
-            ``capacity`` < k, ``hot`` with another policy.
+            ``capacity`` < k, ``hot`` with another policy, ``gate_rank`` on a log without ``probs``.
     """
     if policy not in ONLINE_POLICIES:
         raise ValueError(f"unknown online policy {policy!r}; choose one of {', '.join(ONLINE_POLICIES)}"
@@ -101,6 +103,11 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
         raise ValueError(f"capacity {capacity} < k = {k}: one layer's experts must fit at once")
     if hot is not None and policy != "static":
         raise ValueError("hot goes with policy 'static'")
+    weigh = getattr(RULES[policy], "needs_probs", False)
+    if weigh and log.probs is None:
+        raise ValueError(f"policy {policy} needs the router probability of each selected expert: a route log "
+                         "recorded by Session(route_log=...) of this version has them (`probs`)")
+    pr = log.probs.tolist() if weigh else None
     cap = int(capacity)
     fits = (lambda have, need: have == need) if slot_mode else (lambda have, need: have >= need)
     cap_l = [cap if slot_classes is None else sum(n for b, n in slot_classes if fits(int(b), cls_b[need_c[li]]))
@@ -133,6 +140,11 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
                 uni = sorted({e for t in range(a, b) for e in ex[t][li]})
                 ids = uni
             pol.router(li, uni)
+            if weigh:  # the pager's set_gate_mass: tokens in order, slots in router order
+                st.mass = {}
+                for t in range(a, b):
+                    for e, q in zip(ex[t][li], pr[t][li]):
+                        st.mass[li * E + e] = st.mass.get(li * E + e, 0.0) + q
             if len(uni) > cap_l[li]:
                 staged += 1
                 continue

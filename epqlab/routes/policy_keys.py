@@ -1,5 +1,5 @@
 """The eviction policies that are one sort key over the evictable experts (the native pager's ``key_of``):
-``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``, ``fnu``, ``lfuda``, ``heat``.
+``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``, ``fnu``, ``lfuda``, ``heat``, ``gate_rank``.
 
 Each class keeps the state of one pool (:mod:`epqlab.routes.online` drives it). The victim is the evictable
 resident with the smallest key ``(tier, primary, last use, unit)``, exactly as ``native/pager/pager.cpp``
@@ -174,5 +174,33 @@ class Heat(KeyPolicy):
         return (0, self.hk[u])
 
 
+class GateRank(KeyPolicy):
+    """Gate-rank: decayed router-probability mass per expert (issue 50; bigrig ships a gate-rank policy; the
+    router's probability as an expert's worth is the signal of ExpertFlow, arXiv 2410.17954, and of
+    Fiddler-style expert caches). Heat's rule (:class:`Heat`) with the request's probability mass for its 1:
+    each request at forward pass t sets h = h * 2^(-(t - t_last) / half_life) + m, where m sums the router's
+    probability (``RouteLog.probs``, normalised over the layer's experts) of that expert over the pass's
+    tokens; evict the smallest log2(max(h, 1e-300)) + t_last / half_life. An expert picked often but with a
+    small weight ranks below one picked rarely with a large weight. ``half_life`` in forward passes."""
+
+    needs_probs = True
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        n = self.L * self.E
+        self.h = [0.0] * n
+        self.t = [0] * n
+        self.hk = [0.0] * n
+
+    def request(self, u, resident):
+        H, t = self.p["half_life"], self.st.passno
+        self.h[u] = self.h[u] * math.pow(2.0, -(t - self.t[u]) / H) + self.st.mass.get(u, 0.0)
+        self.t[u] = t
+        self.hk[u] = math.log2(max(self.h[u], 1e-300)) + t / H
+
+    def key(self, u, li):
+        return (0, self.hk[u])
+
+
 KEY_POLICIES = {"lru": Lru, "ls": Ls, "ls_pos": LsPos, "lfu": Lfu, "static": Static, "fnu": Fnu,
-                "lfuda": Lfuda, "heat": Heat}
+                "lfuda": Lfuda, "heat": Heat, "gate_rank": GateRank}

@@ -15,6 +15,7 @@ from ..constants import PAGER_POLICIES
 _SPEC: dict[str, dict[str, tuple]] = {
     "fnu": {"fnu_alpha": (0.3, 0.0, 1.0, True, False, False)},          # EMA weight of the newest pass
     "heat": {"half_life": (128.0, 0.0, math.inf, True, True, False)},   # forward passes (ftllm: 128)
+    "gate_rank": {"half_life": (128.0, 0.0, math.inf, True, True, False)},  # forward passes (as heat)
     "2q": {"kin": (0.25, 0.0, 1.0, True, True, False),                  # A1in share of the slots (paper: 25%)
            "kout": (0.5, 0.0, 4.0, True, False, False)},                # A1out ghosts per slot (paper: 50%)
     "s3fifo": {"small_ratio": (0.1, 0.0, 1.0, True, True, False),       # S share of the slots (paper: 10%)

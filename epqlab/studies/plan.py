@@ -305,7 +305,8 @@ def slots_at(lay, arena: int) -> dict:
 
 def _sublog(log: RouteLog, idx) -> RouteLog:
     return RouteLog(experts=np.ascontiguousarray(log.experts[:, idx]), layers=log.layers[idx], phase=log.phase,
-                    expert_bytes=log.expert_bytes[idx], n_expert=log.n_expert, ubatch=log.ubatch)
+                    expert_bytes=log.expert_bytes[idx], n_expert=log.n_expert, ubatch=log.ubatch,
+                    probs=None if log.probs is None else np.ascontiguousarray(log.probs[:, idx]))
 
 
 def simulate_misses(log: RouteLog, layer_slot_bytes, class_slots: dict, policies=()) -> tuple[np.ndarray, dict]:

@@ -241,7 +241,7 @@ bool expert_hook::on_ask(ggml_tensor * t) {
             hidden_[li]   = t->src[1];  // computed with the router, alive until the expert matmuls
         }
     }
-    if (lossy_on()) note_probs(t);
+    if (lossy_on() || record_ || (pg_ && pg_->needs_gate_mass())) note_probs(t);  // a pointer, no split
     if (capture_ && is_layer_node(name, OUT_PREFIX, sizeof(OUT_PREFIX) - 1)) return true;  // captured at its observe
     return (skip_tau_ >= 0 || !ak_ks_.empty() || budget_ > 0) && pg_ && is_weights_name(name);
 }
@@ -384,6 +384,7 @@ void expert_hook::rethrow_if_failed() {
 void expert_hook::flush_ubatch() {
     if (record_ && ub_tokens_ > 0) {
         route_.insert(route_.end(), ub_route_.begin(), ub_route_.end());
+        route_p_.insert(route_p_.end(), ub_route_p_.begin(), ub_route_p_.end());
         route_ub_.insert(route_ub_.end(), (size_t) ub_tokens_, (int32_t) passes_);
         if (!ub_kept_.empty()) kept_log_.insert(kept_log_.end(), ub_kept_.begin(), ub_kept_.end());
         if (capture_ && in_dim_ > 0) {  // a ubatch that captured no layer still gets its (NaN) rows
@@ -431,6 +432,39 @@ void expert_hook::capture_input(int li, int n_tokens) {
     }
 }
 
+// The router probabilities of this step's experts: into the route log (NaN when the graph has no
+// readable ffn_moe_probs) and, for gate_rank, to the pager as the next request's mass (there an
+// unreadable tensor is an error: the policy cannot run without it).
+void expert_hook::note_route_probs(int li, const std::vector<int32_t> & ids, int k, int n_tokens) {
+    const bool rec = record_ && n_tokens <= ub_tokens_ && k == route_k_;
+    const bool gate = pg_ && !abort_ && pg_->needs_gate_mass();
+    if (!rec && !gate) return;
+    try {
+        router_probs(li, n_tokens, prob_buf_);
+    } catch (...) {
+        if (gate) throw;
+        return;
+    }
+    const int ne = (int) (prob_buf_.size() / n_tokens);
+    if (rec) {
+        const int skip = ub_tokens_ - n_tokens;
+        for (int j = 0; j < n_tokens; j++)
+            for (int i = 0; i < k; i++) {
+                const size_t at = ((size_t) (j + skip) * n_layers_ + li) * k + i;
+                const int32_t e = ub_route_[at];
+                if (e >= 0 && e < ne) ub_route_p_[at] = prob_buf_[(size_t) j * ne + e];
+            }
+    }
+    if (gate) {
+        gate_w_.assign(ids.size(), 0.0f);
+        for (size_t i = 0; i < ids.size(); i++) {
+            const int32_t e = ids[i];
+            if (e >= 0 && e < ne) gate_w_[i] = prob_buf_[(i / k) * ne + e];
+        }
+        pg_->set_gate_mass(li, ids.data(), gate_w_.data(), (int) ids.size());
+    }
+}
+
 void expert_hook::on_topk(ggml_tensor * t) {
     const int li = layer_of_block(atoi(ggml_get_name(t) + sizeof(TOPK_PREFIX) - 1));
     if (li < 0) return;
@@ -455,6 +489,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
             route_k_ = k;
             ub_tokens_ = n_tokens;
             ub_route_.assign((size_t) n_tokens * n_layers_ * k, -1);
+            ub_route_p_.assign(ub_route_.size(), std::numeric_limits<float>::quiet_NaN());
             if (!ak_ks_.empty()) ub_kept_.assign((size_t) n_tokens * n_layers_, k);
         }
     }
@@ -491,6 +526,7 @@ void expert_hook::on_topk(ggml_tensor * t) {
                         ub_route_[((size_t) (j + skip) * n_layers_ + li) * k + i] = lossy_orig_[(size_t) j * k + i];
         if (capture_) capture_input(li, n_tokens);
     }
+    note_route_probs(li, ids, k, n_tokens);
     if (!pg_) {
         last_li_ = li;
         return;

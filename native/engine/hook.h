@@ -302,12 +302,15 @@ public:
     const std::vector<int32_t> & route() const { return route_; }
     // Forward pass (ubatch) number of each recorded token, counted from the hook's creation.
     const std::vector<int32_t> & route_ubatch() const { return route_ub_; }
+    // The router's probability (ffn_moe_probs, normalised over all experts: router_probs) of each
+    // entry of route(), float32 aligned with it; NaN where the graph gave none.
+    const std::vector<float> & route_probs() const { return route_p_; }
     int route_k() const { return route_k_; }
     // With adaptive-k and route recording: the k kept per recorded token and MoE layer, [n_tokens][n_moe_layers]
     // int32 aligned with route() (the graph's k where adaptive-k did not act: prefill, unrouted rows).
     const std::vector<int32_t> & adaptive_k_log() const { return kept_log_; }
     void clear_adaptive_k_log() { kept_log_.clear(); }
-    void clear_route() { route_.clear(); route_ub_.clear(); }
+    void clear_route() { route_.clear(); route_ub_.clear(); route_p_.clear(); }
 
     // Router-input log (set_capture_inputs; off by default), the training data of a learned
     // predictor: for every routed token, every MoE layer's router input (the src[1] of
@@ -393,6 +396,10 @@ private:
     std::vector<int64_t>                     layer_union_;  // see layer_unions()
     int64_t                                  passes_ = 0;   // forward passes since creation (reset_stats keeps it)
     std::vector<int32_t>                     ub_route_;     // current ubatch [n_tokens][L][k]
+    std::vector<float>                       route_p_;      // route_probs()
+    std::vector<float>                       ub_route_p_;   // current ubatch, aligned with ub_route_
+    std::vector<float>                       gate_w_;       // gate_rank: the step's ids' router probabilities
+    void note_route_probs(int li, const std::vector<int32_t> & ids, int k, int n_tokens);
     int                                      ub_tokens_ = 0;
     int                                      route_k_ = 0;
     bool                                     capture_ = false;

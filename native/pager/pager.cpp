@@ -156,10 +156,10 @@ void pager::init(const pager_config & cfg) {
     if (!(cfg.fnu_alpha > 0 && cfg.fnu_alpha <= 1)) throw std::invalid_argument("fnu_alpha must lie in (0, 1]");
     fnu_alpha_ = cfg.fnu_alpha;
     policy_name_ = cfg.policy;
-    if (policy_ == HEAT) {
+    if (policy_ == HEAT || policy_ == GATE_RANK) {
         auto it = cfg.policy_params.find("half_life");
         if (it != cfg.policy_params.end()) half_life_ = it->second;
-        if (!(half_life_ > 0)) throw std::invalid_argument("heat half_life must lie in (0, inf)");
+        if (!(half_life_ > 0)) throw std::invalid_argument(policy_name_ + " half_life must lie in (0, inf)");
     }
     if (cfg.layers.empty() || n_expert_ <= 0) throw std::invalid_argument("pager needs at least one MoE layer and n_expert > 0");
 
@@ -456,6 +456,7 @@ void pager::page_experts(const tensor_map & t, int64_t p, int64_t & e_lo, int64_
 //   lfu     (requests so far, last_use)         least frequently requested, counts kept across evictions
 //   static  lru, hot units in a last-resort set seed 002's hot-pin
 //   fnu     (-predicted next use, last_use)      Belady's rule on a prediction (fnu_update)
+//   gate_rank (decayed router probability mass, last_use)   heat weighted by the router (set_gate_mass)
 //   belady  (-next use, last_use)               farthest next use: Belady's MIN (replay only)
 pager::key_t pager::key_of(int u) const {
     const int li = u / n_expert_;
@@ -466,7 +467,8 @@ pager::key_t pager::key_of(int u) const {
         case LS_POS: primary = -li; break;
         case LFU:    primary = (int64_t) x.count; break;
         case LFUDA:
-        case HEAT:   primary = x.prio; break;
+        case HEAT:
+        case GATE_RANK: primary = x.prio; break;
         case BELADY:
         case FNU:    primary = -x.next_use; break;
         default:     break;
@@ -989,6 +991,16 @@ void pager::policy_request(int u, bool resident) {
         x.heat_pass = pass_;
         const double key = std::log2(x.heat) + (double) pass_ / half_life_;  // >= 0: its bits order as it does
         std::memcpy(&x.prio, &key, sizeof key);
+    } else if (policy_ == GATE_RANK) {
+        // heat's rule with the request's router probability mass for its 1 (issue 50's gate-rank);
+        // the key may be negative, so its bits are mapped to an order-preserving int64.
+        x.heat = x.heat * std::pow(2.0, -(double) (pass_ - x.heat_pass) / half_life_) + gate_mass_[u];
+        gate_mass_[u] = 0;
+        x.heat_pass = pass_;
+        const double key = std::log2(std::max(x.heat, 1e-300)) + (double) pass_ / half_life_;
+        int64_t b;
+        std::memcpy(&b, &key, sizeof key);
+        x.prio = b < 0 ? INT64_MIN - b : b;  // negative doubles order backwards as raw bits
     }
     if (qpol_) qpol_->request(u, resident);
 }
@@ -1038,14 +1050,31 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
     return true;
 }
 
-void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx) {
+void pager::set_gate_mass(int li, const int32_t * ids, const float * p, int n) {
+    if (policy_ != GATE_RANK) return;
+    if (gate_mass_.size() != units_.size()) gate_mass_.assign(units_.size(), 0.0);
+    for (int u : gate_touched_) gate_mass_[u] = 0;
+    gate_touched_.clear();
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_expert_) continue;
+        const int u = unit_id(li, ids[i]);
+        if (gate_mass_[u] == 0) gate_touched_.push_back(u);
+        gate_mass_[u] += (double) p[i];
+    }
+}
+
+void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * ub, const std::vector<int> & lidx,
+                   const float * probs) {
+    if (policy_ == GATE_RANK && !probs)
+        throw std::invalid_argument("policy gate_rank replays need each selected expert's router probability: a route "
+                                    "log recorded by this version (its `probs` array)");
     prefetch_finish();
     if (dm_active_) demand_finish();
     if ((int) lidx.size() != L) throw std::invalid_argument("layer_index must have one entry per log layer");
     for (int li : lidx)
         if (li < 0 || li >= (int) layers_.size()) throw std::out_of_range("MoE layer index " + std::to_string(li) + " out of range");
     // Steps as the live hook sees them: per ubatch, per layer, the routed tokens' ids.
-    struct step { int li; int n_tokens; bool first; std::vector<int32_t> ids, units; };
+    struct step { int li; int n_tokens; bool first; std::vector<int32_t> ids, units; std::vector<float> p; };
     std::vector<step> steps;
     for (int64_t t0 = 0; t0 < T;) {
         int64_t t1 = t0 + 1;
@@ -1057,6 +1086,7 @@ void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * 
                 const int32_t * row = ex + (t * L + l) * k;
                 if (row[0] < 0) continue;  // not routed through this layer (non-output token, last layer)
                 s.ids.insert(s.ids.end(), row, row + k);
+                if (probs) s.p.insert(s.p.end(), probs + (t * L + l) * k, probs + (t * L + l) * k + k);
                 s.n_tokens++;
             }
             if (s.n_tokens == 0) continue;
@@ -1086,6 +1116,7 @@ void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * 
         if (s.first) begin_pass();
         if (policy_ == BELADY)
             for (size_t j = 0; j < s.units.size(); j++) pending_next_[s.units[j]] = next[i][j];
+        if (probs) set_gate_mass(s.li, s.ids.data(), s.p.data(), (int) s.ids.size());
         request_layer(s.li, s.ids.data(), k, s.n_tokens, nullptr);
         prev = s.li;
     }

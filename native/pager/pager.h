@@ -56,7 +56,8 @@ struct pager_layer_spec {
 // epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._pager_core.POLICIES
 // and tests/test_constants.py checks the two agree.
 inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu",
-                                                "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact"};
+                                                "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact",
+                                                "gate_rank"};
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
 struct pager_config {
@@ -146,7 +147,15 @@ public:
     // (-1 = that token was not routed through that layer), ubatch [T] (equal consecutive ids form
     // one forward pass), layer_index [L]. For policy "belady" the next use of each request is
     // computed from the log itself (Belady's MIN under the same constraints).
-    void replay(const int32_t * experts, int64_t T, int L, int k, const int32_t * ubatch, const std::vector<int> & layer_index);
+    // probs [T, L, k] (or null): each selected expert's router probability, which gate_rank
+    // needs (set_gate_mass before each step, as the hook does); gate_rank without it throws.
+    void replay(const int32_t * experts, int64_t T, int L, int k, const int32_t * ubatch, const std::vector<int> & layer_index,
+                const float * probs = nullptr);
+    // gate_rank: the router probability mass of layer li's next request, p[i] for ids[i] (n entries,
+    // summed per expert in the order given); consumed by that request (policy_request). A no-op for
+    // the other policies. The hook calls it with the step's ids just before request_layer*.
+    void set_gate_mass(int li, const int32_t * ids, const float * p, int n);
+    bool needs_gate_mass() const { return policy_ == GATE_RANK; }
     // Policy "static": units (li * n_expert + e) evicted only when no other victim exists.
     void set_hot(const std::vector<int32_t> & units);
     // Staging, for a ubatch whose experts in layer li exceed the slots: copies the slices of the
@@ -388,9 +397,9 @@ private:
         uint64_t last_pass = 0;
         uint64_t count = 0;       // requests so far (lfu)
         int64_t  next_use = 0;    // step of the next request (belady, replay only)
-        int64_t  prio = 0;        // lfuda: K = age + freq; heat: the bits of log2(heat) + pass / half_life (>= 0)
+        int64_t  prio = 0;        // lfuda: K = age + freq; heat, gate_rank: log2(heat) + pass / half_life, as ordered bits
         int64_t  freq = 0;        // lfuda: requests while resident
-        double   heat = 0;        // heat: decayed requests at heat_pass
+        double   heat = 0;        // heat: decayed requests at heat_pass; gate_rank: decayed router probability mass
         uint64_t heat_pass = 0;
         bool     hot = false;     // static policy: evicted last
         bool     pinned = false;
@@ -510,7 +519,7 @@ private:
     int32_t                      top_k_ = 1;          // the config's n_expert_used, clamped to 1..n_expert
     int32_t                      n_expert_ = 0;
     enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6, LFUDA = 7, HEAT = 8,
-                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14 };
+                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14, GATE_RANK = 15 };
     // After layer li's router ran (request_layer, request_layer_async): fnu's and the queue policies' update.
     void router_update(int li, const std::vector<int32_t> & picked);
     // The queue-based policies (arc, 2q, sieve, s3fifo, wtinylfu, coact: policy_queues.h); null for the others,
@@ -518,7 +527,9 @@ private:
     std::unique_ptr<queue_policy> qpol_;
     std::vector<uint8_t>         evictable_;
     int64_t                      lfuda_age_ = 0;   // lfuda: the last victim's K
-    double                       half_life_ = 128;  // heat, forward passes
+    double                       half_life_ = 128;  // heat, gate_rank: forward passes
+    std::vector<double>          gate_mass_;        // gate_rank: per unit, the pending request's router probability mass
+    std::vector<int>             gate_touched_;     // units with a pending mass (cleared by the next set_gate_mass)
     // Per request (request order): the policy's bookkeeping of unit u, resident or not (place_misses).
     void policy_request(int u, bool resident);
     // A unit took a slot (a miss or a prefetch): the policy's insertion.

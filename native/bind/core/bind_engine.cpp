@@ -366,6 +366,15 @@ void register_engine(py::module_ & m) {
             std::copy(r.begin(), r.end(), out.mutable_data());
             return out;
         })
+        .def("take_route_probs", [](engine & e) {
+            // Router probability of each entry of take_route() (float32, NaN where none); call before
+            // take_route_ubatch, which clears the recorded routes.
+            if (!e.hook()) return py::array_t<float>();
+            const auto & r = e.hook()->route_probs();
+            py::array_t<float> out(r.size());
+            std::copy(r.begin(), r.end(), out.mutable_data());
+            return out;
+        })
         .def("take_route_ubatch", [](engine & e) {
             // Ubatch number of each token of the last take_route(); clears the recorded routes.
             if (!e.hook()) return py::array_t<int32_t>();

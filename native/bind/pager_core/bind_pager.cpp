@@ -2,6 +2,7 @@
 // Python as an epqlab.errors exception (PagerIOError with errno/filename/offset, ArenaTooSmall
 // for capacity), and every call that may block on I/O releases the GIL.
 #include <cstring>
+#include <optional>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -169,15 +170,19 @@ void register_pager(py::module_ & m) {
         .def("begin_pass", &pager::begin_pass)
         .def("replay", [](pager & p, py::array_t<int32_t, py::array::c_style | py::array::forcecast> experts,
                           py::array_t<int32_t, py::array::c_style | py::array::forcecast> ubatch,
-                          std::vector<int> layer_index) {
+                          std::vector<int> layer_index,
+                          std::optional<py::array_t<float, py::array::c_style | py::array::forcecast>> probs) {
             if (experts.ndim() != 3) throw std::invalid_argument("experts must be int32 [T, L, k]");
             const int64_t T = experts.shape(0), L = experts.shape(1), k = experts.shape(2);
             if (ubatch.ndim() != 1 || ubatch.shape(0) != T) throw std::invalid_argument("ubatch must be int32 [T]");
+            if (probs && (probs->ndim() != 3 || probs->shape(0) != T || probs->shape(1) != L || probs->shape(2) != k))
+                throw std::invalid_argument("probs must be float32 [T, L, k] like experts");
             const int32_t * e = experts.data();
             const int32_t * u = ubatch.data();
+            const float * pr = probs ? probs->data() : nullptr;
             py::gil_scoped_release nogil;
-            p.replay(e, T, (int) L, (int) k, u, layer_index);
-        })
+            p.replay(e, T, (int) L, (int) k, u, layer_index, pr);
+        }, py::arg("experts"), py::arg("ubatch"), py::arg("layer_index"), py::arg("probs") = py::none())
         .def("set_hot", &pager::set_hot)
         .def("pass_history", [](const pager & p) {
             const auto & s = p.stats();
