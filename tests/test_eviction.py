@@ -100,10 +100,11 @@ def test_belady_never_below_online(cyc):
     # Skewed random routes: expert 0 half the time, so reuse exists.
     ex = np.stack([rng.choice(4, size=2, replace=False, p=[0.5, 0.2, 0.2, 0.1]) for _ in range(60 * 4)])
     ex = ex.reshape(60, 4, 2).astype(np.int32)
+    pr = rng.random(ex.shape).astype(np.float32)  # router probabilities: gate_rank weighs by them
     for slots in (2, 4, 6, 10):
         bel = epqlab.Pager(cyc, slots * unit, policy="belady").replay(ex)["hits"]
         for pol in epqlab.paging.pager.POLICIES:
-            assert epqlab.Pager(cyc, slots * unit, policy=pol).replay(ex)["hits"] <= bel, (slots, pol)
+            assert epqlab.Pager(cyc, slots * unit, policy=pol).replay(ex, probs=pr)["hits"] <= bel, (slots, pol)
 
 
 def test_hot_experts_by_hand():
