@@ -1,4 +1,4 @@
-"""The eviction policies of issue 50 (lfuda, heat, arc, 2q, sieve, s3fifo, wtinylfu) and the simulators of
+"""The eviction policies of issue 50 (lfuda, heat, arc, 2q, sieve, s3fifo, wtinylfu, lirs) and the simulators of
 every online policy (epqlab.routes.online).
 
 Each policy's defining decision is checked on a hand-built trace where it differs from LRU, with the hits and
@@ -21,7 +21,7 @@ from epqlab.routes.policy_params import policy_params
 from exact import check_identical, small_arena
 from ggufs import LayerSpec, write_moe
 
-NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact")
+NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact", "lirs")
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +160,29 @@ def test_coact_partners_keep_an_expert(pair):
         assert run(pair, pol, steps, 3)[0] == 4
 
 
+# LIRS, 3 slots: h = max(1, floor(0.01 x 3)) = 1 resident HIR slot, 2 LIR. "abcad": a, b become LIR (warm-up).
+# c: not in the stack S, the LIR set is full: resident HIR, Q = [c], S = [a, b, c]. a: LIR hit; a was S's bottom,
+# S = [b, c, a]. d: a miss; the victim is Q's oldest, c, the one-shot touched two requests ago; b (LIR, reuse
+# distance small) stays. c stays in S as a non-resident HIR entry. LRU evicts b (its least recent): residents a,
+# c, d. Then "ce": c's second request finds it in S (its IRR, 2, is below the recency of S's bottom LIR b), so c
+# becomes LIR and b is demoted to Q (resident HIR) behind d; c's victim is Q's oldest, d. e: resident HIR; its
+# victim is Q's oldest, now b. Residents a, c, e (had c not been promoted, c would be Q's oldest at e: a, b, e).
+# LRU: a and c hit, residents c, d, e.
+def test_lirs_keeps_small_reuse_distance(one):
+    assert run(one, "lirs", "abcad", 3) == (1, "abd")
+    assert run(one, "lru", "abcad", 3) == (1, "acd")
+    assert run(one, "lirs", "abcadce", 3) == (1, "ace")
+    assert run(one, "lru", "abcadce", 3) == (2, "cde")
+    # the one-shots d, e stream through the one HIR slot while a, b keep hitting: 4 hits (LRU 2)
+    assert run(one, "lirs", "abcadbeab", 3) == (4, "abe")
+    assert run(one, "lru", "abcadbeab", 3)[0] == 2
+    assert policy_params("lirs") == {"hir_ratio": 0.01}
+    with pytest.raises(ValueError, match=r"lirs hir_ratio must lie in \(0, 1\), got 1\.5"):
+        epqlab.Pager(one, 4 * epqlab.Pager.unit_slot_bytes(one)[0], policy="lirs", policy_params={"hir_ratio": 1.5})
+    with pytest.raises(ValueError, match=r"hir_ratio must lie in \(0, 1\)"):
+        simulate_online(trace_log(one, "abc"), 2, "lirs", params={"hir_ratio": 0})
+
+
 def test_cyclic_hand_counts_in_simulator():
     """test_eviction.py's hand-worked cycle (4 layers x (0, 1), 6 slots, 5 tokens) through the simulator."""
     ex = np.tile(np.array([0, 1], np.int32), (5, 4, 1))
@@ -242,7 +265,7 @@ def test_bad_policy_input(one):
     with pytest.raises(ValueError, match="no parameter 'p'.*window, protected, sample_factor"):
         policy_params("wtinylfu", {"p": 1})
     with pytest.raises(ValueError, match="choose one of"):
-        simulate_online(trace_log(one, "abc"), 2, "lirs")
+        simulate_online(trace_log(one, "abc"), 2, "clock")
     with pytest.raises(ValueError, match="capacity 0 < k = 1"):
         simulate_online(trace_log(one, "abc"), 0, "arc")
 

@@ -16,7 +16,7 @@ The model (that of :mod:`epqlab.routes.reference`, plus the pager's forward pass
 
 Policies (sources in each class's docstring): key-ordered ``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``,
 ``fnu``, ``lfuda``, ``heat`` (:mod:`.policy_keys`); queue-based ``arc``, ``2q``, ``sieve``, ``s3fifo``
-(:mod:`.policy_queues`); ``wtinylfu`` (:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`).
+(:mod:`.policy_queues`); ``wtinylfu`` (:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`); ``lirs`` (:mod:`.policy_lirs`).
 Not here: ``gate-rank`` needs each expert's router probability, which route logs do not record (only the ids,
 docs/DESIGN.md §6); ``predictor-rank`` needs the trained predictor's scores per token.
 Prefetch is not modelled (the pager's prefetched experts enter a policy as a miss does, with no request).
@@ -28,11 +28,12 @@ from ..constants import ONLINE_POLICIES
 from .log import RouteLog
 from .policy_coact import COACT_POLICIES
 from .policy_keys import KEY_POLICIES
+from .policy_lirs import LIRS_POLICIES
 from .policy_params import policy_params
 from .policy_queues import QUEUE_POLICIES
 from .policy_tinylfu import TINYLFU_POLICIES
 
-RULES = {**KEY_POLICIES, **QUEUE_POLICIES, **TINYLFU_POLICIES, **COACT_POLICIES}
+RULES = {**KEY_POLICIES, **QUEUE_POLICIES, **TINYLFU_POLICIES, **COACT_POLICIES, **LIRS_POLICIES}
 
 
 class _State:

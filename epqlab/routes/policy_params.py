@@ -23,6 +23,7 @@ _SPEC: dict[str, dict[str, tuple]] = {
     "wtinylfu": {"window": (0.01, 0.0, 1.0, True, True, False),         # window LRU share (paper: 1%)
                  "protected": (0.8, 0.0, 1.0, True, True, False),       # SLRU protected share of main (80%)
                  "sample_factor": (10, 1, 1000, False, False, True)},   # reset after sample_factor x slots
+    "lirs": {"hir_ratio": (0.01, 0.0, 1.0, True, True, False)},         # resident HIR share of the slots (paper: 1%)
 }
 
 

@@ -56,7 +56,8 @@ struct pager_layer_spec {
 // epqlab/constants.py (PAGER_POLICIES); the binding exports this list as epqlab._pager_core.POLICIES
 // and tests/test_constants.py checks the two agree.
 inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu",
-                                                "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact"};
+                                                "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact",
+                                                "lirs"};
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
 struct pager_config {
@@ -510,7 +511,8 @@ private:
     int32_t                      top_k_ = 1;          // the config's n_expert_used, clamped to 1..n_expert
     int32_t                      n_expert_ = 0;
     enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6, LFUDA = 7, HEAT = 8,
-                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14 };
+                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14,
+                     LIRS = 15 };
     // After layer li's router ran (request_layer, request_layer_async): fnu's and the queue policies' update.
     void router_update(int li, const std::vector<int32_t> & picked);
     // The queue-based policies (arc, 2q, sieve, s3fifo, wtinylfu, coact: policy_queues.h); null for the others,

@@ -268,6 +268,7 @@ struct wtinylfu final : queue_policy {
 std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int64_t c, size_t n,
                                                 const std::map<std::string, double> & p, int n_expert) {
     if (policy == "coact") return make_coact_policy(n, n_expert);
+    if (policy == "lirs") return make_lirs_policy(c, n, param(p, "hir_ratio"));
     if (policy == "arc") return std::make_unique<arc>(c, n);
     if (policy == "2q") return std::make_unique<twoq>(c, n, param(p, "kin"), param(p, "kout"));
     if (policy == "sieve") return std::make_unique<sieve>(n);

@@ -1,5 +1,5 @@
 // Queue-based eviction policies of the pager: arc, 2q, sieve, s3fifo, wtinylfu (and coact, a scan of
-// the residents: policy_coact.cpp). Each is the rule of
+// the residents: policy_coact.cpp; lirs: policy_lirs.cpp). Each is the rule of
 // epqlab/routes/policy_queues.py and policy_tinylfu.py (the simulators; papers cited there), which the
 // tests hold to the same hits, misses and evictions on the same trace. Units are the pager's ids
 // (layer index * n_expert + expert); c is the arena's slot count.
@@ -53,3 +53,4 @@ struct queue_policy {
 std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int64_t capacity, size_t n_units,
                                                 const std::map<std::string, double> & params, int n_expert);
 std::unique_ptr<queue_policy> make_coact_policy(size_t n_units, int n_expert);  // policy_coact.cpp
+std::unique_ptr<queue_policy> make_lirs_policy(int64_t capacity, size_t n_units, double hir_ratio);  // policy_lirs.cpp
