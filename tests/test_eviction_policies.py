@@ -116,6 +116,34 @@ def test_wtinylfu_admission_refusal(one):
     assert run(one, "lru", "aaabbbcda", 3)[0] == 4
 
 
+# The admission knob (issue 50 item 2), wtinylfu admit="stage", 3 slots: "aaabbbcd" fills the arena as in
+# test_wtinylfu_admission_refusal (probation a (3 requests), b (3); window c (1)). d: no slot is free, and TinyLFU
+# at the door rates d (1) no more frequent than main's victim a (3): d is refused a slot and used from the staging
+# buffer; nothing is evicted, residents stay a, b, c (with admit="slot" d enters the window and the candidate c
+# loses its duel: one eviction, residents a, b, d). "dddd": d is refused at 2 and 3 requests too; its 4th beats
+# a's 3, so it is admitted (window), and the window's candidate c (1) loses to a: one eviction, residents a, b, d.
+def run_admit(lay, trace, admit):
+    unit = epqlab.Pager.unit_slot_bytes(lay)[0]
+    prm = {"admit": admit}
+    p = epqlab.Pager(lay, 3 * unit, policy="wtinylfu", policy_params=prm, prefault=False)
+    log = trace_log(lay, trace)
+    st, sim = p.replay(log), simulate_online(log, 3, "wtinylfu", params=prm)
+    keys = ("hits", "misses", "evictions", "admission_staged")
+    assert [st[k] for k in keys] == [sim[k] for k in keys]
+    res = "".join(chr(ord("a") + e) for e in range(lay.n_expert) if p.is_resident(lay.moe_layers[0], e))
+    assert res == "".join(chr(ord("a") + e) for _, e in sim["resident"])
+    return tuple(st[k] for k in keys) + (res,)
+
+
+def test_wtinylfu_admit_stage_refuses_without_evicting(one):
+    assert run_admit(one, "aaabbbcd", "stage") == (4, 4, 0, 1, "abc")
+    assert run_admit(one, "aaabbbcd", "slot") == (4, 4, 1, 0, "abd")
+    assert run_admit(one, "aaabbbcdddd", "stage") == (4, 7, 1, 3, "abd")
+    assert policy_params("wtinylfu")["admit"] == "slot"
+    with pytest.raises(ValueError, match="wtinylfu admit must be one of slot, stage, got 'never'"):
+        epqlab.Pager(one, 3 * epqlab.Pager.unit_slot_bytes(one)[0], policy="wtinylfu", policy_params={"admit": "never"})
+
+
 # LFUDA, 2 slots, "aaabcdea": a: K = 0 + 3 after its hits. b (K 1) fills. c: evict b (K 1): age 1; c K = 2.
 # d: evict c (K 2): age 2, d K = 3. e: a and d tie at K 3, the older a goes (age 3). a: miss.
 # Hits 2; residents after e: d, e. LFU keeps a (3 requests against 1): hits 3, residents a, e.
@@ -228,6 +256,23 @@ def test_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path, po
     sim = simulate_online(log, None, policy, slot_classes=classes, unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
     assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
     assert sim["staged"] == 0 or st["staged_reads"] + st["staged_copies"] > 0
+
+
+def test_admit_stage_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path):
+    """wtinylfu admit="stage" live at a small arena: the refused experts are read by the layer's staging, so logits
+    stay bit-identical to pager=False; the live hits, misses, evictions and refusals equal the simulator's on the
+    run's own route log, and refusals really happened (and were staged)."""
+    prm = {"admit": "stage"}
+    st = check_identical(default_path, ref, "wtinylfu", None, 0, route_log=tmp_path / "r.npz", policy_params=prm)
+    log = RouteLog.load(tmp_path / "r.npz")
+    lay = epqlab.inspect(default_path)
+    classes = [(c["slot_bytes"], c["slots"]) for c in
+               epqlab.Pager(lay, small_arena(default_path), policy="wtinylfu", prefault=False).stats["slot_classes"]]
+    sim = simulate_online(log, None, "wtinylfu", params=prm, slot_classes=classes,
+                          unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    keys = ("hits", "misses", "evictions", "admission_staged")
+    assert [st[k] for k in keys] == [sim[k] for k in keys]
+    assert st["admission_staged"] > 0 and st["staged_reads"] >= st["admission_staged"]
 
 
 @pytest.mark.parametrize("policy,params", [("heat", {"half_life": 2.0})])

@@ -46,6 +46,12 @@ struct queue_policy {
     virtual void insert(int u) = 0;
     virtual void evicted(int u) = 0;
     virtual void dropped(int u) = 0;
+    // Admission staging (issue 50's admission knob, wtinylfu's admit = stage): stages() says the policy may
+    // refuse a miss a slot; refuse(u, ok), asked only when no slot is free for u (after admit), says it does:
+    // u is then read into the staging buffer for its layer step, takes no slot, evicts nothing and is not
+    // inserted. ok as for victim().
+    virtual bool stages() const { return false; }
+    virtual bool refuse(int /*u*/, const std::function<bool(int)> & /*ok*/) { return false; }
 };
 
 // policy: "arc" | "2q" | "sieve" | "s3fifo" | "wtinylfu"; params as epqlab.routes.policy_params fills them
