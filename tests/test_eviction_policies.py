@@ -258,6 +258,20 @@ def test_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path, po
     assert sim["staged"] == 0 or st["staged_reads"] + st["staged_copies"] > 0
 
 
+def test_lirs_live_equals_simulated_at_a_larger_arena(default_path, ref, tmp_path):
+    """LIRS live at 8 x the smallest arena (35 slots; at test_live_equals_simulated_and_bit_identical's small arena
+    every request misses, so no rule shows): logits bit-identical to pager=False, the live counters equal the
+    simulator's on the run's own route log, and LIRS hits where LRU, on the same routes, does not."""
+    st = check_identical(default_path, ref, "lirs", None, 0, route_log=tmp_path / "r.npz", arena_factor=8)
+    log = RouteLog.load(tmp_path / "r.npz")
+    lay = epqlab.inspect(default_path)
+    classes = [(c["slot_bytes"], c["slots"]) for c in st["slot_classes"]]
+    kw = dict(slot_classes=classes, unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    sim = simulate_online(log, None, "lirs", **kw)
+    assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
+    assert sim["hits"] > simulate_online(log, None, "lru", **kw)["hits"]
+
+
 def test_admit_stage_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path):
     """wtinylfu admit="stage" live at a small arena: the refused experts are read by the layer's staging, so logits
     stay bit-identical to pager=False; the live hits, misses, evictions and refusals equal the simulator's on the
