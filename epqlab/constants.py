@@ -13,7 +13,7 @@ from enum import IntEnum
 # ------------------------------------------------------------------------------------- eviction policies
 ONLINE_POLICIES: tuple[str, ...] = ("lru", "ls", "ls_pos", "lfu", "static", "fnu",
                                     "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact",
-                                    "gate_rank")
+                                    "lirs", "gate_rank")
 """Policies a live :class:`epqlab.Session` (and :class:`epqlab.Pager`) can run; rules in ``help(epqlab.Pager)``
 and, with their sources, in :mod:`epqlab.routes.online` (whose :func:`~epqlab.routes.online.simulate_online`
 replays each exactly as the pager runs it)."""

@@ -26,12 +26,12 @@ def small_arena(path, factor=1.5):
 
 
 def check_identical(path, ref, policy, prefetch, segment, pipeline=False, depth=1, min_precision=None, predictor=None,
-                    route_log=None):
+                    route_log=None, policy_params=None, arena_factor=1.5):
     """Run the greedy trace paged at :func:`small_arena` with these knobs; assert prompt logits, step logits
     and tokens equal ``ref`` bit for bit, that the pager really paged, and that the knobs really ran.
     Returns the Session's stats."""
     toks, (rp, rs, rg) = ref
-    with epqlab.Session(path, arena_bytes=small_arena(path), policy=policy, prefetch=prefetch,
+    with epqlab.Session(path, arena_bytes=small_arena(path, arena_factor), policy=policy, policy_params=policy_params, prefetch=prefetch,
                         read_segment_bytes=segment or None, io_threads=2, n_threads=THREADS,
                         pipeline_reads=pipeline, prefetch_depth=depth, prefetch_predictor=predictor,
                         prefetch_min_precision=min_precision if prefetch else None, route_log=route_log) as s:

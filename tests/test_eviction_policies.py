@@ -1,4 +1,4 @@
-"""The eviction policies of issue 50 (lfuda, heat, arc, 2q, sieve, s3fifo, wtinylfu) and the simulators of
+"""The eviction policies of issue 50 (lfuda, heat, arc, 2q, sieve, s3fifo, wtinylfu, lirs) and the simulators of
 every online policy (epqlab.routes.online).
 
 Each policy's defining decision is checked on a hand-built trace where it differs from LRU, with the hits and
@@ -21,7 +21,7 @@ from epqlab.routes.policy_params import policy_params
 from exact import check_identical, small_arena
 from ggufs import LayerSpec, write_moe
 
-NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact", "gate_rank")
+NEW = ("lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact", "lirs", "gate_rank")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +118,34 @@ def test_wtinylfu_admission_refusal(one):
     assert run(one, "lru", "aaabbbcda", 3)[0] == 4
 
 
+# The admission knob (issue 50 item 2), wtinylfu admit="stage", 3 slots: "aaabbbcd" fills the arena as in
+# test_wtinylfu_admission_refusal (probation a (3 requests), b (3); window c (1)). d: no slot is free, and TinyLFU
+# at the door rates d (1) no more frequent than main's victim a (3): d is refused a slot and used from the staging
+# buffer; nothing is evicted, residents stay a, b, c (with admit="slot" d enters the window and the candidate c
+# loses its duel: one eviction, residents a, b, d). "dddd": d is refused at 2 and 3 requests too; its 4th beats
+# a's 3, so it is admitted (window), and the window's candidate c (1) loses to a: one eviction, residents a, b, d.
+def run_admit(lay, trace, admit):
+    unit = epqlab.Pager.unit_slot_bytes(lay)[0]
+    prm = {"admit": admit}
+    p = epqlab.Pager(lay, 3 * unit, policy="wtinylfu", policy_params=prm, prefault=False)
+    log = trace_log(lay, trace)
+    st, sim = p.replay(log), simulate_online(log, 3, "wtinylfu", params=prm)
+    keys = ("hits", "misses", "evictions", "admission_staged")
+    assert [st[k] for k in keys] == [sim[k] for k in keys]
+    res = "".join(chr(ord("a") + e) for e in range(lay.n_expert) if p.is_resident(lay.moe_layers[0], e))
+    assert res == "".join(chr(ord("a") + e) for _, e in sim["resident"])
+    return tuple(st[k] for k in keys) + (res,)
+
+
+def test_wtinylfu_admit_stage_refuses_without_evicting(one):
+    assert run_admit(one, "aaabbbcd", "stage") == (4, 4, 0, 1, "abc")
+    assert run_admit(one, "aaabbbcd", "slot") == (4, 4, 1, 0, "abd")
+    assert run_admit(one, "aaabbbcdddd", "stage") == (4, 7, 1, 3, "abd")
+    assert policy_params("wtinylfu")["admit"] == "slot"
+    with pytest.raises(ValueError, match="wtinylfu admit must be one of slot, stage, got 'never'"):
+        epqlab.Pager(one, 3 * epqlab.Pager.unit_slot_bytes(one)[0], policy="wtinylfu", policy_params={"admit": "never"})
+
+
 # LFUDA, 2 slots, "aaabcdea": a: K = 0 + 3 after its hits. b (K 1) fills. c: evict b (K 1): age 1; c K = 2.
 # d: evict c (K 2): age 2, d K = 3. e: a and d tie at K 3, the older a goes (age 3). a: miss.
 # Hits 2; residents after e: d, e. LFU keeps a (3 requests against 1): hits 3, residents a, e.
@@ -182,6 +210,29 @@ def test_coact_partners_keep_an_expert(pair):
         assert run(pair, pol, steps, 3)[0] == 4
 
 
+# LIRS, 3 slots: h = max(1, floor(0.01 x 3)) = 1 resident HIR slot, 2 LIR. "abcad": a, b become LIR (warm-up).
+# c: not in the stack S, the LIR set is full: resident HIR, Q = [c], S = [a, b, c]. a: LIR hit; a was S's bottom,
+# S = [b, c, a]. d: a miss; the victim is Q's oldest, c, the one-shot touched two requests ago; b (LIR, reuse
+# distance small) stays. c stays in S as a non-resident HIR entry. LRU evicts b (its least recent): residents a,
+# c, d. Then "ce": c's second request finds it in S (its IRR, 2, is below the recency of S's bottom LIR b), so c
+# becomes LIR and b is demoted to Q (resident HIR) behind d; c's victim is Q's oldest, d. e: resident HIR; its
+# victim is Q's oldest, now b. Residents a, c, e (had c not been promoted, c would be Q's oldest at e: a, b, e).
+# LRU: a and c hit, residents c, d, e.
+def test_lirs_keeps_small_reuse_distance(one):
+    assert run(one, "lirs", "abcad", 3) == (1, "abd")
+    assert run(one, "lru", "abcad", 3) == (1, "acd")
+    assert run(one, "lirs", "abcadce", 3) == (1, "ace")
+    assert run(one, "lru", "abcadce", 3) == (2, "cde")
+    # the one-shots d, e stream through the one HIR slot while a, b keep hitting: 4 hits (LRU 2)
+    assert run(one, "lirs", "abcadbeab", 3) == (4, "abe")
+    assert run(one, "lru", "abcadbeab", 3)[0] == 2
+    assert policy_params("lirs") == {"hir_ratio": 0.01}
+    with pytest.raises(ValueError, match=r"lirs hir_ratio must lie in \(0, 1\), got 1\.5"):
+        epqlab.Pager(one, 4 * epqlab.Pager.unit_slot_bytes(one)[0], policy="lirs", policy_params={"hir_ratio": 1.5})
+    with pytest.raises(ValueError, match=r"hir_ratio must lie in \(0, 1\)"):
+        simulate_online(trace_log(one, "abc"), 2, "lirs", params={"hir_ratio": 0})
+
+
 def test_cyclic_hand_counts_in_simulator():
     """test_eviction.py's hand-worked cycle (4 layers x (0, 1), 6 slots, 5 tokens) through the simulator."""
     ex = np.tile(np.array([0, 1], np.int32), (5, 4, 1))
@@ -230,6 +281,37 @@ def test_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path, po
     assert sim["staged"] == 0 or st["staged_reads"] + st["staged_copies"] > 0
 
 
+def test_lirs_live_equals_simulated_at_a_larger_arena(default_path, ref, tmp_path):
+    """LIRS live at 8 x the smallest arena (35 slots; at test_live_equals_simulated_and_bit_identical's small arena
+    every request misses, so no rule shows): logits bit-identical to pager=False, the live counters equal the
+    simulator's on the run's own route log, and LIRS hits where LRU, on the same routes, does not."""
+    st = check_identical(default_path, ref, "lirs", None, 0, route_log=tmp_path / "r.npz", arena_factor=8)
+    log = RouteLog.load(tmp_path / "r.npz")
+    lay = epqlab.inspect(default_path)
+    classes = [(c["slot_bytes"], c["slots"]) for c in st["slot_classes"]]
+    kw = dict(slot_classes=classes, unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    sim = simulate_online(log, None, "lirs", **kw)
+    assert (st["hits"], st["misses"], st["evictions"]) == (sim["hits"], sim["misses"], sim["evictions"])
+    assert sim["hits"] > simulate_online(log, None, "lru", **kw)["hits"]
+
+
+def test_admit_stage_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path):
+    """wtinylfu admit="stage" live at a small arena: the refused experts are read by the layer's staging, so logits
+    stay bit-identical to pager=False; the live hits, misses, evictions and refusals equal the simulator's on the
+    run's own route log, and refusals really happened (and were staged)."""
+    prm = {"admit": "stage"}
+    st = check_identical(default_path, ref, "wtinylfu", None, 0, route_log=tmp_path / "r.npz", policy_params=prm)
+    log = RouteLog.load(tmp_path / "r.npz")
+    lay = epqlab.inspect(default_path)
+    classes = [(c["slot_bytes"], c["slots"]) for c in
+               epqlab.Pager(lay, small_arena(default_path), policy="wtinylfu", prefault=False).stats["slot_classes"]]
+    sim = simulate_online(log, None, "wtinylfu", params=prm, slot_classes=classes,
+                          unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    keys = ("hits", "misses", "evictions", "admission_staged")
+    assert [st[k] for k in keys] == [sim[k] for k in keys]
+    assert st["admission_staged"] > 0 and st["staged_reads"] >= st["admission_staged"]
+
+
 @pytest.mark.parametrize("policy,params", [("heat", {"half_life": 2.0})])
 def test_session_policy_params_reach_the_pager(default_path, tmp_path, policy, params):
     """Session(policy_params=...) runs the pager with those numbers: its live hits, misses and evictions equal the
@@ -265,7 +347,7 @@ def test_bad_policy_input(one):
     with pytest.raises(ValueError, match="no parameter 'p'.*window, protected, sample_factor"):
         policy_params("wtinylfu", {"p": 1})
     with pytest.raises(ValueError, match="choose one of"):
-        simulate_online(trace_log(one, "abc"), 2, "lirs")
+        simulate_online(trace_log(one, "abc"), 2, "clock")
     with pytest.raises(ValueError, match="capacity 0 < k = 1"):
         simulate_online(trace_log(one, "abc"), 0, "arc")
 

@@ -35,18 +35,19 @@ def load_text(text: str) -> tuple[str, str]:
 
 
 def policy_params_arg(items) -> dict:
-    """``--policy-param NAME=VALUE`` (repeated) as ``{name: float}``; ranges are checked by the Session.
+    """``--policy-param NAME=VALUE`` (repeated) as ``{name: float}`` (a value that is not a number, such as
+    ``admit=stage``, stays a string); names, ranges and choices are checked by the Session.
 
     Raises:
-        ValueError: an item that is not ``NAME=NUMBER``.
+        ValueError: an item that is not ``NAME=VALUE``.
     """
     out = {}
     for it in items or ():
         name, eq, val = str(it).partition("=")
+        if not eq or not name.strip() or not val.strip():
+            raise ValueError(f"--policy-param takes NAME=VALUE (e.g. half_life=64, admit=stage), got {it!r}")
         try:
-            if not eq or not name.strip():
-                raise ValueError
             out[name.strip()] = float(val)
         except ValueError:
-            raise ValueError(f"--policy-param takes NAME=NUMBER (e.g. half_life=64), got {it!r}") from None
+            out[name.strip()] = val.strip()
     return out

@@ -22,8 +22,8 @@ def add_memory_args(p) -> None:
 def add_policy_param_arg(p) -> None:
     """``--policy-param NAME=VALUE`` (run and serve; :func:`epqlab.commands._args.policy_params_arg` parses it)."""
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="an eviction policy parameter, e.g. half_life=64 for heat (repeatable; ranges: "
-                        "epqlab.routes.policy_params)")
+                   help="an eviction policy parameter, e.g. half_life=64 for heat, hir_ratio=0.01 for lirs, "
+                        "admit=stage for wtinylfu (repeatable; ranges: epqlab.routes.policy_params)")
 
 
 def add_session_args(p) -> None:

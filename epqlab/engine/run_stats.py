@@ -29,6 +29,7 @@ COUNTERS = ("requests", "hits", "misses", "evictions", "evictions_stale_left", "
             "evictions_stale_right", "evictions_current_right", "bytes_read", "read_us", "io_wait_us", "map_us", "evict_unmap_us", "evict_unmap_io_us",
             "load_calls", "ubatches", "layer_loads", "staged_layers", "staged_tokens", "staged_bytes",
             "staged_reads", "staged_copies", "stage_lends", "stage_lent_bytes", "stage_lent_evictions", "tokens_routed", "cold_skipped", "pipelined_loads", "pipelined_early",
+            "admission_staged",
             "graph_asks", "graph_pieces") + PREFETCH_COUNTERS + LOSSY_COUNTERS
 
 

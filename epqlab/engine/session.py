@@ -160,6 +160,8 @@ class Session:
             in the reserve. ``stats["memory"]`` reports each part. :meth:`resize` changes it later.
         policy_params: the eviction policy's parameters by name over their defaults, e.g. ``{"half_life": 64}``
             for ``"heat"`` (:func:`epqlab.routes.policy_params.policy_params` names each one's range and source).
+            ``{"admit": "stage"}`` with ``"wtinylfu"``: a miss TinyLFU refuses is used from the staging buffer
+            without a slot (needs ``arena_bytes``: under ``ram_budget`` staging borrows arena slots; ValueError).
         max_ram_budget: the largest budget :meth:`resize` may grow to (default: the opening budget);
             the arena's slots above the opening budget hold no memory until a resize gives them out.
         follow_memory: re-read what ``"auto"`` reads, and Linux PSI, between decode steps; shrink the arena
@@ -174,7 +176,8 @@ class Session:
             locked in RAM; raises if RLIMIT_MEMLOCK is too small) or ``"mmap"`` (llama.cpp's own
             file mapping; the stock loader reads the whole file; default with ``pager=False``).
         policy: eviction policy, one of :data:`epqlab.constants.ONLINE_POLICIES` (``lru`` | ``ls`` |
-            ``ls_pos`` | ``lfu`` | ``static`` | ``fnu``; each rule and its source: :class:`epqlab.Pager`).
+            ``ls_pos`` | ``lfu`` | ``static`` | ``fnu`` | ``lfuda`` | ``heat`` | ``arc`` | ``2q`` | ``sieve`` |
+            ``s3fifo`` | ``wtinylfu`` | ``coact`` | ``lirs``; each rule and its source: :class:`epqlab.Pager`).
         hot_experts: with ``policy="static"``: int ``[n, 2]`` (GGUF block, expert) pairs kept unless
             nothing else can be evicted (:func:`epqlab.studies.ablation.hot_experts` picks them from a
             calibration route log; ``session.pager.set_hot`` sets them later). Without them
@@ -443,6 +446,10 @@ class Session:
             capacity = max(plan.arena, min(Pager.all_experts_bytes(lay), plan_arena(
                 lay, o.n_expert_used, budget=self.max_budget_bytes, used_before_arena=self.used_before_arena,
                 reserve=self.reserve_bytes, io_threads=io_threads).arena))
+        if self.policy_params.get("admit") == "stage" and plan.stage_lend:
+            raise ValueError("policy_params admit='stage' reads a refused expert into the staging buffer beside the arena, "
+                             "but under ram_budget a staged matrix borrows arena slots (stage lending), evicting what "
+                             "admission kept: give arena_bytes with it")
         self._pager = Pager(lay, plan.arena, policy=o.policy, io_threads=io_threads, direct_io=direct_io,
                             n_expert_used=o.n_expert_used, capacity_bytes=capacity,
                             policy_params=self.policy_params)

@@ -19,6 +19,7 @@ from ..layout import ModelLayout
 from ..units import fmt_bytes, parse_bytes
 from ..memory.usage import cpu_threads
 from ..routes.log import RouteLog
+from ..routes.policy_params import native_params
 from ..routes.policy_params import policy_params as policy_params_checked
 
 MAX_IO_THREADS = 1024  # reader threads: far more than any device rewards; the bound keeps a typo from spawning millions
@@ -70,13 +71,21 @@ class Pager:
               average of "picked in this pass" (weight ``fnu_alpha`` on the newest pass), so its
               next use is predicted at ``pass * L + layer + L / p`` layer steps. Ours (this
               project); alpha chosen on the calibration texts, not the evaluation prompts.
-            - ``"lfuda"``, ``"heat"``, ``"arc"``, ``"2q"``, ``"sieve"``, ``"s3fifo"``, ``"wtinylfu"``, ``"coact"``: LFU with
-              dynamic aging, decayed frequency with a half-life, ARC, 2Q, SIEVE, S3-FIFO, W-TinyLFU and
-              co-activation (an expert whose partners are resident is worth more); the
-              rules, their sources and how the pager's constraints (pinned layer, every miss admitted) shape
-              them are in :mod:`epqlab.routes.online`, whose ``simulate_online`` replays each exactly as this
-              pager runs it. A prefetched expert enters a policy's structures as a miss does (the same
-              admission and insertion), with no request counted; its first demand request is a hit.
+            - ``"lfuda"``, ``"heat"``, ``"arc"``, ``"2q"``, ``"sieve"``, ``"s3fifo"``, ``"wtinylfu"``, ``"coact"``,
+              ``"lirs"``: LFU with dynamic aging (Arlitt et al., SIGMETRICS PER 2000), decayed frequency with a
+              half-life (ftllm's heat), ARC (Megiddo & Modha, FAST 2003), 2Q (Johnson & Shasha, VLDB 1994),
+              SIEVE (Zhang et al., NSDI 2024), S3-FIFO (Yang et al., SOSP 2023), W-TinyLFU (Einziger, Friedman
+              & Manes, ACM TOS 2017), co-activation (this project's: an expert whose partners are resident is
+              worth more) and LIRS (Jiang & Zhang, SIGMETRICS 2002: the inter-reference recency, with
+              ``hir_ratio`` of the slots, 1 %, for resident HIR experts); the rules and how the pager's
+              constraints (pinned layer, every miss admitted) shape them are in :mod:`epqlab.routes.online`,
+              whose ``simulate_online`` replays each exactly as this pager runs it. A prefetched expert enters
+              a policy's structures as a miss does (the same admission and insertion; in LIRS a resident HIR
+              expert at Q's tail), with no request counted; its first demand request is a hit.
+              ``policy_params={"admit": "stage"}`` with ``"wtinylfu"`` (issue 50's admission knob): a miss that
+              finds no free slot and that TinyLFU rates no more frequent than main's victim is refused a slot;
+              the layer is then staged (:meth:`replay` counts it the same way: ``admission_staged``), so it
+              takes no slot and evicts nothing.
             - ``"gate_rank"``: heat weighted by the router: each request adds the expert's router
               probability mass in that forward pass (not 1), decayed with ``half_life`` passes; a live
               Session hands the pager each step's probabilities (``ffn_moe_probs``), :meth:`replay`
@@ -140,7 +149,7 @@ class Pager:
         cap = max(arena, parse_bytes(capacity_bytes)) if capacity_bytes is not None else arena
         self._p = core.Pager(str(layout.path), _layer_specs(layout), layout.n_expert, k, cap, policy,
                              int(io_threads or default_io_threads()), bool(direct_io), float(fnu_alpha),
-                             [str(f) for f in layout.files], {k: float(v) for k, v in prm.items()})
+                             [str(f) for f in layout.files], native_params(policy, prm))
         self.policy_params = prm
         self.fnu_alpha = float(fnu_alpha)
         self.requested_arena_bytes = arena

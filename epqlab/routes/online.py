@@ -11,14 +11,16 @@ The model (that of :mod:`epqlab.routes.reference`, plus the pager's forward pass
   buffer). The step's experts are all pinned while it loads: never victims.
 - Every request counts in the request order (the pager's tick: ``last_use``; ``count``; hits refresh the
   policy's structures at once); then each miss, in order, gets a free slot or the policy's victim among the
-  evictable (resident, unpinned) experts, and is inserted. Every miss is admitted (demand paging).
+  evictable (resident, unpinned) experts, and is inserted. Every miss is admitted (demand paging), except
+  under admission staging (``wtinylfu``'s ``admit="stage"``): a miss the policy refuses when no slot is free
+  takes none, evicts nothing and is not inserted (the pager reads it into the staging buffer for that step).
 - ``per_layer=True`` gives each MoE layer its own pool of ``capacity`` slots and its own policy state.
 
 Policies (sources in each class's docstring): key-ordered ``lru``, ``ls``, ``ls_pos``, ``lfu``, ``static``,
 ``fnu``, ``lfuda``, ``heat``, ``gate_rank`` (:mod:`.policy_keys`; ``gate_rank`` weighs each request by the
 log's ``probs``, summed per expert over the step's tokens in log order, as the pager's ``set_gate_mass``);
 queue-based ``arc``, ``2q``, ``sieve``, ``s3fifo`` (:mod:`.policy_queues`); ``wtinylfu``
-(:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`).
+(:mod:`.policy_tinylfu`); ``coact`` (:mod:`.policy_coact`); ``lirs`` (:mod:`.policy_lirs`).
 Not here: ``predictor-rank`` needs the trained predictor's scores per token.
 Prefetch is not modelled (the pager's prefetched experts enter a policy as a miss does, with no request).
 """
@@ -29,11 +31,12 @@ from ..constants import ONLINE_POLICIES
 from .log import RouteLog
 from .policy_coact import COACT_POLICIES
 from .policy_keys import KEY_POLICIES
+from .policy_lirs import LIRS_POLICIES
 from .policy_params import policy_params
 from .policy_queues import QUEUE_POLICIES
 from .policy_tinylfu import TINYLFU_POLICIES
 
-RULES = {**KEY_POLICIES, **QUEUE_POLICIES, **TINYLFU_POLICIES, **COACT_POLICIES}
+RULES = {**KEY_POLICIES, **QUEUE_POLICIES, **TINYLFU_POLICIES, **COACT_POLICIES, **LIRS_POLICIES}
 
 
 class _State:
@@ -75,9 +78,10 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
             large enough (exactly its size with ``slot_mode``). Only with one shared pool.
 
     Returns:
-        dict(requests, hits, misses, evictions, staged, evictions_by_group, misses_by_layer, requests_by_layer,
-        resident) (counts; ``staged``: layer steps whose union exceeded the pool; ``resident``: the (layer
-        index, expert) pairs left in the arena, sorted).
+        dict(requests, hits, misses, evictions, staged, admission_staged, evictions_by_group, misses_by_layer,
+        requests_by_layer, resident) (counts; ``staged``: layer steps whose union exceeded the pool;
+        ``admission_staged``: misses the policy refused a slot (``wtinylfu``'s ``admit="stage"``), used from the
+        staging buffer; ``resident``: the (layer index, expert) pairs left in the arena, sorted).
 
     Raises:
         ValueError: unknown policy (lists the valid ones), a parameter unknown or out of range (names the range),
@@ -123,7 +127,7 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
     resident = [set() for _ in range(n_pools)]
     ex = log.experts.tolist()
     tick = 0
-    hits = misses = evictions = staged = 0
+    hits = misses = evictions = staged = refused = 0
     groups = [0, 0, 0, 0]
     mis_l, req_l = [0] * L, [0] * L
     for a, b in _passes(log):
@@ -178,8 +182,12 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
                             free[c2] -= 1
                             got = c2
                             break
+                ok = lambda x: x not in pinned and fits(cls_b[slot_of[x]], nb)  # noqa: E731
+                if got is None and pol.refuse(u, ok):
+                    refused += 1   # admission staging: read for this step only; no slot, no victim, no insertion
+                    continue
                 if got is None:
-                    v = pol.victim(u, lambda x: x not in pinned and fits(cls_b[slot_of[x]], nb), li)
+                    v = pol.victim(u, ok, li)
                     if v is None:
                         raise RuntimeError(f"{policy}: no evictable expert for layer {li} (simulator bug)")
                     stale = st.last_pass[v] < st.passno
@@ -193,5 +201,6 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
                 pol.insert(u)
     left = sorted((u // E, u % E) for r in resident for u in r)
     return dict(requests=hits + misses, hits=hits, misses=misses, evictions=evictions, staged=staged,
+                admission_staged=refused,
                 evictions_by_group=dict(zip(GROUPS, groups)), misses_by_layer=mis_l, requests_by_layer=req_l,
                 resident=left)

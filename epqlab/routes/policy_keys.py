@@ -26,6 +26,9 @@ class KeyPolicy:
     def request(self, u: int, resident: bool) -> None: ...
     def admit(self, u: int) -> None: ...
 
+    def refuse(self, u: int, ok) -> bool:  # admission staging: every miss takes a slot
+        return False
+
     def insert(self, u: int) -> None:
         self.res.add(u)
 

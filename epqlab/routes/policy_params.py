@@ -24,7 +24,23 @@ _SPEC: dict[str, dict[str, tuple]] = {
     "wtinylfu": {"window": (0.01, 0.0, 1.0, True, True, False),         # window LRU share (paper: 1%)
                  "protected": (0.8, 0.0, 1.0, True, True, False),       # SLRU protected share of main (80%)
                  "sample_factor": (10, 1, 1000, False, False, True)},   # reset after sample_factor x slots
+    "lirs": {"hir_ratio": (0.01, 0.0, 1.0, True, True, False)},         # resident HIR share of the slots (paper: 1%)
 }
+
+
+# policy -> {parameter: its values, the default first}; the native pager takes a value's index.
+# admit (issue 50's admission knob): "slot", every miss takes a slot (demand paging); "stage", a miss TinyLFU
+# refuses at a full arena is read into the staging buffer for its layer step and takes no slot
+# (epqlab.routes.policy_tinylfu.WTinyLfu).
+_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "wtinylfu": {"admit": ("slot", "stage")},
+}
+
+
+def native_params(policy: str, params: dict) -> dict[str, float]:
+    """Checked ``params`` (:func:`policy_params`) as the native pager takes them: numbers, a choice as its index."""
+    ch = _CHOICES.get(policy, {})
+    return {k: float(ch[k].index(v)) if k in ch else float(v) for k, v in params.items()}
 
 
 def param_spec(policy: str) -> dict[str, tuple]:
@@ -42,10 +58,11 @@ def policy_params(policy: str, params: dict | None = None) -> dict[str, float]:
     if policy not in PAGER_POLICIES:
         raise ValueError(f"unknown eviction policy {policy!r}; choose one of {', '.join(PAGER_POLICIES)}")
     spec = _SPEC.get(policy, {})
+    choices = _CHOICES.get(policy, {})
     params = dict(params or {})
-    extra = sorted(set(params) - set(spec))
+    extra = sorted(set(params) - set(spec) - set(choices))
     if extra:
-        have = ", ".join(spec) or "none"
+        have = ", ".join([*spec, *choices]) or "none"
         raise ValueError(f"policy {policy!r} has no parameter {extra[0]!r} (its parameters: {have})")
     out: dict[str, float] = {}
     for name, (default, lo, hi, lo_open, hi_open, integer) in spec.items():
@@ -59,5 +76,10 @@ def policy_params(policy: str, params: dict | None = None) -> dict[str, float]:
         if below or above or v != v:
             rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
             raise ValueError(f"{policy} {name} must lie in {rng}, got {v!r}")
+        out[name] = v
+    for name, values in choices.items():
+        v = params.get(name, values[0])
+        if v not in values:
+            raise ValueError(f"{policy} {name} must be one of {', '.join(values)}, got {v!r}")
         out[name] = v
     return out

@@ -32,6 +32,12 @@ class QueuePolicy:
     def router(self, li: int, picked: list[int]) -> None: ...
     def admit(self, u: int) -> None: ...
 
+    def refuse(self, u: int, ok) -> bool:
+        """Admission staging (``wtinylfu``'s ``admit="stage"``): asked only when no slot is free for the miss
+        ``u``; True = ``u`` is used from the staging buffer for its layer step, takes no slot, evicts nothing
+        and is not inserted."""
+        return False
+
 
 class Arc(QueuePolicy):
     """ARC (Megiddo & Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache", FAST 2003): T1 (seen once

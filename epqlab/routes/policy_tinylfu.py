@@ -47,7 +47,15 @@ class WTinyLfu(QueuePolicy):
     P and main's victim evicted only if the sketch rates the candidate strictly more frequent; otherwise the
     candidate is evicted (admission refused). While W is below its size, main's victim goes. The sketch is
     ``width`` = the smallest power of two >= max(16, c), reset every ``sample_factor`` x c requests (10, as
-    Caffeine's W = 10 x size). No doorkeeper."""
+    Caffeine's W = 10 x size). No doorkeeper.
+
+    ``admit="stage"`` (issue 50's admission knob; default ``"slot"``): TinyLFU also guards the door. A miss that
+    finds no free slot is admitted only if the sketch rates it strictly more frequent than main's victim (P's
+    LRU evictable entry, else R's; with none, it is admitted); otherwise it is *staged*: the pager reads it into
+    the staging buffer for its layer step (the layer's residents are copied beside it), it takes no slot,
+    evicts nothing and enters no queue (its request still counts in the sketch, so a returning expert gets in).
+    An admitted miss then goes on as above (window, candidate duel). A prefetch of an expert it would refuse
+    is not issued. With ``"slot"`` every miss takes a slot (demand paging), as the other policies do."""
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
@@ -101,6 +109,14 @@ class WTinyLfu(QueuePolicy):
                 self.P[cw] = None
                 return cm
             return cw
+
+    def refuse(self, u, ok):
+        if self.p.get("admit", "slot") != "stage":
+            return False
+        cm = _first(self.P, ok)
+        if cm is None:
+            cm = _first(self.R, ok)
+        return cm is not None and self.sketch.estimate(u) <= self.sketch.estimate(cm)
 
     def evicted(self, v):
         for q in (self.W, self.P, self.R):

@@ -910,23 +910,28 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
     }
     if (misses.empty()) return misses;
 
-    size_t placed = 0;
+    std::vector<int> placed;
     try {
         check_file();
         for (int u : misses) {
             if (qpol_) qpol_->admit(u);
+            if (refusing_ && admission_refused(li, u)) {  // staged by the caller: no slot, no victim, no insertion
+                refused_.push_back(u);
+                stats_.admission_staged++;
+                continue;
+            }
             const int s = take_slot(li, unit_bytes_[li], false, u);
             units_[u].slot = s;
             slots_[s].unit = u;
             policy_insert(u);
-            placed++;
+            placed.push_back(u);
             unit_jobs(u, jobs, job_unit, job_tensor);
         }
     } catch (...) {
         // Undo the misses placed so far (slots taken, nothing read): they never become resident.
         // Experts of li a batch is still reading were pinned as hits: settle them before they are
         // unpinned (and become evictable).
-        for (size_t i = 0; i < placed; i++) free_unit_slot(misses[i]);
+        for (int u : placed) free_unit_slot(u);
         try {
             finish_batches(li);
         } catch (...) {
@@ -935,7 +940,20 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         throw;
     }
 
-    return misses;
+    return placed;
+}
+
+bool pager::admission_refused(int li, int u) {
+    if (!qpol_ || !qpol_->stages()) return false;
+    const int64_t need = unit_bytes_[li];
+    const int c = (int) (std::find(class_bytes_.begin(), class_bytes_.end(), need) - class_bytes_.begin());
+    for (int c2 = c; c2 >= (slot_mode_ ? c : 0); c2--)  // take_slot's free slots: none refuses
+        if (!free_[c2].empty()) return false;
+    return qpol_->refuse(u, [&](int w) {  // take_slot's victims
+        if (!evictable_[w]) return false;
+        const int64_t b = slots_[units_[w].slot].bytes;
+        return (slot_mode_ ? b == need : b >= need) && !(!pf_.empty() && inflight_neighbour(w));
+    });
 }
 
 void pager::settle_misses(int li, const std::vector<int> & misses, std::vector<io_job> & jobs, const std::vector<int> & job_unit) {
@@ -1045,9 +1063,21 @@ bool pager::request_layer(int li, const int32_t * ids, int k, int n_tokens, std:
         if (staged_ids) *staged_ids = std::move(uni);
         return false;
     }
-    if (n_tokens == 1) load_layer(li, ids, k, nullptr);
-    else load_layer(li, uni.data(), (int) uni.size(), nullptr);
-    return true;
+    refused_.clear();
+    refusing_ = staged_ids != nullptr;  // only a caller that stages may have misses refused a slot
+    try {
+        if (n_tokens == 1) load_layer(li, ids, k, nullptr);
+        else load_layer(li, uni.data(), (int) uni.size(), nullptr);
+    } catch (...) {
+        refusing_ = false;
+        refused_.clear();
+        throw;
+    }
+    refusing_ = false;
+    if (refused_.empty()) return true;
+    refused_.clear();
+    *staged_ids = std::move(uni);  // the refused experts are read by the staging, the others copied
+    return false;
 }
 
 void pager::set_gate_mass(int li, const int32_t * ids, const float * p, int n) {
@@ -1110,6 +1140,7 @@ void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * 
         }
     }
     int prev = -1;
+    std::vector<int32_t> staged;  // as the hook asks: a policy may refuse misses a slot (admission staging)
     for (size_t i = 0; i < steps.size(); i++) {
         const step & s = steps[i];
         if (prev >= 0) release_layer(prev);
@@ -1117,7 +1148,7 @@ void pager::replay(const int32_t * ex, int64_t T, int L, int k, const int32_t * 
         if (policy_ == BELADY)
             for (size_t j = 0; j < s.units.size(); j++) pending_next_[s.units[j]] = next[i][j];
         if (probs) set_gate_mass(s.li, s.ids.data(), s.p.data(), (int) s.ids.size());
-        request_layer(s.li, s.ids.data(), k, s.n_tokens, nullptr);
+        request_layer(s.li, s.ids.data(), k, s.n_tokens, &staged);
         prev = s.li;
     }
     if (prev >= 0) release_layer(prev);

@@ -57,7 +57,7 @@ struct pager_layer_spec {
 // and tests/test_constants.py checks the two agree.
 inline constexpr const char * POLICY_NAMES[] = {"lru", "ls", "ls_pos", "lfu", "static", "belady", "fnu",
                                                 "lfuda", "heat", "arc", "2q", "sieve", "s3fifo", "wtinylfu", "coact",
-                                                "gate_rank"};
+                                                "lirs", "gate_rank"};
 inline constexpr int N_POLICIES = sizeof(POLICY_NAMES) / sizeof(POLICY_NAMES[0]);
 
 struct pager_config {
@@ -119,6 +119,7 @@ struct pager_stats {
     int64_t prefetch_cancelled = 0;   // prefetched units whose reads were cancelled (mispredicted, not started)
     int64_t pipelined_loads = 0;      // request_layer_async calls that queued reads (pipelined layers)
     int64_t pipelined_early = 0;      // ... of them queued while the layer's prefetch was still reading (not waited for first)
+    int64_t admission_staged = 0;     // misses the policy refused a slot (admit = stage): read by the layer's staging
     int64_t prefetch_map_us = 0;      // I/O workers' time mapping prefetched units (not in map_us: off the compute thread)
     std::vector<int64_t> layer_requests, layer_hits;  // per MoE layer index
     std::vector<int32_t> pass_requests, pass_hits;    // per forward pass since the reset, in order
@@ -142,6 +143,11 @@ public:
     // router order; several tokens' distinct experts sorted. When they outnumber the layer's
     // slots nothing is requested and false is returned with the sorted union in *staged_ids
     // (the caller stages that layer). The caller releases the previous layer first.
+    // Admission staging (a policy whose stages() is true: wtinylfu with admit = stage), only when
+    // staged_ids is given: a miss the policy refuses a slot (queue_policy::refuse) takes none and
+    // evicts nothing; the requests count as usual, the other misses are loaded, and false is returned
+    // with the sorted union in *staged_ids, so the caller stages the layer (its residents are copied,
+    // the refused experts read). Without staged_ids every miss takes a slot.
     bool request_layer(int li, const int32_t * ids, int k, int n_tokens, std::vector<int32_t> * staged_ids);
     // Drives the pager through a route log exactly as the live hook does: experts [T, L, k]
     // (-1 = that token was not routed through that layer), ubatch [T] (equal consecutive ids form
@@ -329,7 +335,7 @@ public:
     // its fill-mapping pages populated before it is freed (reads never allocate: reserve_arena's rule).
     // Finishes prefetches and a pending pipelined load first, ends stage lending, and refuses (std::logic_error)
     // while a layer is pinned. Throws pager_capacity_error below min_arena_bytes(). Returns arena_bytes().
-    // Queue policies (arc, 2q, s3fifo, wtinylfu) keep the sizes they derived from the slot count at creation.
+    // Queue policies (arc, 2q, s3fifo, wtinylfu, lirs) keep the sizes they derived from the slot count at creation.
     int64_t resize(int64_t bytes);
     // The smallest arena resize accepts, bytes: top-k slots of every class (slot addressing) or of the largest.
     int64_t min_arena_bytes() const;
@@ -519,10 +525,11 @@ private:
     int32_t                      top_k_ = 1;          // the config's n_expert_used, clamped to 1..n_expert
     int32_t                      n_expert_ = 0;
     enum policy_id { LRU = 0, LS = 1, LS_POS = 2, LFU = 3, STATIC = 4, BELADY = 5, FNU = 6, LFUDA = 7, HEAT = 8,
-                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14, GATE_RANK = 15 };
+                     ARC = 9, TWOQ = 10, SIEVE = 11, S3FIFO = 12, WTINYLFU = 13, COACT = 14,
+                     LIRS = 15, GATE_RANK = 16 };
     // After layer li's router ran (request_layer, request_layer_async): fnu's and the queue policies' update.
     void router_update(int li, const std::vector<int32_t> & picked);
-    // The queue-based policies (arc, 2q, sieve, s3fifo, wtinylfu, coact: policy_queues.h); null for the others,
+    // The queue-based policies (arc, 2q, sieve, s3fifo, wtinylfu, coact, lirs: policy_queues.h); null for the others,
     // which order the evictable sets by key_of. evictable_: per unit, in an evictable set.
     std::unique_ptr<queue_policy> qpol_;
     std::vector<uint8_t>         evictable_;
@@ -580,6 +587,11 @@ private:
     // now (counted as misses instead). Throws as load_layer does.
     void load_failed_prefetches(int li, const int32_t * ids, int n);
     int  map_tensor_pages(int u, int ti, bool populate) const;
+    // Admission staging (request_layer): refusals allowed now (a caller that stages), and the refused misses.
+    bool                         refusing_ = false;
+    std::vector<int>             refused_;
+    // Whether the policy refuses miss u of layer li a slot now (no free slot fits it and queue_policy::refuse).
+    bool admission_refused(int li, int u);
     // The pending pipelined load (request_layer_async).
     bool                         dm_active_ = false;
     int                          dm_li_ = -1;

@@ -43,6 +43,7 @@ bool pager::request_layer_async(int li, const int32_t * ids, int k, const std::v
     std::sort(uni.begin(), uni.end());
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
     if ((int) uni.size() > capacity(li)) return false;  // before fnu_update: the caller's request_layer does it
+    if (qpol_ && qpol_->stages()) return false;  // admission staging: request_layer may stage the layer instead
     // A batch of this layer still reading: cancel its mispredicted reads no thread started, and
     // queue the misses before waiting for it, so their reads overlap its tail (its experts were
     // requested as hits; place_misses takes no victim sharing a page with them).

@@ -49,6 +49,7 @@ int pager::prefetch_start(int li, const int32_t * ids, int n, bool background, b
         int s;
         try {
             if (qpol_) qpol_->admit(u);
+            if (admission_refused(li, u)) continue;  // admission staging refuses it a slot: not prefetched
             s = take_slot(li, unit_bytes_[li], true, u);  // victims: evictable, away from pages being read
         } catch (const pager_capacity_error &) {
             break;  // nothing left to evict: prefetch what has a slot

@@ -209,7 +209,9 @@ struct wtinylfu final : queue_policy {
     unit_lists q;
     int64_t w_n, m_n, r_n, width = 16, sample, n_added = 0;
     std::array<std::vector<uint8_t>, 4> rows;
-    wtinylfu(int64_t c, size_t n, double window, double prot, int64_t factor) : q(n, 3) {
+    bool stage = false;  // admit = stage (policy_params.py's index 1)
+    wtinylfu(int64_t c, size_t n, double window, double prot, int64_t factor, bool stage_refused)
+        : q(n, 3), stage(stage_refused) {
         w_n = std::max<int64_t>(1, (int64_t) (window * (double) c));
         m_n = std::max<int64_t>(0, c - w_n);
         r_n = std::max<int64_t>(1, (int64_t) (prot * (double) m_n));
@@ -261,6 +263,14 @@ struct wtinylfu final : queue_policy {
     }
     void evicted(int v) override { q.erase(v); }
     void dropped(int v) override { q.erase(v); }
+    bool stages() const override { return stage; }
+    // TinyLFU at the door: the miss must be rated strictly more frequent than main's victim.
+    bool refuse(int u, const std::function<bool(int)> & ok) override {
+        if (!stage) return false;
+        int cm = q.first_ok(P, ok);
+        if (cm < 0) cm = q.first_ok(R, ok);
+        return cm >= 0 && estimate(u) <= estimate(cm);
+    }
 };
 
 }  // namespace
@@ -268,12 +278,14 @@ struct wtinylfu final : queue_policy {
 std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int64_t c, size_t n,
                                                 const std::map<std::string, double> & p, int n_expert) {
     if (policy == "coact") return make_coact_policy(n, n_expert);
+    if (policy == "lirs") return make_lirs_policy(c, n, param(p, "hir_ratio"));
     if (policy == "arc") return std::make_unique<arc>(c, n);
     if (policy == "2q") return std::make_unique<twoq>(c, n, param(p, "kin"), param(p, "kout"));
     if (policy == "sieve") return std::make_unique<sieve>(n);
     if (policy == "s3fifo")
         return std::make_unique<s3fifo>(c, n, param(p, "small_ratio"), param(p, "ghost_ratio"), (int) param(p, "move_threshold"));
     if (policy == "wtinylfu")
-        return std::make_unique<wtinylfu>(c, n, param(p, "window"), param(p, "protected"), (int64_t) param(p, "sample_factor"));
+        return std::make_unique<wtinylfu>(c, n, param(p, "window"), param(p, "protected"), (int64_t) param(p, "sample_factor"),
+                                          p.count("admit") && p.at("admit") == 1.0);
     return nullptr;
 }

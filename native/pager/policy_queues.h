@@ -1,5 +1,5 @@
 // Queue-based eviction policies of the pager: arc, 2q, sieve, s3fifo, wtinylfu (and coact, a scan of
-// the residents: policy_coact.cpp). Each is the rule of
+// the residents: policy_coact.cpp; lirs: policy_lirs.cpp). Each is the rule of
 // epqlab/routes/policy_queues.py and policy_tinylfu.py (the simulators; papers cited there), which the
 // tests hold to the same hits, misses and evictions on the same trace. Units are the pager's ids
 // (layer index * n_expert + expert); c is the arena's slot count.
@@ -46,6 +46,12 @@ struct queue_policy {
     virtual void insert(int u) = 0;
     virtual void evicted(int u) = 0;
     virtual void dropped(int u) = 0;
+    // Admission staging (issue 50's admission knob, wtinylfu's admit = stage): stages() says the policy may
+    // refuse a miss a slot; refuse(u, ok), asked only when no slot is free for u (after admit), says it does:
+    // u is then read into the staging buffer for its layer step, takes no slot, evicts nothing and is not
+    // inserted. ok as for victim().
+    virtual bool stages() const { return false; }
+    virtual bool refuse(int /*u*/, const std::function<bool(int)> & /*ok*/) { return false; }
 };
 
 // policy: "arc" | "2q" | "sieve" | "s3fifo" | "wtinylfu"; params as epqlab.routes.policy_params fills them
@@ -53,3 +59,4 @@ struct queue_policy {
 std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int64_t capacity, size_t n_units,
                                                 const std::map<std::string, double> & params, int n_expert);
 std::unique_ptr<queue_policy> make_coact_policy(size_t n_units, int n_expert);  // policy_coact.cpp
+std::unique_ptr<queue_policy> make_lirs_policy(int64_t capacity, size_t n_units, double hir_ratio);  // policy_lirs.cpp

@@ -62,6 +62,7 @@ static const std::vector<epq_bind::field<pager_stats>> & stat_fields() {
         EPQ_FIELD(pager_stats, "prefetch_map_us", s.prefetch_map_us),
         EPQ_FIELD(pager_stats, "pipelined_loads", s.pipelined_loads),
         EPQ_FIELD(pager_stats, "pipelined_early", s.pipelined_early),
+        EPQ_FIELD(pager_stats, "admission_staged", s.admission_staged),
     };
     return f;
 }
