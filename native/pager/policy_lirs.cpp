@@ -1,5 +1,11 @@
 // LIRS (Jiang & Zhang, SIGMETRICS 2002): the rule of epqlab/routes/policy_lirs.py (the simulator),
 // line for line; that file's docstring states it and how the pager's constraints shape it.
+//
+// Invariant: at most lir_n = capacity - h experts are LIR; every resident non-LIR expert is in Q
+// (oldest first) and nothing else is; S's bottom entry is always LIR (prune), so an expert found
+// in S on a request had a reuse distance below the oldest LIR's recency and is promoted. A victim
+// is Q's oldest evictable entry, else the least recent evictable LIR expert; pinned or too-small
+// entries are passed over, never moved.
 #include "policy_queues.h"
 
 #include <algorithm>
