@@ -36,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dest in OUTPUT_FILES:
             if getattr(args, dest, None):
-                check_writable(getattr(args, dest), atomic=True)
+                try:
+                    check_writable(getattr(args, dest), atomic=True)
+                except OSError as e:  # a usage error: nothing has run yet
+                    raise UsageError(str(e)) from None
         return int(args.func(args) or 0)
     except UsageError as e:  # a value refused before any work: argparse's exit code for usage errors
         print(f"epqlab: error: {e}", file=sys.stderr)
