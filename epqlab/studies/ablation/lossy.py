@@ -135,12 +135,10 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
             row["ppl_ratio_mean"] = (math.exp(sum(math.log(row[f"ppl_ratio_{x}"]) for x in ppl) / len(ppl))
                                      if ppl else float("nan"))
             # the paired 95% interval of the ratio over every scored token of every text (epqlab.studies.paired)
-            if per and knob != "exact":
-                row["ppl_ratio_tokens"], row["ppl_ratio_low"], row["ppl_ratio_high"] = ratio_interval(
-                    np.concatenate(per), exact_nll)
-            else:
-                row["ppl_ratio_tokens"] = row["ppl_ratio_low"] = row["ppl_ratio_high"] = 1.0 if per else float("nan")
-            row["scored_tokens"] = int(sum(len(x) for x in per))
+            if per:  # no texts: no perplexity column at all
+                row["ppl_ratio_tokens"], row["ppl_ratio_low"], row["ppl_ratio_high"] = (
+                    ratio_interval(np.concatenate(per), exact_nll) if knob != "exact" else (1.0, 1.0, 1.0))
+                row["scored_tokens"] = int(sum(len(x) for x in per))
             if knob == "top-k":
                 agree = k_graph / own
             else:
