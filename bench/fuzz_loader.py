@@ -280,7 +280,7 @@ def _trial(path: str) -> dict:
     try:
         epqlab.inspect(path)
         stage = "load"
-        with epqlab.Session(path, n_threads=1, n_ctx=64, io_threads=1) as s:
+        with epqlab.Session(path, n_threads=1, n_ctx=256, io_threads=1) as s:
             stage = "decode"
             s.generate(PROMPT, 2)
         return {"stage": "done", "class": "ok", "msg": ""}

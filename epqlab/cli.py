@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import EpqlabError
+from .errors import EpqlabError, UsageError
 from .results import check_writable
 
 # Output-file options of the subcommands (argparse dests), checked before a command runs (a study, a model load),
@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dest in OUTPUT_FILES:
             if getattr(args, dest, None):
-                check_writable(getattr(args, dest), atomic=True)
+                try:
+                    check_writable(getattr(args, dest), atomic=True)
+                except OSError as e:  # a usage error: nothing has run yet
+                    raise UsageError(str(e)) from None
         return int(args.func(args) or 0)
+    except UsageError as e:  # a value refused before any work: argparse's exit code for usage errors
+        print(f"epqlab: error: {e}", file=sys.stderr)
+        return 2
     except (EpqlabError, ValueError, OSError, RuntimeError, MemoryError, IndexError) as e:
         # Our own errors, bad values and files, and llama.cpp's (std::runtime_error reaches
         # Python as RuntimeError, std::bad_alloc as MemoryError): one clean line, no traceback.

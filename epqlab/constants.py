@@ -65,6 +65,21 @@ MAX_FIT_DEPTH = 4
 with depth; the hook accepts up to :data:`MAX_PREFETCH_DEPTH`, exported as ``MAX_FIT_DEPTH``)."""
 
 
+# ------------------------------------------------------------------------------------------------ context
+MIN_N_CTX = 256
+"""The smallest context of a sequence, tokens: llama.cpp pads each sequence's context up to a multiple of 256
+(``GGML_PAD(n_ctx_seq, 256)`` in src/llama-context.cpp), so a smaller ``n_ctx`` would silently become 256. A
+:class:`epqlab.Session` refuses ``n_ctx`` below it (ValueError), the command line's ``--n-ctx`` too (exit 2); a
+value at or above it is padded up to the next multiple of 256 (``session.n_ctx`` reports the context the prompts
+are checked against: :func:`padded_n_ctx`)."""
+
+
+def padded_n_ctx(n_ctx: int) -> int:
+    """The context llama.cpp gives a sequence asked for ``n_ctx`` (>= :data:`MIN_N_CTX`) tokens: the next
+    multiple of 256."""
+    return -(-int(n_ctx) // MIN_N_CTX) * MIN_N_CTX
+
+
 # --------------------------------------------------------------------------------------------------- GGUF
 GGUF_MAGIC = b"GGUF"
 """The first 4 bytes of every GGUF file (``gguf.GGUF_MAGIC`` = 0x46554747, little-endian)."""

@@ -10,6 +10,11 @@ class EpqlabError(Exception):
     """Base class of every error epqlab raises on purpose."""
 
 
+class UsageError(EpqlabError, ValueError):
+    """A command-line value refused before any work (a model load, a study): ``epqlab`` prints its message on one
+    line and exits 2, as argparse does for a usage error."""
+
+
 class ModelNotFoundError(EpqlabError, FileNotFoundError):
     """The model path does not exist (or is not a regular file)."""
 

@@ -68,7 +68,10 @@ def check_writable(path, *, atomic: bool = False) -> None:
     study, a model load), not after it. The folder (or the nearest existing one above it, where it will be
     created) must be a writable folder and ``path`` not a folder; ``atomic``: the file is written whole or not
     at all (:func:`atomic_path`: a temporary beside it, renamed over it), so the folder itself must be writable
-    even when the file is; otherwise (appended in place) the existing file must be."""
+    even when the file is; otherwise (appended in place) the existing file must be. Tried for real: a temporary
+    file is made and removed in the folder (or the existing file opened for appending), so a folder whose
+    permission bits allow writing but whose file system refuses it (``/sys``, a read-only mount, for root too) is
+    refused here too."""
     path = Path(path)
     d = path.parent
     while not d.exists() and d != d.parent:
@@ -80,6 +83,17 @@ def check_writable(path, *, atomic: bool = False) -> None:
     target = path if path.exists() and not atomic else d
     if not os.access(target, os.W_OK):
         raise OSError(f"cannot write {path}: {target} is not writable; choose another path")
+    # access() answers for the permission bits only (root passes them everywhere): try it for real, leaving nothing
+    try:
+        if target == d:
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".epqlab-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            open(target, "ab").close()  # appending nothing changes nothing
+    except OSError as e:
+        raise OSError(f"cannot write {path}: {target} refuses "
+                      f"{'new files' if target == d else 'writes'} ({e.strerror}); choose another path") from None
 
 
 def write_json(obj: dict, path: str | os.PathLike) -> str:

@@ -50,3 +50,15 @@ def mini_ref(mini_gguf):
     from exact import greedy_ref
 
     return greedy_ref(mini_gguf)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(default_model_path):
+    """``epqlab serve`` on the default model with an API key and limits (tests/test_serve_api.py ``keyed``), ready:
+    ``(url, process)``. One for the session: the Anthropic and the Responses modules share it (a start loads the
+    model), and neither leaves state the other reads (the prompt cache reuses whole 512-token ubatches, which their
+    short prompts never fill)."""
+    from test_serve_api import keyed
+
+    with keyed(default_model_path) as up:
+        yield up

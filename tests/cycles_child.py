@@ -23,7 +23,7 @@ import epqlab
 from epqlab.models.archs import write_tiny
 
 PROMPT = "The arena keeps the experts the router picks; the rest stay on disk."
-KW = dict(n_threads=1, n_ctx=128)
+KW = dict(n_threads=1, n_ctx=256)
 _libc = ctypes.CDLL("libc.so.6")
 
 

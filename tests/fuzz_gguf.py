@@ -112,7 +112,7 @@ def main(mode: str, base: Path, workdir: Path, n_examples: int) -> None:
             if mode == "inspect":
                 epqlab.inspect(p, require_moe=False)
             else:
-                with epqlab.Session(p, n_threads=1, n_ctx=64, io_threads=1) as s:
+                with epqlab.Session(p, n_threads=1, n_ctx=256, io_threads=1) as s:
                     s.generate([1, 2, 3], 2)
             outcome = "ok"
         except ACCEPTED as e:

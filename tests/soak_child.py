@@ -25,7 +25,7 @@ def main(model: str, n: int) -> None:
     print(json.dumps({"base": True, "rss": proc.memory_info().rss, "fds": proc.num_fds(), "threads": proc.num_threads()}),
           flush=True)
     for i in range(n):
-        with epqlab.Session(model, arena_bytes=arena, n_threads=1, io_threads=3, n_ctx=128) as s:
+        with epqlab.Session(model, arena_bytes=arena, n_threads=1, io_threads=3, n_ctx=256) as s:
             g = s.generate([1, 2, 3, 4, 5], 4)
             assert s.stats["evictions"] > 0, "the arena must page"
         del s

@@ -250,6 +250,9 @@ ROWS = [
     ("n_threads str", S("tiny", n_threads="4"), ValueError, "n_threads must be an integer"),
     ("n_ctx 0", S("tiny", n_ctx=0), ValueError, "n_ctx must be >= 1"),
     ("n_ctx float", S("tiny", n_ctx=1.5), ValueError, "n_ctx must be an integer"),
+    ("n_ctx 255", S("tiny", n_ctx=255), ValueError,
+     "n_ctx=255 is below llama.cpp's smallest context of 256 tokens per sequence (it would silently become 256); "
+     "give n_ctx=256 or more"),
     ("n_ctx huge", S("tiny", n_ctx=50_000_000), epqlab.LlamaCppError, "could not create a context"),
     ("n_batch 0", S("tiny", n_batch=0), ValueError, "n_batch must be >= 1"),
     ("n_ubatch 0", S("tiny", n_ubatch=0), ValueError, "n_ubatch must be >= 1"),
@@ -309,7 +312,9 @@ CLI_ROWS = [
     ("run empty prompt", ["run", "{tiny}", "-p", "", "-n", "1", "--no-pager"], 1, "empty prompt"),
     ("run threads 0", ["run", "{tiny}", "-n", "1", "--threads", "0"], 1, "n_threads must be >= 1"),
     ("run io threads 0", ["run", "{tiny}", "-n", "1", "--io-threads", "0"], 1, "io_threads must be >= 1"),
-    ("run n_ctx 0", ["run", "{tiny}", "-n", "1", "--n-ctx", "0"], 1, "n_ctx must be >= 1"),
+    ("run n_ctx 10", ["run", "{tiny}", "-n", "1", "--n-ctx", "10"], 2,
+     "epqlab: error: --n-ctx 10 is below llama.cpp's smallest context of 256 tokens per sequence (it would silently "
+     "become 256); give --n-ctx 256 or more"),
     ("run budget tiny", ["run", "{tiny}", "-n", "1", "--ram-budget", "1KiB"], 1, "smallest budget that works"),
     ("run n negative", ["run", "{tiny}", "-n", "-5"], 1, "n_predict must be >= 0"),
     ("run split wrong count", ["run", "{split_wrong_count}", "-n", "1"], 1, "split.count=4"),

@@ -195,6 +195,9 @@ def test_batching_notebook(tmp_path, default_model_path):
     assert rows[2]["speedup"] == pytest.approx(rows[2]["decode_tok_s"] / rows[1]["decode_tok_s"])
     assert rows[2]["mb_ratio"] == pytest.approx(rows[2]["ssd_mb_per_token"] / rows[1]["ssd_mb_per_token"])
     assert rows[1]["union_per_layer"] == doc["parameters"]["n_expert_used"]  # one token: its top-k
+    # the default arena: 4 of a layer's 8 experts for a top-3 model, so an expert can outlive a token and LRU hits
+    # (at 25%, 2 slots for 3 experts, every row showed 0.0% hit)
+    assert rows[1]["point"] == "arena 50%" and rows[1]["hit_rate"] > 0
     assert rows[2]["mean_batch"] == 2 and rows[1]["union_per_layer"] <= rows[2]["union_per_layer"] <= 2 * rows[1]["union_per_layer"]
     assert [r["n"] for r in doc["speculation"]["table"]] == [2, 3, 4, 6, 8]
     assert doc["reading"] and doc["draft_reads"]["k"] == 8

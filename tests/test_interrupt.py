@@ -20,7 +20,7 @@ Q = [2, 4, 6, 8, 10]               # the prompt after it
 
 def _open(model, **kw):
     lay = epqlab.inspect(model)
-    return epqlab.Session(model, arena_bytes=epqlab.Pager.min_arena_bytes(lay), n_threads=1, io_threads=2, n_ctx=128,
+    return epqlab.Session(model, arena_bytes=epqlab.Pager.min_arena_bytes(lay), n_threads=1, io_threads=2, n_ctx=256,
                           **kw)
 
 

@@ -164,7 +164,7 @@ def test_refused_before_llama_cpp(files, key, fragment):
         epqlab.inspect(files[key])
     assert fragment in str(ei.value), str(ei.value)
     with pytest.raises(NotGGUFError):
-        epqlab.Session(files[key], n_threads=1, n_ctx=64, io_threads=1)
+        epqlab.Session(files[key], n_threads=1, n_ctx=256, io_threads=1)
 
 
 # laguna_gating0: laguna's load_arch_hparams turns gating 0 into sigmoid, so 0 is a good file there
@@ -180,6 +180,6 @@ def test_gating_zero_is_the_architectures_default(files):
     accepted and computes the same logits as the one with 2 (sigmoid)."""
     logits = []
     for key in ("laguna", "laguna_gating0"):
-        with epqlab.Session(files[key], pager=False, n_threads=1, n_ctx=64) as s:
+        with epqlab.Session(files[key], pager=False, n_threads=1, n_ctx=256) as s:
             logits.append(s.greedy_trace(s.tokenize("Paging experts from disk"), 2)[0])
     assert np.array_equal(logits[0], logits[1])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from epqlab.data import heldout_texts
+from epqlab.studies.ablation import lossy_report
 from epqlab.studies.model_quality import perplexity_of
 from notebooks import run_notebook
 
@@ -33,6 +34,11 @@ def test_notebook_07_small(default_model_path, tmp_path):
     # delta 0 examines every slot and changes nothing: the same numbers as exact
     assert d0["ppl_prose"] == ex["ppl_prose"] and d0["ssd_mb_per_token"] == ex["ssd_mb_per_token"]
     assert d0["routing_agreement"] == 1.0
+    # paired intervals over the same tokens: delta 0's NLL is exact's token by token, so its interval is x1 exactly;
+    # with one text the ratio over all tokens is the ratio of the two perplexities
+    assert d0["ppl_ratio_low"] == d0["ppl_ratio_high"] == d0["ppl_ratio_tokens"] == 1.0
+    assert k2["ppl_ratio_tokens"] == pytest.approx(k2["ppl_prose"] / ex["ppl_prose"], rel=1e-9)
+    assert k2["ppl_ratio_low"] < k2["ppl_ratio_tokens"] < k2["ppl_ratio_high"] and k2["scored_tokens"] == ref.n_scored
     # a wide margin substitutes: fewer bytes, a higher hit rate, agreement below 1
     assert d2["routing_agreement"] < 1 and d2["ssd_mb_per_token"] < ex["ssd_mb_per_token"] and d2["hit_rate"] > ex["hit_rate"]
     assert sk["routing_agreement"] < 1 and sk["ssd_mb_per_token"] < ex["ssd_mb_per_token"]
@@ -137,3 +143,42 @@ def test_notebook_07_refuses_an_unwritable_results_dir_before_the_study(tmp_path
     out = json.loads((tmp_path / "07_lossy_knobs.out.ipynb").read_text())
     ran = [c for c in out["cells"] if c["cell_type"] == "code" and c.get("execution_count")]
     assert not any("[lossy]" in "".join(o.get("text", "")) for c in ran for o in c.get("outputs", []))
+
+
+def _hand_table(high_cache):
+    """exact, a cache-route row at PPL x0.996 reading fewer bytes (its 95% interval up to ``high_cache``) and a top-k
+    row at x1.030 (95% x1.020..x1.040) reading fewer still, over 300 tokens."""
+    import pandas as pd
+
+    base = dict(point="arena 25%", routing_agreement=1.0, decode_tok_s=10.0, hit_rate=0.5, mean_k=3.0,
+                scored_tokens=300, ppl_prose=10.0)
+    df = pd.DataFrame([
+        {**base, "knob": "exact", "setting": "off", "ppl_ratio_prose": 1.0, "ppl_ratio_mean": 1.0,
+         "ppl_ratio_tokens": 1.0, "ppl_ratio_low": 1.0, "ppl_ratio_high": 1.0, "ssd_mb_per_token": 2.0},
+        {**base, "knob": "cache-route", "setting": "delta=0.1", "ppl_ratio_prose": 0.996, "ppl_ratio_mean": 0.996,
+         "ppl_ratio_tokens": 0.996, "ppl_ratio_low": 0.97, "ppl_ratio_high": high_cache, "ssd_mb_per_token": 1.5},
+        {**base, "knob": "top-k", "setting": "k=2", "ppl_ratio_prose": 1.03, "ppl_ratio_mean": 1.03,
+         "ppl_ratio_tokens": 1.03, "ppl_ratio_low": 1.02, "ppl_ratio_high": 1.04, "ssd_mb_per_token": 1.0}])
+    df.attrs.update(texts=["prose"], own_k=3, n_expert=8)
+    return df
+
+
+def test_reading_picks_by_the_interval_not_the_point():
+    """A setting at PPL x0.996 is 'within 1%' by its point estimate; on 300 tokens its 95% interval reaches x1.022,
+    so the reading does not claim it within 1%; a narrow interval under the limit is a pick, and when every interval
+    holds x1 the reading says no setting is distinguishable from exact (mutation-checked: picking by
+    ppl_ratio_tokens instead of ppl_ratio_high names cache-route within x1.01)."""
+    text = lossy_report.reading(_hand_table(1.022))
+    assert ("No lossy setting reads fewer bytes than exact with its 95% interval within PPL x1.01 on these 300 scored "
+            "tokens.") in text
+    assert ("Fewest bytes with the 95% interval within PPL x1.05: top-k k=2 (1.000 MB/token against exact's 2.000; "
+            "x1.030 (95% x1.020..x1.040 over 300 tokens))") in text
+    assert "cache-route delta=0.1: PPL x0.996 (prose x0.996; all tokens x0.996 (95% x0.970..x1.022 over 300 tokens: " \
+           "not distinguishable from exact))" in text
+    assert "distinguishable from exact here" not in text  # top-k's interval excludes x1
+    # a narrow interval under the limit is a pick, named with its interval; with top-k gone every interval holds x1
+    df = _hand_table(1.004)
+    text = lossy_report.reading(df[df.knob != "top-k"])
+    assert ("Fewest bytes with the 95% interval within PPL x1.01: cache-route delta=0.1 (1.500 MB/token against "
+            "exact's 2.000; x0.996 (95% x0.970..x1.004 over 300 tokens: not distinguishable from exact))") in text
+    assert "No lossy setting is distinguishable from exact here: every 95% interval holds x1 over these 300" in text

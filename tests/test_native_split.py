@@ -55,7 +55,7 @@ def test_engine_module_takes_the_pager_modules_pager(mini_gguf):
     from epqlab.engine.native import engine_core
     from epqlab.paging.native import pager_core
 
-    with epqlab.Session(mini_gguf, arena_bytes=None, n_ctx=64) as s:
+    with epqlab.Session(mini_gguf, arena_bytes=None, n_ctx=256) as s:
         assert type(s.pager.native) is pager_core.Pager  # noqa: E721  (the class, exactly)
         s.generate("Hello", 2)
         assert s.stats["requests"] > 0 and s.stats["tokens_routed"] > 0

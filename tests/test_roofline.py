@@ -31,7 +31,7 @@ def test_warm_file_fills_the_page_cache_and_refuses_what_cannot_fit(default_path
 
 def test_plain_reference_times_teacher_forced_decode(default_path):
     r = plain_reference(default_path, "The cache", "A CPU cache is a small fast memory.", 6, repeats=2,
-                        n_threads=1, n_ctx=128)
+                        n_threads=1, n_ctx=256)
     assert len(r["ms_per_token_runs"]) == 2 and r["ms_per_token"] > 0
     assert r["decode_tok_s"] == pytest.approx(1000 / r["ms_per_token"])
     with pytest.raises(ValueError, match="repeats"):

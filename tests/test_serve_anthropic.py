@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from test_serve_api import KEY, keyed
+from test_serve_api import KEY
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -29,20 +29,14 @@ T0 = {"extra_body": {"temperature": 0}}  # greedy; this client sends sampling fi
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path):
-    with keyed(default_model_path) as up:
-        yield up
+def claude(keyed_server):
+    return anthropic.Anthropic(base_url=keyed_server[0], api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server[0], api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def chat(server):
+def chat(keyed_server):
     """The reference: the same conversation through /v1/chat/completions."""
-    oa = openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    oa = openai.OpenAI(base_url=keyed_server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
     return lambda messages, **kw: oa.chat.completions.create(model="x", messages=messages, temperature=0, **kw)
 
 
@@ -51,7 +45,7 @@ def _tokens(url, text: str) -> int:
     return len(r.json()["tokens"])
 
 
-def test_create_and_stream_answer_as_chat(server, claude, chat):
+def test_create_and_stream_answer_as_chat(keyed_server, claude, chat):
     ref = chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}], max_tokens=N)
     r = claude.messages.create(model="x", max_tokens=N, **T0, system=SYSTEM,
                                messages=[{"role": "user", "content": ASK}])
@@ -73,7 +67,7 @@ def test_create_and_stream_answer_as_chat(server, claude, chat):
     assert final.content[0].text == r.content[0].text and final.stop_reason == r.stop_reason
     assert (final.usage.input_tokens, final.usage.output_tokens) == (r.usage.input_tokens, r.usage.output_tokens)
     # the ping event is in the wire stream (the client drops it)
-    with httpx.stream("POST", server[0] + "/v1/messages", headers={"x-api-key": KEY}, timeout=60,
+    with httpx.stream("POST", keyed_server[0] + "/v1/messages", headers={"x-api-key": KEY}, timeout=60,
                       json={"model": "x", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": ASK}]}) as h:
         names = [ln[7:] for ln in h.iter_lines() if ln.startswith("event: ")]
     assert names[:2] == ["message_start", "ping"] and names[-1] == "message_stop"
@@ -117,14 +111,14 @@ def test_tool_use_then_tool_result_as_chat(claude, chat):
     assert n.input_tokens == r.usage.input_tokens
 
 
-def test_count_tokens_by_hand(server, claude):
+def test_count_tokens_by_hand(keyed_server, claude):
     n = claude.messages.count_tokens(model="x", system=SYSTEM, messages=[{"role": "user", "content": ASK}])
     chatml = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{ASK}<|im_end|>\n<|im_start|>assistant\n"
-    assert n.input_tokens == _tokens(server[0], chatml)
+    assert n.input_tokens == _tokens(keyed_server[0], chatml)
 
 
-def test_keys(server):
-    url = server[0]
+def test_keys(keyed_server):
+    url = keyed_server[0]
     n = anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0).messages.count_tokens(
         model="x", messages=[{"role": "user", "content": "Hi"}])  # Authorization: Bearer
     assert n.input_tokens > 0
@@ -142,12 +136,13 @@ def test_keys(server):
         assert h.json()["error"]["type"] == "authentication_error", hdr
 
 
-def test_malformed_bodies_then_serves(server, claude):
-    url, p = server
+def test_malformed_bodies_then_serves(keyed_server, claude):
+    url, p = keyed_server
     hdr = {"x-api-key": KEY}
     ok = {"model": "x", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     bad = [({"model": "x", "messages": ok["messages"]}, "max_tokens"), ({**ok, "max_tokens": 0}, "max_tokens"),
-           ({**ok, "temperature": 1.5}, "temperature"), ({**ok, "top_k": -1}, "top_k"),
+           ({**ok, "temperature": 1.5}, "temperature"), ({**ok, "temperature": -1}, "temperature must be a number in 0..1"),
+           ({**ok, "top_k": -1}, "top_k"),
            ({**ok, "max_tokens": 100000}, "--n-ctx"), ({**ok, "messags": []}, "messags"),
            ({**ok, "messages": [{"role": "system", "content": "x"}]}, "role"),
            ({**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),

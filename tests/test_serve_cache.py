@@ -99,6 +99,46 @@ def test_cached_answers_equal_fresh_ones(server, fresh):
     assert proc.poll() is None
 
 
+def test_cached_tokens_in_each_api(server):
+    """The same prompt twice through each API's own client reports the prompt cache's reuse in the API's usage field:
+    0, then the prompt's whole ubatches but the last token's ((n - 1) // 16 x 16, the exact rule), equal to what the
+    server's own counter (/v1/epqlab/stats reused_cells) added. A system prompt of its own per API, so no earlier
+    request's cells serve the first one."""
+    anthropic = pytest.importorskip("anthropic")
+    url, proc = server
+    _wait_ready(url, proc)
+    oa = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+    ask = "What does a memory controller do?"
+
+    def chat(system):  # -> (prompt tokens, cached tokens)
+        u = oa.chat.completions.create(model="x", max_tokens=2, temperature=0, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": ask}]).usage
+        return u.prompt_tokens, u.prompt_tokens_details.cached_tokens
+
+    def responses(system):
+        with oa.responses.stream(model="x", instructions=system, input=ask, max_output_tokens=2, temperature=0) as st:
+            u = list(st)[-1].response.usage  # the streamed path's usage, in response.incomplete (cut at 2 tokens)
+        return u.input_tokens, u.input_tokens_details.cached_tokens
+
+    def messages(system):  # Anthropic's input_tokens leave the cache reads out
+        u = claude.messages.create(model="x", max_tokens=2, system=system, extra_body={"temperature": 0},
+                                   messages=[{"role": "user", "content": ask}]).usage
+        assert u.cache_creation_input_tokens == 0
+        return u.input_tokens + u.cache_read_input_tokens, u.cache_read_input_tokens
+
+    for call, system in ((chat, "Chat answers: you explain computer memory systems in one plain sentence each."),
+                         (responses, "Responses answer: you explain computer memory systems in one plain sentence."),
+                         (messages, "Messages reply: you explain computer memory systems in one plain sentence.")):
+        seen = []
+        for _ in range(2):
+            before = _reused(url)
+            n, cached = call(system)
+            seen.append(cached)
+            assert cached == _reused(url) - before, call.__name__
+        assert n > 2 * U and seen == [0, (n - 1) // U * U], (call.__name__, n, seen)
+
+
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_a_growing_chat_reuses_its_whole_ubatches(default_model_path, max_batch):
     """A chat's next turn shares less than half of its prompt with the cached turn (31 -> 73 -> 133 tokens in the

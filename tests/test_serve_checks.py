@@ -1,7 +1,7 @@
 """The server's interop and start-up checks (epqlab/server/, epqlab/commands/serve.py) on the mini model: the
 ``Bearer`` scheme in any case (RFC 7235), text-only content parts joined, unknown request fields refused with 400
 naming them, bad ports and hosts and a tiny ``--n-ctx`` refused before the model loads, and Ctrl-C ending each open
-stream with an error event and ``[DONE]``."""
+stream with an error event and ``[DONE]`` (chat/completions), or its API's own error event (messages, responses)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -144,7 +145,7 @@ def test_bad_port_host_and_context_refused_before_loading(mini_gguf, tmp_path):
                           (["--n-ctx", "10"], "--n-ctx 10 is below llama.cpp's smallest context of 256")]:
             t0 = time.perf_counter()
             r = _serve(mini_gguf, *args)
-            assert r.returncode == 1 and msg in r.stderr, (args, r.stderr[-2000:])
+            assert r.returncode == (2 if args[0] == "--n-ctx" else 1) and msg in r.stderr, (args, r.stderr[-2000:])
             assert "Traceback" not in r.stderr and "serving" not in r.stderr  # refused before the model loaded
     finally:
         busy.close()
@@ -154,8 +155,11 @@ def test_ctrl_c_ends_open_streams_with_an_error_and_done(mini_gguf):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # one sequence: the long completion holds it, so a Messages and a Responses stream opened after it are in flight
+    # (their first events sent, their requests queued) when SIGINT comes; the mini model would end their own answers
+    # with an end-of-text token within a second (neither API has logit_bias)
     p = subprocess.Popen([sys.executable, "-m", "epqlab", "serve", str(mini_gguf), "--threads", "1", "--port",
-                          str(port), "--n-ctx", "4096", "--log-level", "warning"],
+                          str(port), "--n-ctx", "4096", "--max-batch", "1", "--log-level", "warning"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -179,6 +183,22 @@ def test_ctrl_c_ends_open_streams_with_an_error_and_done(mini_gguf):
         body = {"prompt": "Once", "max_tokens": 3000, "temperature": 0, "stream": True,
                 "logit_bias": {str(t): -100 for t in eos}}
         events = []
+        others = {"/v1/messages": {"model": "x", "max_tokens": 100, "temperature": 0, "stream": True,
+                                   "messages": [{"role": "user", "content": "Once"}]},
+                  "/v1/responses": {"model": "x", "max_output_tokens": 100, "temperature": 0, "stream": True,
+                                    "input": "Once"}}
+        lines = {path: [] for path in others}
+        opened = {path: threading.Event() for path in others}
+
+        def read(path):
+            with httpx.stream("POST", url + path, json=others[path], timeout=60) as h:
+                assert h.status_code == 200
+                for ln in h.iter_lines():
+                    lines[path].append(ln)
+                    if sum(x.startswith("event: ") for x in lines[path]) == 2:  # message_start, ping / created, in_progress
+                        opened[path].set()
+
+        threads = [threading.Thread(target=read, args=(path,), daemon=True) for path in others]
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
@@ -186,7 +206,20 @@ def test_ctrl_c_ends_open_streams_with_an_error_and_done(mini_gguf):
                     continue
                 events.append(line[6:])
                 if len(events) == 3:
+                    for t in threads:
+                        t.start()
+                    assert all(e.wait(30) for e in opened.values()), lines
                     p.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(30)
+        # each new API's stream ends with its own error event, never with its normal last event
+        names = {path: [x[7:] for x in ls if x.startswith("event: ")] for path, ls in lines.items()}
+        assert names["/v1/messages"] == ["message_start", "ping", "error"], lines
+        assert names["/v1/responses"] == ["response.created", "response.in_progress", "error"], lines
+        err = json.loads([x for x in lines["/v1/messages"] if x.startswith("data: ")][-1][6:])
+        assert err["type"] == "error" and err["error"]["type"] == "api_error" and "shutting down" in err["error"]["message"]
+        err = json.loads([x for x in lines["/v1/responses"] if x.startswith("data: ")][-1][6:])
+        assert err["type"] == "error" and err["code"] == "server_error" and "shutting down" in err["message"]
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         assert "shutting down" in last["error"]["message"] and last["error"]["type"] == "server_error"

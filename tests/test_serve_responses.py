@@ -13,7 +13,7 @@ import time
 import pytest
 
 from epqlab.server.response_store import ResponseStore
-from test_serve_api import KEY, keyed
+from test_serve_api import KEY
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -29,14 +29,8 @@ N = 8
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path):
-    with keyed(default_model_path) as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+def client(keyed_server):
+    return openai.OpenAI(base_url=keyed_server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 def _chat(client, messages, **kw):
@@ -111,6 +105,24 @@ def test_previous_response_id_and_store(client):
         with pytest.raises(openai.BadRequestError, match="previous_response_id") as e:
             client.responses.create(model="x", input="x", previous_response_id=rid, max_output_tokens=1)
         assert e.value.body["param"] == "previous_response_id"
+    # GET returns the stored response object as it was answered (streamed ones too); DELETE answers OpenAI's
+    # deletion object and forgets it; an id not held (store: false, unknown, deleted) is a 404 in OpenAI's shape
+    assert client.responses.retrieve(r1.id).model_dump() == r1.model_dump()
+    with client.responses.stream(model="x", input="Hi", max_output_tokens=2, temperature=0) as s:
+        streamed = list(s)[-1].response  # response.incomplete (cut at 2 tokens): get_final_response wants completed
+    assert client.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+    assert client.responses.delete(r1.id) is None  # the openai client returns nothing; the body:
+    raw = client.responses.with_raw_response.delete(streamed.id).http_response.json()
+    assert raw == {"id": streamed.id, "object": "response.deleted", "deleted": True}
+    for rid in (r1.id, streamed.id, gone.id, "resp_unknown"):
+        with pytest.raises(openai.NotFoundError, match=f"Response with id '{rid}' not found") as e:
+            client.responses.retrieve(rid)
+        assert e.value.body["type"] == "invalid_request_error" and e.value.body["param"] == "response_id"
+        with pytest.raises(openai.NotFoundError):
+            client.responses.delete(rid)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):  # a deleted response cannot be continued
+        client.responses.create(model="x", input="x", previous_response_id=r1.id, max_output_tokens=1)
+    assert client.responses.retrieve(r2.id).previous_response_id == r1.id  # the others stay
 
 
 def test_store_is_bounded():
@@ -125,6 +137,11 @@ def test_store_is_bounded():
         with pytest.raises(ValueError):
             st.conversation(rid)
     assert st.conversation("big")[0]["content"] == "x" * 9_960
+    # a deletion gives its characters back: two small ones fit beside nothing (without it, 9,993 + 36 + 36 > 10,000)
+    assert st.delete("big") and not st.delete("big") and st.response("big") is None
+    st.put("r5", [{"role": "user", "content": "5"}], {"id": "r5"})
+    st.put("r6", [{"role": "user", "content": "6"}])
+    assert st.response("r5") == {"id": "r5"} and st.conversation("r5") and st.conversation("r6")
 
 
 def test_json_schema_output(client):
@@ -137,7 +154,7 @@ def test_json_schema_output(client):
     assert r.output_text == ref.choices[0].message.content
 
 
-def test_same_tokens_through_three_apis(server, client):
+def test_same_tokens_through_three_apis(keyed_server, client):
     """One conversation at temperature 0: chat/completions (its tokens' bytes, logprobs), Anthropic's messages and
     responses answer the same text from the same number of prompt and generated tokens."""
     anthropic = pytest.importorskip("anthropic")
@@ -146,7 +163,7 @@ def test_same_tokens_through_three_apis(server, client):
     toks = [bytes(t.bytes) for t in ref.choices[0].logprobs.content]
     text = b"".join(toks).decode()
     assert len(toks) == ref.usage.completion_tokens == N and text == ref.choices[0].message.content
-    m = anthropic.Anthropic(base_url=server[0], api_key=KEY, max_retries=0).messages.create(
+    m = anthropic.Anthropic(base_url=keyed_server[0], api_key=KEY, max_retries=0).messages.create(
         model="x", max_tokens=N, system=SYSTEM, messages=msgs[1:], extra_body={"temperature": 0})
     r = client.responses.create(model="x", instructions=SYSTEM, input=msgs[1]["content"], max_output_tokens=N,
                                 temperature=0)
@@ -155,10 +172,10 @@ def test_same_tokens_through_three_apis(server, client):
     assert m.usage.input_tokens == r.usage.input_tokens == ref.usage.prompt_tokens
 
 
-def test_disconnect_frees_the_sequence(server):
+def test_disconnect_frees_the_sequence(keyed_server):
     """A client that leaves a stream of either new API frees its sequence at the next step (the shared
     streaming.run): the batcher has no active sequence soon after, long before 400 tokens (about 5 s here)."""
-    url, auth = server[0], {"Authorization": f"Bearer {KEY}"}
+    url, auth = keyed_server[0], {"Authorization": f"Bearer {KEY}"}
     long = "Tell me a long story about a river."
     for path, body in (("/v1/messages", {"model": "x", "max_tokens": 400, "temperature": 0, "stream": True,
                                          "messages": [{"role": "user", "content": long}]}),
@@ -175,11 +192,12 @@ def test_disconnect_frees_the_sequence(server):
         assert active == 0, path
 
 
-def test_malformed_bodies_then_serves(server, client):
-    url, p = server
+def test_malformed_bodies_then_serves(keyed_server, client):
+    url, p = keyed_server
     hdr = {"Authorization": f"Bearer {KEY}"}
     ok = {"model": "x", "input": "Hi", "max_output_tokens": 1}
     bad = [({**ok, "max_output_tokens": 0}, "max_output_tokens"), ({**ok, "temperature": 3}, "temperature"),
+           ({**ok, "temperature": -1}, "temperature must be a number in 0..2"),
            ({**ok, "max_output_tokens": 100000}, "--n-ctx"), ({**ok, "inputs": "x"}, "inputs"),
            ({**ok, "input": []}, "input"), ({**ok, "tools": [{"type": "web_search"}]}, "web_search"),
            ({**ok, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

@@ -311,7 +311,7 @@ def test_arena_share_counts_slots(tiny_gguf):
 
 
 def test_bad_tokens_and_context_overflow(default_path):
-    with epqlab.Session(default_path, n_threads=THREADS, n_ctx=64) as s:
+    with epqlab.Session(default_path, n_threads=THREADS, n_ctx=256) as s:
         with pytest.raises(ValueError, match="no tokens"):
             s.logits([])
         with pytest.raises(ValueError, match="token ids"):

@@ -2,6 +2,8 @@
 same rows; grids expand as documented."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import epqlab
@@ -26,6 +28,8 @@ def test_sweep_local_equals_dask(default_model_path):
     grid = {"model": [str(default_model_path)], **GRID}
     local = epqlab.sweep(generation_point, grid, progress=False)
     assert len(local) == 2 and list(local["run"]) == [0, 1]
+    # the documented isolation: outside this process, one worker runs every point in turn (not a process per point)
+    assert local.pid.nunique() == 1 and os.getpid() not in set(local.pid)
     assert list(local.columns[:4]) == ["model", "arena", "policy", "n_predict"] and set(META) <= set(local.columns)
     # the counts follow the arena: a larger arena never misses more on the same tokens
     by = local.set_index("arena")

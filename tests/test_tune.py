@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from epqlab.studies.plan import PlanInputError
+from epqlab.studies.paired import ratio_interval, worded
 from epqlab.studies.tune import paired_cost, parse_quality, pick
 
 
@@ -23,6 +24,15 @@ def test_paired_cost_by_hand():
     assert lo == pytest.approx(math.exp(1 - 1.96 * se) - 1) and hi == pytest.approx(math.exp(1 + 1.96 * se) - 1)
     with pytest.raises(ValueError, match="same scored tokens"):
         paired_cost([1.0], [1.0, 2.0])
+    # as ratios: 1 + each cost; the words say when the interval holds x1
+    r, lo, hi = ratio_interval([1.0, 2.0, 3.0], [1.0, 1.0, 1.0])
+    assert (r, lo, hi) == pytest.approx((math.e, math.exp(1 - 1.96 * se), math.exp(1 + 1.96 * se)))
+    # d = [-0.02, 0.01, 0.0, -0.01]: mean -0.005, sd sqrt(0.0005 / 3), se = sd / 2 = 0.006455
+    r, lo, hi = ratio_interval([0.98, 1.01, 1.0, 0.99], [1.0] * 4)
+    assert (r, lo, hi) == pytest.approx((math.exp(-0.005), math.exp(-0.005 - 1.96 * 0.0064550), math.exp(
+        -0.005 + 1.96 * 0.0064550)), rel=1e-6)
+    assert worded(r, lo, hi, 4) == "x0.995 (95% x0.983..x1.008 over 4 tokens: not distinguishable from exact)"
+    assert worded(1.02, 1.01, 1.03, 400) == "x1.020 (95% x1.010..x1.030 over 400 tokens)"
 
 
 def _frame(b_speed, b_spread=0.5):

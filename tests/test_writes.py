@@ -131,7 +131,7 @@ def test_cli_output_checked_before_the_study_runs(tmp_path, mini_gguf, capsys):
     f = tmp_path / "a-file"
     f.write_text("x")
     t0 = time.perf_counter()
-    assert main(["ablate", "lossy", str(mini_gguf), "--arenas", "0.5", "--texts", "", "--json", str(f / "x.json")]) == 1
+    assert main(["ablate", "lossy", str(mini_gguf), "--arenas", "0.5", "--texts", "", "--json", str(f / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot write" in err and "is not a folder" in err and "[lossy]" not in err  # no row was run
     assert time.perf_counter() - t0 < 5

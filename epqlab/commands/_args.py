@@ -1,9 +1,12 @@
 """Argument parsing shared by subcommands: comma lists of fractions or sizes, and text arguments."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from ..constants import MIN_N_CTX, padded_n_ctx
 from ..data import HELDOUT, heldout_texts
+from ..errors import UsageError
 
 
 def floats_or_sizes(s: str | None) -> list:
@@ -51,3 +54,18 @@ def policy_params_arg(items) -> dict:
         except ValueError:
             out[name.strip()] = val.strip()
     return out
+
+
+def check_n_ctx(n_ctx: int | None, flag: str = "--n-ctx") -> None:
+    """The one context rule of every command that opens a Session (:data:`epqlab.constants.MIN_N_CTX`): below 256
+    is a :class:`~epqlab.errors.UsageError` (exit 2, one line naming the minimum and the fix), before the model
+    loads; a value that is not a multiple of 256 is used padded up, with a warning naming the padded context.
+    None (the command's default) passes."""
+    if n_ctx is None:
+        return
+    if n_ctx < MIN_N_CTX:
+        raise UsageError(f"{flag} {n_ctx} is below llama.cpp's smallest context of {MIN_N_CTX} tokens per sequence "
+                         f"(it would silently become {MIN_N_CTX}); give {flag} {MIN_N_CTX} or more")
+    if n_ctx != padded_n_ctx(n_ctx):
+        print(f"epqlab: warning: {flag} {n_ctx} becomes {padded_n_ctx(n_ctx)} tokens per sequence (llama.cpp pads "
+              f"the context to a multiple of {MIN_N_CTX}); prompts are checked against that", file=sys.stderr)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..studies.ablation import lossy_report
+from ..errors import UsageError
+from ..studies.ablation import batch_lossy_report, lossy_report
 from ..paging.pager import POLICIES
 from ..studies.ablation.lossy import DEFAULT_POLICY, lossy_knobs
 from ._args import floats_or_sizes
@@ -16,15 +17,16 @@ def register(kinds) -> None:
                                        "perplexity ratio, agreement, SSD MB/token, tok/s, hit rate")
     p.add_argument("model", help="path to a MoE .gguf")
     p.add_argument("--arenas", default="0.25,0.5", help="arenas: fractions of all expert slots or sizes (default 0.25,0.5)")
-    p.add_argument("--ks", default="1,2", help="top-k values below the model's own (default 1,2; '' none)")
-    p.add_argument("--taus", default="0.3", help="skip-cold thresholds (default 0.3; '' none)")
-    p.add_argument("--deltas", default="0.02,0.05,0.1", help="cache-aware routing margins (default 0.02,0.05,0.1; '' none)")
-    p.add_argument("--adaptive", default="default;1.6,1.9:1,2,3",
+    # the per-token table's own flags: default None, so that one given with --batches (which has its own) is refused
+    p.add_argument("--ks", default=None, help="top-k values below the model's own (default 1,2; '' none)")
+    p.add_argument("--taus", default=None, help="skip-cold thresholds (default 0.3; '' none)")
+    p.add_argument("--deltas", default=None, help="cache-aware routing margins (default 0.02,0.05,0.1; '' none)")
+    p.add_argument("--adaptive", default=None,
                    help="adaptive-k rules separated by ';': 'default' (k 1/2/4 below 0.6/1.2 nats) or THRESHOLDS:KS "
                         "(default 'default;1.6,1.9:1,2,3'; '' none)")
     p.add_argument("--texts", default="prose,code,legal", help="held-out texts ('' = no perplexity: synthesized models)")
-    p.add_argument("--text-chars", type=int, default=250, help="characters of each text (default 250)")
-    p.add_argument("--ppl-n-ctx", type=int, default=128, help="perplexity window, tokens (default 128)")
+    p.add_argument("--text-chars", type=int, default=None, help="characters of each text (default 250)")
+    p.add_argument("--ppl-n-ctx", type=int, default=None, help="perplexity window, tokens (default 128)")
     p.add_argument("--threads", type=int, default=1, help="compute threads (default 1)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=list(POLICIES),
                    help=f"eviction policy (default {DEFAULT_POLICY}: LRU keeps nothing of a layer at small arenas, "
@@ -58,8 +60,7 @@ def _rules(text: str) -> list:
 def run_batches(args) -> int:
     """``--batches``: :func:`epqlab.studies.ablation.batch_lossy.batch_lossy`'s table."""
     from ..layout import inspect
-    from ..results import run_info, write_json
-    from ..studies.ablation.batch_lossy import batch_lossy, batch_settings, best_tradeoff
+    from ..studies.ablation.batch_lossy import batch_lossy, batch_settings
 
     def ints(flag, text):
         try:
@@ -82,28 +83,37 @@ def run_batches(args) -> int:
     texts = [t for t in args.texts.split(",") if t]
     df = batch_lossy(args.model, sizes, settings, arenas=floats_or_sizes(args.arenas), windows=windows,
                      score=bool(texts), progress=True, n_threads=args.threads, policy=args.policy)
-    cols = ["point", "knob", "setting", "batch", "ppl_ratio", "decode_tok_s", "speedup", "ssd_mb_per_token", "mb_ratio",
-            "union_before", "union_after", "routing_agreement"]
-    print(df[cols].to_markdown(index=False, floatfmt=".3f"))
-    best = best_tradeoff(df, batch=4 if 4 in sizes else max(sizes))
-    if best:
-        print(f"\nbest at batch {best['batch']} within 1% perplexity: {best['knob']} {best['setting']}: "
-              f"{best['speedup']:.2f}x exact batch {sizes[0]}'s tok/s, {best['mb_ratio']:.2f}x its MB/token")
+    print(df[list(batch_lossy_report.COLUMNS)].to_markdown(index=False, floatfmt=".3f"))
+    print()
+    print(batch_lossy_report.reading(df, batch=4 if 4 in sizes else max(sizes)))
     if args.json:
-        out = Path(args.json)
-        write_json({"kind": "batch_lossy", "parameters": {k: v for k, v in vars(args).items() if k != "func"},
-                    "rows": df.to_dict("records"), "attrs": df.attrs, "run": run_info(args.model)}, out)
-        print(f"wrote {out}")
+        j = Path(args.json)
+        paths = batch_lossy_report.save(df, j.parent, j.stem, extra={
+            "parameters": {k: v for k, v in vars(args).items() if k != "func"}, "command": " ".join(sys.argv)})
+        print("wrote", ", ".join(paths.values()))
     return 0
+
+
+PER_TOKEN = {"ks": ("--ks", "1,2"), "taus": ("--taus", "0.3"), "deltas": ("--deltas", "0.02,0.05,0.1"),
+             "adaptive": ("--adaptive", "default;1.6,1.9:1,2,3"), "text_chars": ("--text-chars", 250),
+             "ppl_n_ctx": ("--ppl-n-ctx", 128)}
+"""The per-token table's flags and their defaults; the batched table (``--batches``) has knobs of its own."""
+BATCHED = {"budgets": "--budgets", "batch_deltas": "--batch-deltas", "windows": "--windows"}
 
 
 def run(args) -> int:
     if args.batches:
+        given = [flag for dest, (flag, _) in PER_TOKEN.items() if getattr(args, dest) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to the per-token table only, not with --batches (its knobs are "
+                             "--batch-deltas and --budgets, its texts --texts, its size --windows): drop them")
         return run_batches(args)
-    given = [f for f, v in (("--budgets", args.budgets), ("--batch-deltas", args.batch_deltas), ("--windows", args.windows))
-             if v is not None]
+    given = [flag for dest, flag in BATCHED.items() if getattr(args, dest) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} apply to the batched table only: add --batches (e.g. --batches 1,2,4,8)")
+        raise UsageError(f"{', '.join(given)} apply to the batched table only: add --batches (e.g. --batches 1,2,4,8)")
+    for dest, (_, default) in PER_TOKEN.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
     nums = lambda s: [float(x) for x in s.split(",") if x.strip()]  # noqa: E731
     df = lossy_knobs(args.model, arenas=floats_or_sizes(args.arenas), ks=[int(k) for k in nums(args.ks)],
                      taus=nums(args.taus), deltas=nums(args.deltas), adaptive=_rules(args.adaptive),

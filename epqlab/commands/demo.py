@@ -7,6 +7,7 @@ from ..layout import inspect
 from ..models import default_model
 from ..paging.pager import Pager
 from ..units import fmt_bytes
+from ._args import check_n_ctx
 from .run import add_session_args
 from .run import run_session
 
@@ -31,6 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_n_ctx(args.n_ctx)  # before the banner and the model
     path = default_model()
     arena = None
     if args.ram_budget is None and args.pager:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import EpqlabError
-from ._args import load_text
+from ._args import check_n_ctx, load_text
 from ..results import write_json
 
 
@@ -51,6 +51,7 @@ def run(args) -> int:
     from ..studies.plan_report import format_plan, to_json
 
     try:
+        check_n_ctx(args.n_ctx)
         text = load_text(args.text)[1] if args.text is not None else None
         if args.verify and args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")

@@ -5,7 +5,7 @@ import sys
 from ..engine.session import Session
 from ..engine.time_split import format_summary
 from ..paging.pager import POLICIES
-from ._args import policy_params_arg
+from ._args import check_n_ctx, policy_params_arg
 from ..units import fmt_bytes
 
 
@@ -208,6 +208,7 @@ def run_session(model, args, arena_bytes=None, result: dict | None = None) -> in
     given, receives ``text``, ``tokens`` and ``stats``."""
     if args.n_predict < 0:  # before the model loads, and before the prompt is echoed
         raise ValueError(f"n_predict must be >= 0 (-n), got {args.n_predict}")
+    check_n_ctx(args.n_ctx)
     with Session(model, ram_budget=args.ram_budget, policy=args.policy, expert_used=args.expert_used,
                  policy_params=policy_params_arg(getattr(args, "policy_param", None)),
                  follow_memory=getattr(args, "follow_memory", False), max_ram_budget=getattr(args, "max_ram_budget", None),

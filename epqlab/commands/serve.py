@@ -11,15 +11,12 @@ from ..engine.session import Session
 from ..layout import inspect
 from ..memory.auto_budget import auto_budget
 from ..engine.prompt_disk_cache import check_dir
-from ._args import policy_params_arg
+from ._args import check_n_ctx, policy_params_arg
 from ..units import fmt_bytes, parse_bytes
 from ..paging.pager import POLICIES
 from ..server import MAX_BODY_BYTES, _require, bind_socket, serve
 from .run import (add_lossy_args, add_memory_args, add_policy_param_arg, add_spec_args, lossy_kwargs,
                   spec_kwargs)
-
-CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of 256 tokens (src/llama-context.cpp, GGML_PAD)
-
 
 def lossy_banner(lossy: dict, n_expert: int) -> list[str]:
     """What the server says about its lossy knobs (``lossy``: :func:`~epqlab.commands.run.lossy_kwargs`): LOSSY for
@@ -93,13 +90,7 @@ def run(args) -> int:
         raise ValueError(f"--n-ubatch must be >= 1, got {args.n_ubatch}")
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    if args.n_ctx < CTX_PAD:
-        raise ValueError(f"--n-ctx {args.n_ctx} is below llama.cpp's smallest context of {CTX_PAD} tokens per sequence "
-                         f"(it would silently become {CTX_PAD}); give --n-ctx {CTX_PAD} or more")
-    if args.n_ctx % CTX_PAD:
-        print(f"epqlab: warning: --n-ctx {args.n_ctx} becomes {-(-args.n_ctx // CTX_PAD) * CTX_PAD} tokens per sequence "
-              f"(llama.cpp pads the context to a multiple of {CTX_PAD}); prompts are checked against that",
-              file=sys.stderr)
+    check_n_ctx(args.n_ctx)
     # the address before the model loads: a bad host or port costs no load, and the port stays ours
     sock = bind_socket(args.host, args.port)
     api_key = args.api_key or os.environ.get("EPQLAB_API_KEY") or None

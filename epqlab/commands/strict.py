@@ -7,6 +7,7 @@ minus --headroom. MODEL may be ``default`` for the default model. See epqlab.stu
 from __future__ import annotations
 
 from ..data import heldout_texts
+from ._args import check_n_ctx
 from ..paging.pager import POLICIES
 from ..results import save_csv, write_json
 from ..studies import strict
@@ -45,6 +46,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_n_ctx(args.n_ctx)
     kw = {}
     if args.n_ctx is not None:
         kw["n_ctx"] = args.n_ctx

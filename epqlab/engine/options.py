@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..constants import DenseMode
+from ..constants import MIN_N_CTX, DenseMode
 from ..layout import ModelLayout
 from ..paging.pager import MAX_IO_THREADS, POLICIES
 from ..units import parse_bytes
@@ -238,6 +238,9 @@ def check_options(lay: ModelLayout, *, policy="lru", expert_used=None, io_thread
                         ("io_threads", 1 if io_threads is None else io_threads, MAX_IO_THREADS),
                         ("n_threads", 1 if n_threads is None else n_threads, MAX_THREADS)):
         _check_int(name, v, hi)
+    if n_ctx < MIN_N_CTX:
+        raise ValueError(f"n_ctx={n_ctx} is below llama.cpp's smallest context of {MIN_N_CTX} tokens per sequence (it "
+                         f"would silently become {MIN_N_CTX}); give n_ctx={MIN_N_CTX} or more")
     if not lay.is_moe and expert_used is not None:
         raise ValueError(f"expert_used applies to MoE models; {lay.path.name} is dense")
     tau = None

@@ -186,7 +186,9 @@ class Session:
         io_threads: pager reader threads (default 3 x compute threads).
         n_threads: compute threads (default: usable CPUs).
         n_ctx, n_batch, n_ubatch: context size of each sequence and llama.cpp's batch sizes (tokens);
-            llama.cpp raises n_ctx to its minimum (256) and caps n_batch at n_ctx x n_seq_max.
+            n_ctx below :data:`~epqlab.constants.MIN_N_CTX` (256) is refused (llama.cpp would silently raise it);
+            llama.cpp pads it up to a multiple of 256 (``session.n_ctx`` is the padded context, which prompts are
+            checked against) and caps n_batch at n_ctx x n_seq_max.
         n_seq_max: sequences decoded side by side (:meth:`generate_batch`, the server's continuous
             batching; :mod:`epqlab.engine.batch`): each has its own KV stream of ``n_ctx`` cells, so the
             KV cache (inside ``ram_budget``) grows with it. 1 (default): one sequence at a time. A ubatch whose
@@ -318,7 +320,7 @@ class Session:
             model file.
         ValueError: ``expert_used`` outside 1..n_expert, unknown policy, an unknown ``expert_addressing``,
             ``expert_addressing="slots"`` where it is not possible (the message says why) or with ``skip_cold``,
-            bad sizes, thread counts
+            bad sizes, ``n_ctx`` below :data:`~epqlab.constants.MIN_N_CTX`, thread counts
             that are not integers in 1..512 (n_threads, ggml's limit) or 1..1024 (io_threads), an
             unknown ``prefetch`` predictor or ``prefetch`` with ``skip_cold`` (:func:`epqlab.engine.prefetch.check_prefetch`),
             ``pipeline_reads`` with ``skip_cold`` or without the pager, a predictor that does not fit

@@ -267,6 +267,27 @@ def _serial_events(session, toks: list[int], m: int, sampler: Sampler, stops: li
         turn.release()
 
 
+def cached_tokens(stats: dict, n: int) -> int:
+    """Prompt tokens a request found in the prompt cache (OpenAI's ``usage.prompt_tokens_details.cached_tokens``),
+    from its run stats (the ``epqlab`` of its last "end" event): each choice is a sequence prefilled on its own, so per
+    prompt the fewest tokens any of its ``n`` choices reused (``n_prompt_reused``), summed over the prompts (usage
+    counts each prompt once)."""
+    reused = [int(c.get("n_prompt_reused", 0)) for c in (stats.get("choices") or [stats])]
+    return sum(min(reused[i:i + n]) for i in range(0, len(reused), max(1, n)))
+
+
+def with_cached_tokens(events: Iterator[tuple], n: int) -> Iterator[tuple]:
+    """``events`` with ``usage.prompt_tokens_details.cached_tokens`` (:func:`cached_tokens`) in the one "end"
+    event that carries the usage; closing it closes ``events``."""
+    try:
+        for ev in events:
+            if ev[0] == "end" and ev[3]:
+                ev[3]["usage"]["prompt_tokens_details"] = {"cached_tokens": cached_tokens(ev[3]["epqlab"], n)}
+            yield ev
+    finally:
+        events.close()
+
+
 def run_all(session, events: Iterator[tuple], local: bool) -> tuple[list, dict]:
     """Consume ``events`` to the end (holding the Session's lock when ``local``: an in-process run):
     ``([(Generation, logprob records | None)] by choice, extra)``."""

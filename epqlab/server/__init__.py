@@ -7,7 +7,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   "error": {...}}`` once the model file changed on disk (:mod:`epqlab.engine.file_watch`), when every other
   request gets 503 with the reason too.
 - ``GET  /v1/models``: the one model (its file name).
-- ``POST /v1/completions``: :meth:`epqlab.Session.create_completion`.
+- ``POST /v1/completions``: :meth:`epqlab.Session.create_completion` (its ``usage`` with OpenAI's
+  ``prompt_tokens_details.cached_tokens``: the prompt tokens the prompt cache held; so chat's).
 - ``POST /v1/chat/completions``: :meth:`epqlab.Session.create_chat_completion` (tools, ``response_format``,
   ``logprobs`` included: :mod:`epqlab.requests.completion`).
   Both stream Server-Sent Events with ``"stream": true`` (``data: {chunk}`` lines, then ``data: [DONE]``);
@@ -17,7 +18,8 @@ Endpoints, as llama-cpp-python's server and the OpenAI API define them:
   (``{"tokens": [int]}`` -> ``{"text": str}``): llama-cpp-python's server's shapes.
 - ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API (:mod:`.anthropic_messages`;
   errors in Anthropic's shape, the key also as ``x-api-key``); ``POST /v1/responses``: OpenAI's Responses API
-  (:mod:`.openai_responses`, ``previous_response_id`` over :mod:`.response_store`). Both run as one chat request
+  (:mod:`.openai_responses`, ``previous_response_id`` over :mod:`.response_store`; ``GET`` / ``DELETE
+  /v1/responses/{id}``: a stored response, and its deletion). Both run as one chat request
   (:mod:`.translate`): the same batcher, prompt cache, limits and refusals as chat.
 - ``POST /v1/embeddings``: 400, naming why (a causal MoE language model's hidden states are not embeddings).
 - ``GET  /v1/epqlab/stats``: the session's cumulative pager stats (:attr:`epqlab.Session.stats`),

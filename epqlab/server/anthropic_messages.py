@@ -14,7 +14,8 @@ are server tools and a last assistant turn (a prefill: the chat template closes 
 
 The answer: ``content`` blocks (``text``, then one ``tool_use`` per call with its ``input`` object), ``stop_reason``
 ``tool_use`` | ``max_tokens`` | ``stop_sequence`` (with ``stop_sequence``) | ``end_turn``, ``usage`` ``input_tokens`` /
-``output_tokens``. Streamed, the documented events (https://docs.anthropic.com/en/docs/build-with-claude/streaming):
+``output_tokens`` / ``cache_read_input_tokens`` (the prompt tokens the prompt cache held: Anthropic's
+``input_tokens`` leaves them out, so the two add up to the prompt) / ``cache_creation_input_tokens`` (0). Streamed, the documented events (https://docs.anthropic.com/en/docs/build-with-claude/streaming):
 ``message_start``, ``ping``, per block ``content_block_start`` / ``content_block_delta`` (``text_delta`` or
 ``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (``stop_reason``, ``usage``) and
 ``message_stop``; an error after the first byte is an ``error`` event.
@@ -125,7 +126,15 @@ def _message(reply, name: str, mid: str) -> dict:
     content = ([{"type": "text", "text": reply.text}] if reply.text else []) + [_tool_use(c) for c in reply.calls]
     return {"id": mid, "type": "message", "role": "assistant", "model": name, "content": content,
             "stop_reason": _stop_reason(reply), "stop_sequence": reply.stop_sequence,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}}
+            "usage": _usage(reply)}
+
+
+def _usage(reply) -> dict:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens decoded, ``cache_read_input_tokens`` those whose KV
+    cells the prompt cache held (their sum is the prompt); nothing is charged for writing the cache here
+    (``cache_creation_input_tokens`` 0: every finished sequence stays cached by itself, ``--prompt-cache``)."""
+    return {"input_tokens": reply.input_tokens - reply.cached_tokens, "output_tokens": reply.output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": reply.cached_tokens}
 
 
 def _tool_use(call, with_input: bool = True) -> dict:
@@ -169,7 +178,7 @@ def message_events(events, head: dict):
             reply = ev[1]
             yield {"type": "message_delta", "delta": {"stop_reason": _stop_reason(reply),
                                                       "stop_sequence": reply.stop_sequence},
-                   "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}}
+                   "usage": _usage(reply)}
             yield {"type": "message_stop"}
     finally:
         events.close()

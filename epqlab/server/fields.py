@@ -90,6 +90,6 @@ def sampling_kwargs(served: Served, req, fields: tuple) -> dict:
               presence_penalty=req.presence_penalty, typical_p=req.typical_p,
               logit_bias=bias_of(served.session, req.logit_bias, req.logit_bias_type), mirostat_mode=req.mirostat_mode,
               mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta, grammar=req.grammar,
-              response_format=req.response_format, stream_options=req.stream_options)
+              response_format=req.response_format, stream_options=req.stream_options, usage_details=True)
     kw.update({k: getattr(req, k) for k in fields})
     return kw

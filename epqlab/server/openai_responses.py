@@ -1,12 +1,15 @@
 """OpenAI's Responses API (https://platform.openai.com/docs/api-reference/responses/create): ``POST /v1/responses``,
-translated to one OpenAI chat request (:mod:`.translate`) and answered in the Responses API's shapes; errors in
-OpenAI's error shape.
+translated to one OpenAI chat request (:mod:`.translate`) and answered in the Responses API's shapes; ``GET
+/v1/responses/{id}`` (the stored response object) and ``DELETE /v1/responses/{id}`` (``{"id", "object":
+"response.deleted", "deleted": true}``), a 404 for an id the store does not hold (unknown, evicted, deleted, or made
+with ``store: false``); errors in OpenAI's error shape.
 
 The request: ``input`` (a string, or items: messages with text parts, ``function_call``, ``function_call_output``;
 ``reasoning`` items are dropped: none is produced here), ``instructions`` (a system message first; not carried over
 by ``previous_response_id``, OpenAI's rule), ``tools`` (``function`` tools only), ``tool_choice`` (``auto`` | ``none``
 | ``required`` | ``{"type": "function", "name"}``), ``parallel_tool_calls`` (false: at most one call),
-``max_output_tokens`` (>= 1), ``temperature`` (0..2), ``top_p``, ``text.format`` (``text`` | ``json_object`` |
+``max_output_tokens`` (>= 1: OpenAI's service refuses values below 16, but that floor is its own, not the API
+reference's, and a smaller answer costs nothing here), ``temperature`` (0..2), ``top_p``, ``text.format`` (``text`` | ``json_object`` |
 ``json_schema``: the structured-output grammar, :mod:`epqlab.requests.structured`), ``stream``,
 ``previous_response_id`` and ``store`` (default true: the bounded in-memory store, :mod:`.response_store`; an id it
 does not hold is a 400), ``metadata`` (echoed). A field this server cannot honour is refused by name
@@ -141,14 +144,15 @@ def _finished(base: dict, reply, mid: str) -> dict:
     st = _status(reply)
     return {**base, "status": st, "output": _output(reply, mid),
             "incomplete_details": {"reason": "max_output_tokens"} if st == "incomplete" else None,
-            "usage": {"input_tokens": reply.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "usage": {"input_tokens": reply.input_tokens, "input_tokens_details": {"cached_tokens": reply.cached_tokens},
                       "output_tokens": reply.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": reply.input_tokens + reply.output_tokens}}
 
 
 def response_events(events, base: dict, mid: str, done):
     """The documented stream events (module docstring) of :func:`~.translate.reply_events` ``events``. ``base``: the
-    response without output; ``done(reply)``: called with the reply before the last event (stores it)."""
+    response without output; ``done(reply, response)``: called with the reply and the finished response object
+    before the last event (stores them)."""
     seq, idx, text, state = 0, -1, "", None  # state: the message item's, None (not added), "open", "closed"
 
     def ev(typ, **kw):
@@ -194,7 +198,7 @@ def response_events(events, base: dict, mid: str, done):
                 yield ev("response.output_item.done", output_index=idx, item=item)
                 continue
             final = _finished(base, reply, mid)
-            done(reply)
+            done(reply, final)
             yield ev(f"response.{final['status']}", response=final)
     finally:
         events.close()
@@ -237,17 +241,34 @@ def add_routes(app, served: Served, store: ResponseStore) -> None:
                 "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
                 "top_p": kw["top_p"], "truncation": "disabled", "usage": None, "metadata": metadata or {}}
 
-        def done(reply):
+        def done(reply, final):
             if keep:
                 calls = [tool_call(*c, where="output") for c in reply.calls]
-                store.put(rid, turn + [assistant(reply.text, calls)])
+                store.put(rid, turn + [assistant(reply.text, calls)], final)
 
         def make(cancel):
             it = start(served, msgs, kw, stream, cancel)
             if stream:
                 return response_events(reply_events(it), base, mid, done)
             reply = reply_of(it)
-            done(reply)
-            return _finished(base, reply, mid)
+            final = _finished(base, reply, mid)
+            done(reply, final)
+            return final
 
         return await run(served, make, stream, request, NAMED)
+
+    def unknown(rid: str):
+        return error(404, f"Response with id '{rid}' not found: this server keeps the last {store.keep} responses "
+                          "made with store=true in memory, since it started (fewer when their conversations are long), "
+                          "until they are deleted", param="response_id")
+
+    @app.get("/v1/responses/{rid}")
+    async def retrieve(rid: str):
+        got = store.response(rid)
+        return got if got is not None else unknown(rid)
+
+    @app.delete("/v1/responses/{rid}")
+    async def delete(rid: str):
+        if not store.delete(rid):
+            return unknown(rid)
+        return {"id": rid, "object": "response.deleted", "deleted": True}

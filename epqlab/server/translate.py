@@ -124,12 +124,13 @@ def chat_kwargs(served: Served, *, max_tokens: int | None, temperature: float, t
     """The keyword arguments of :func:`~epqlab.requests.completion.create_chat_completion` for a translated
     request on the served batcher: the server's rules (``strict_context``: a ``max_tokens`` that does not fit is a
     400, never clamped), one choice, min-p and the repeat penalty off (module docstring), a stream's usage in its
-    last chunk, and the stop string that ended each reply (``stop_detail``)."""
+    last chunk, the stop string that ended each reply (``stop_detail``) and the prompt tokens the prompt cache held
+    (``usage_details``: :class:`Reply`'s ``cached_tokens``)."""
     return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=0.0,
                 repeat_penalty=1.0, stop=stop or None, model=served.name, n=1, batcher=served.batcher,
                 strict_context=True, tools=tools or None, tool_choice=tool_choice,
                 parallel_tool_calls=parallel_tool_calls, response_format=response_format,
-                stream_options={"include_usage": True} if stream else None, stop_detail=True)
+                stream_options={"include_usage": True} if stream else None, stop_detail=True, usage_details=True)
 
 
 def start(served: Served, messages: list[dict], kw: dict, stream: bool, cancel):
@@ -140,13 +141,15 @@ def start(served: Served, messages: list[dict], kw: dict, stream: bool, cancel):
 @dataclass
 class Reply:
     """One finished reply. ``calls``: ``(id, name, arguments JSON)``; ``finish``: chat's ``finish_reason``
-    (``"stop"`` | ``"length"`` | ``"tool_calls"``); ``stop_sequence``: the stop string that ended it, or None."""
+    (``"stop"`` | ``"length"`` | ``"tool_calls"``); ``stop_sequence``: the stop string that ended it, or None;
+    ``cached_tokens``: of the ``input_tokens``, those whose KV cells the prompt cache held (``--prompt-cache``)."""
     text: str = ""
     calls: list = field(default_factory=list)
     finish: str = "stop"
     stop_sequence: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def reply_of(result: dict) -> Reply:
@@ -155,7 +158,11 @@ def reply_of(result: dict) -> Reply:
     msg, usage = ch["message"], result["usage"]
     calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
     return Reply(msg.get("content") or "", calls, ch["finish_reason"], ch.get("stop_sequence"),
-                 usage["prompt_tokens"], usage["completion_tokens"])
+                 usage["prompt_tokens"], usage["completion_tokens"], _cached(usage))
+
+
+def _cached(usage: dict) -> int:
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def reply_events(chunks) -> Iterator[tuple]:
@@ -166,7 +173,8 @@ def reply_events(chunks) -> Iterator[tuple]:
     try:
         for ch in chunks:
             if ch.get("usage"):
-                r.input_tokens, r.output_tokens = ch["usage"]["prompt_tokens"], ch["usage"]["completion_tokens"]
+                u = ch["usage"]
+                r.input_tokens, r.output_tokens, r.cached_tokens = u["prompt_tokens"], u["completion_tokens"], _cached(u)
             for c in ch["choices"]:
                 d = c["delta"]
                 if d.get("content"):

@@ -71,7 +71,7 @@ def _prompt_ids(session, prompts, n: int) -> list[list[int]]:
 
 
 def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, prompt_tokens: int = 32,
-            prompts=None, score: bool = False, offset: int = 0) -> dict:
+            prompts=None, score: bool = False, offset: int = 0, token_nll: list | None = None) -> dict:
     """One batch of ``b`` sequences on ``session`` (greedy, or teacher-forced on held-out text): the batch
     stats of :func:`epqlab.engine.run_stats.batch_stats` reduced to one row, plus the time split's mean µs
     per decode step (attn, experts, io wait, map, other), and the lossy knobs' counters per decode step
@@ -79,7 +79,8 @@ def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, pro
     ``routing_agreement``; ``budget_dropped``, ``route_substituted``). ``score`` (teacher-forced only) adds
     ``nll`` (mean negative log-likelihood, nats, of the forced tokens fed from decode steps: the first forced
     token, fed from the prompt's logits, is left out as no knob touches it) and ``nll_tokens``; ``offset`` skips
-    that many windows of the held-out texts (so several batches score different text)."""
+    that many windows of the held-out texts (so several batches score different text); ``token_nll``: a list that
+    receives each of those scored tokens' NLL, in order (for a paired interval, :mod:`epqlab.studies.paired`)."""
     if score and not teacher_forced:
         raise ValueError("score is the likelihood of the forced text: it needs teacher_forced=True")
     if teacher_forced:
@@ -114,6 +115,8 @@ def measure(session, b: int, n_predict: int, *, teacher_forced: bool = True, pro
     if score:
         nll = [x for r in reqs for x in (r.nll or [])[1:]]
         lossy.update(nll=float(np.mean(nll)) if nll else float("nan"), nll_tokens=len(nll))
+        if token_nll is not None:
+            token_nll.extend(nll)
     return {
         **lossy,
         "batch": b, "sequences": len(reqs), "steps": st["decode_steps"], "decode_tok_s": st["decode_tok_s"],

@@ -3,10 +3,13 @@ every point of a grid and returns one pandas row per point, with host and run me
 
 Executors: local processes by default (``ProcessPoolExecutor`` with the ``spawn`` start method, one
 worker unless ``max_workers`` says otherwise); a Dask ``distributed`` cluster through
-``Client.get_executor()``; Ray or anything else with ``submit``. Each process runs one point at a
-time (a per-process lock guards the call, so a multi-threaded Dask worker too never has two
-Sessions decoding in one process) and a point that opens a :class:`epqlab.Session` closes it before
-the next starts.
+``Client.get_executor()``; Ray or anything else with ``submit``. The isolation this gives, exactly: the points run
+outside the caller's process, but a worker is not a fresh process per point: with the default one worker, every
+point of a sweep runs in turn in the same spawned process (the ``pid`` column shows it), so they share its
+imports, llama.cpp's loaded library, the allocator's heap and, as any process on the machine, the page cache.
+Each process runs one point at a time (a per-process lock guards the call, so a multi-threaded Dask worker too
+never has two Sessions decoding in one process) and a point that opens a :class:`epqlab.Session` closes it before
+the next starts; nothing else is reset between points.
 
 Timing: runs that report speeds (tok/s, I/O wait) should stay serial on one box, which is why the
 default is one worker and why the ablation functions run serially unless given an ``executor``: on a
@@ -90,7 +93,8 @@ def sweep(fn: Callable, grid, executor: Executor | None = None, *, max_workers: 
         grid: see :func:`grid_points`.
         executor: a :class:`concurrent.futures.Executor` — e.g. ``dask.distributed.Client(...).get_executor()``
             (give workers ``threads_per_worker=1``) or Ray's; None = local processes (``spawn``,
-            ``max_workers`` of them, default 1: see the module docstring on timing).
+            ``max_workers`` of them, default 1, each running points in turn: see the module docstring on isolation
+            and timing).
         progress: a tqdm.auto bar over finished points.
 
     Returns:

@@ -32,6 +32,7 @@ from ..errors import EpqlabError
 from ..layout import inspect
 from ..units import fmt_bytes, parse_bytes
 from .ablation.lossy import DEFAULT_ADAPTIVE, knob_settings
+from .paired import paired_cost
 from .sweeps import sweep
 from .plan import PlanInputError, plan as make_plan, split_text
 
@@ -176,20 +177,6 @@ def tune(model, quality="0.5%", *, budget=None, batch: int = 1, text: str | None
             "cost_interval": [float(top.cost_low), float(top.cost_high)], "session_kwargs": {"ram_budget": B, **top.kwargs}}
     return Tuning(model=str(lay.path), quality=q, budget=B, batch=int(batch), frame=frame, best=best, why=why, plan=p,
                   points=df.to_dict(orient="records"))
-
-
-def paired_cost(nll, nll_exact, z: float = 1.96) -> tuple[float, float, float]:
-    """Perplexity cost of a setting against exact on the same forced tokens, with a normal-approximation interval of
-    the paired per-token NLL difference: ``(cost, low, high)`` = exp(mean d) - 1 and exp(mean d -/+ z se) - 1, d_i =
-    nll_i - nll_exact_i (nats), se = sd(d) / sqrt(n). Raises ValueError when the token counts differ."""
-    import numpy as np
-
-    d = np.asarray(nll, np.float64) - np.asarray(nll_exact, np.float64)
-    if d.size == 0 or len(nll) != len(nll_exact):
-        raise ValueError(f"paired cost needs the same scored tokens: {len(nll)} vs {len(nll_exact)}")
-    m = float(d.mean())
-    se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("inf")
-    return math.expm1(m), math.expm1(m - z * se), math.expm1(m + z * se)
 
 
 def pick(frame, nll: dict, q: float):

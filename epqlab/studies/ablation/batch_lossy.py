@@ -23,6 +23,7 @@ from ...layout import inspect
 from ...models import default_model
 from ..batching import BATCH_SIZES, measure
 from .batch_lossy_report import best_tradeoff
+from ..paired import ratio_interval
 from .grid import memory_points
 
 
@@ -62,7 +63,8 @@ def batch_lossy(model=None, batch_sizes: Sequence[int] = BATCH_SIZES, settings: 
 
     Returns:
         DataFrame: ``point``, ``knob``, ``setting``, ``batch``, ``ppl`` (exp of the mean NLL of the forced tokens
-        fed from decode steps) and ``ppl_ratio`` (over exact's at the same point and b), ``decode_tok_s`` (aggregate:
+        fed from decode steps) and ``ppl_ratio`` (over exact's at the same point and b) with ``ppl_ratio_low`` /
+        ``ppl_ratio_high`` (its paired 95% interval over the ``scored_tokens``: :mod:`epqlab.studies.paired`), ``decode_tok_s`` (aggregate:
         forced tokens / decode seconds, all batches), ``speedup`` (over exact at b = 1, same point),
         ``ssd_mb_per_token`` (decode reads per generated token, 1e6 bytes) and ``mb_ratio`` (over exact at b = 1),
         ``union_before`` / ``union_after`` (distinct experts per layer and step: the router's, and what the step used),
@@ -77,12 +79,13 @@ def batch_lossy(model=None, batch_sizes: Sequence[int] = BATCH_SIZES, settings: 
         raise ValueError(f"batch sizes must be >= 1 and divide windows={windows}, got {list(batch_sizes)}")
     lay = inspect(model)
     settings = settings if settings is not None else batch_settings(lay.n_expert_used)
-    rows = []
+    rows, nlls = [], {}  # (point, knob, setting, b) -> every scored token's NLL, in the same order at every row
     for pt in memory_points(lay, arenas, None):
         for knob, label, kw in settings:
             for b in sizes:
                 with Session(model, n_seq_max=b, n_ctx=n_ctx, **pt.session_kwargs(), **kw, **session_kw) as s:
-                    parts = [measure(s, b, n_predict, prompt_tokens=prompt_tokens, score=score, offset=o)
+                    per = nlls.setdefault((pt.label, knob, label, b), [])
+                    parts = [measure(s, b, n_predict, prompt_tokens=prompt_tokens, score=score, offset=o, token_nll=per)
                              for o in range(0, windows, b)]
                 n_tok = sum(p["n_gen"] for p in parts)
                 dec_s = sum(p["n_gen"] / p["decode_tok_s"] for p in parts if p["decode_tok_s"])
@@ -98,13 +101,21 @@ def batch_lossy(model=None, batch_sizes: Sequence[int] = BATCH_SIZES, settings: 
                        "hit_rate": statistics.fmean(p["hit_rate"] for p in parts), "tokens": n_tok}
                 rows.append(row)
                 if progress:
-                    print(f"[batch-lossy] {pt.label} {knob} {label} b={b}: ppl {row['ppl']:.3f}, "
+                    q = f"ppl {row['ppl']:.3f}" if score else "ppl not scored"
+                    print(f"[batch-lossy] {pt.label} {knob} {label} b={b}: {q}, "
                           f"{row['decode_tok_s']:.1f} tok/s, {row['ssd_mb_per_token']:.2f} MB/token, union "
                           f"{row['union_before']:.2f} -> {row['union_after']:.2f}", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     ex = df[df.knob == "exact"].set_index(["point", "batch"])
     ex1 = df[(df.knob == "exact") & (df.batch == sizes[0])].set_index("point")
     df["ppl_ratio"] = [r.ppl / ex.loc[(r.point, r.batch), "ppl"] for r in df.itertuples()]
+    # its paired 95% interval against exact at the same point and b, token by token (epqlab.studies.paired)
+    ex_label = df[df.knob == "exact"].setting.iloc[0] if (df.knob == "exact").any() else None
+    iv = [ratio_interval(nlls[(r.point, r.knob, r.setting, r.batch)], nlls[(r.point, "exact", ex_label, r.batch)])
+          if score and ex_label is not None and r.knob != "exact" and nlls[(r.point, r.knob, r.setting, r.batch)]
+          else ((1.0,) * 3 if score else (float("nan"),) * 3) for r in df.itertuples()]
+    df["ppl_ratio_low"], df["ppl_ratio_high"] = [x[1] for x in iv], [x[2] for x in iv]
+    df["scored_tokens"] = [len(nlls[(r.point, r.knob, r.setting, r.batch)]) for r in df.itertuples()]
     df["speedup"] = [r.decode_tok_s / ex1.loc[r.point, "decode_tok_s"] for r in df.itertuples()]
     df["mb_ratio"] = [r.ssd_mb_per_token / ex1.loc[r.point, "ssd_mb_per_token"]
                       if ex1.loc[r.point, "ssd_mb_per_token"] else float("nan") for r in df.itertuples()]

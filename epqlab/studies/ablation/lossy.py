@@ -18,6 +18,7 @@ from ...engine.perplexity import perplexity
 from ...engine.session import Session
 from ...layout import inspect
 from ...models import default_model
+from ..paired import ratio_interval
 from .grid import memory_points
 from .topk import resolve_texts
 
@@ -80,7 +81,9 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
 
     Returns:
         pandas.DataFrame with ``point``, ``knob``, ``setting``, ``ppl_<text>`` and ``ppl_ratio_<text>`` per text,
-        ``ppl_ratio_mean`` (geometric mean of the ratios), ``routing_agreement`` (share of (token, layer,
+        ``ppl_ratio_mean`` (geometric mean of the ratios), ``ppl_ratio_tokens`` with ``ppl_ratio_low`` /
+        ``ppl_ratio_high`` (the ratio over all ``scored_tokens`` tokens of the texts, with its paired 95% interval
+        against exact's NLL on the same tokens: :func:`epqlab.studies.paired.ratio_interval`), ``routing_agreement`` (share of (token, layer,
         slot) choices computed with the router's own expert; top-k: k / own k), ``ssd_mb_per_token``
         (pager bytes read per decoded token, 1e6 bytes), ``not_read_mb_per_token`` (router-chosen
         non-resident experts a knob did not read), ``decode_tok_s``, ``hit_rate``, ``mean_k`` (experts
@@ -112,24 +115,30 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
             t0 = time.perf_counter()
             with Session(model, n_batch=1, n_ubatch=1, n_ctx=max(256, ppl_n_ctx), **pt.session_kwargs(), **kw,
                          **session_kw) as s:
-                ppl, t_dec = {}, 0.0
+                ppl, t_dec, per = {}, 0.0, []
                 for name, text in (txt or feed).items():
                     t1 = time.perf_counter()
-                    v = perplexity(s, text, n_ctx=ppl_n_ctx).ppl
+                    r = perplexity(s, text, n_ctx=ppl_n_ctx, per_token=bool(txt))
                     t_dec += time.perf_counter() - t1
                     if txt:
-                        ppl[name] = v
+                        ppl[name] = r.ppl
+                        per.append(r.token_nll)
                 st = s.stats
                 mk = s.adaptive_k_per_layer()
                 k_graph = s.n_expert_used
             n = max(1, st["tokens_routed"])
             row = {"point": pt.label, "knob": knob, "setting": label, **{f"ppl_{x}": v for x, v in ppl.items()}}
             if exact is None:
-                exact = row
+                exact, exact_nll = row, np.concatenate(per) if per else None
             for x in ppl:
                 row[f"ppl_ratio_{x}"] = ppl[x] / exact[f"ppl_{x}"]
             row["ppl_ratio_mean"] = (math.exp(sum(math.log(row[f"ppl_ratio_{x}"]) for x in ppl) / len(ppl))
                                      if ppl else float("nan"))
+            # the paired 95% interval of the ratio over every scored token of every text (epqlab.studies.paired)
+            if per:  # no texts: no perplexity column at all
+                row["ppl_ratio_tokens"], row["ppl_ratio_low"], row["ppl_ratio_high"] = (
+                    ratio_interval(np.concatenate(per), exact_nll) if knob != "exact" else (1.0, 1.0, 1.0))
+                row["scored_tokens"] = int(sum(len(x) for x in per))
             if knob == "top-k":
                 agree = k_graph / own
             else:
@@ -141,7 +150,8 @@ def lossy_knobs(model=None, *, arenas=(0.25, 0.5), ks=(1, 2), taus=(0.3,), delta
                        tokens=int(st["tokens_routed"]), seconds=time.perf_counter() - t0)
             rows.append(row)
             if progress:
-                print(f"[lossy] {pt.label} {knob} {label}: PPL x{row['ppl_ratio_mean']:.4f}, "
+                q = f"PPL x{row['ppl_ratio_mean']:.4f}" if ppl else "PPL not scored (no texts)"
+                print(f"[lossy] {pt.label} {knob} {label}: {q}, "
                       f"{row['ssd_mb_per_token']:.3f} MB/token, {row['decode_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     df.attrs.update(model=str(lay.path), own_k=own, n_expert=lay.n_expert, arenas=[str(a) for a in arenas],

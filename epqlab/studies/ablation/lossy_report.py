@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ...results import run_info, save_study
+from ..paired import worded
 
 KNOB_ORDER = ("exact", "top-k", "skip-cold", "cache-route", "adaptive-k")
 
@@ -23,6 +24,8 @@ def columns(df) -> dict:
                                       if c.startswith("ppl_ratio_") and c != "ppl_ratio_mean"]
     cols = {"point": "arena", "knob": "knob", "setting": "setting"}
     cols.update({f"ppl_ratio_{t}": f"PPL ratio {t}" for t in texts if f"ppl_ratio_{t}" in df})
+    cols.update({"ppl_ratio_tokens": "PPL ratio (all tokens)", "ppl_ratio_low": "95% low", "ppl_ratio_high": "95% high"}
+                if texts else {})
     cols.update({"routing_agreement": "agreement", "mean_k": "mean k", "ssd_mb_per_token": "SSD MB/token",
                  "decode_tok_s": "decode tok/s", "hit_rate": "hit rate"})
     return {c: h for c, h in cols.items() if c in df}
@@ -63,9 +66,11 @@ def plot(df):
 
 
 def reading(df) -> str:
-    """Per arena: the exact baseline, then per knob and setting the PPL ratio (mean and per text), SSD MB/token and
-    decode speed against exact, agreement and hit rate; and which knob saves the most bytes within 1% and 5%
-    perplexity. Speeds are wall clock on the machine that ran it (a shared box inflates their noise)."""
+    """Per arena: the exact baseline, then per knob and setting the PPL ratio (mean and per text, and over all
+    scored tokens with its paired 95% interval), SSD MB/token and decode speed against exact, agreement and hit
+    rate; and which knob reads the fewest bytes with its interval within 1% and 5% perplexity, or that none is
+    distinguishable from exact (:func:`_picks`). Speeds are one wall-clock run each on the machine that ran it (a
+    shared box inflates their noise), so no pick rests on them."""
     out = []
     texts = df.attrs.get("texts") or []
     for pt in dict.fromkeys(df["point"]):
@@ -77,20 +82,13 @@ def reading(df) -> str:
             per = ", ".join(f"{t} x{r[f'ppl_ratio_{t}']:.3f}" for t in texts if f"ppl_ratio_{t}" in r)
             mb = r["ssd_mb_per_token"] / base["ssd_mb_per_token"] - 1 if base["ssd_mb_per_token"] else 0.0
             sp = r["decode_tok_s"] / base["decode_tok_s"] if base["decode_tok_s"] else 0.0
-            q = f"PPL x{r['ppl_ratio_mean']:.3f} ({per}); " if texts else ""
+            q = f"PPL x{r['ppl_ratio_mean']:.3f} ({per}; all tokens {_interval(r)}); " if texts else ""
             lines.append(f"{r['knob']} {r['setting']}: {q}SSD {mb:+.0%}; "
                          f"speed x{sp:.2f}; agreement {r['routing_agreement']:.1%}; hit rate {r['hit_rate']:.1%}; "
                          f"mean k {r['mean_k']:.2f}.")
         if not texts:
             lines.append("No perplexity: no texts were scored (a random-weight model's perplexity means nothing).")
-        for lim in (1.01, 1.05) if texts else ():
-            ok = d[(d["knob"] != "exact") & (d["ppl_ratio_mean"] <= lim)]
-            if ok.empty:
-                lines.append(f"No knob stays within PPL x{lim:.2f} here.")
-            else:
-                b = ok.loc[ok["ssd_mb_per_token"].idxmin()]
-                lines.append(f"Fewest bytes within PPL x{lim:.2f}: {b['knob']} {b['setting']} "
-                             f"({b['ssd_mb_per_token']:.3f} MB/token, x{b['ppl_ratio_mean']:.3f}).")
+        lines += _picks(d, base) if texts else []
         out.append(" ".join(lines))
     ak = df[df["knob"] == "adaptive-k"]
     pub = ak[ak["setting"].str.startswith("H<0.6:1,H<1.2:2")]
@@ -99,6 +97,39 @@ def reading(df) -> str:
                    f"1.2 nats (n_expert = {df.attrs.get('n_expert')}, ln n_expert = {math.log(df.attrs.get('n_expert') or 1):.2f}), "
                    f"so the rule only bites with thresholds set for this model.")
     return "\n\n".join(out)
+
+
+def _interval(r) -> str:
+    if "ppl_ratio_high" not in r or r["ppl_ratio_high"] != r["ppl_ratio_high"]:  # an older table: no interval
+        return "no interval"
+    return worded(r["ppl_ratio_tokens"], r["ppl_ratio_low"], r["ppl_ratio_high"], int(r["scored_tokens"]))
+
+
+def _picks(d, base, limits=(1.01, 1.05)) -> list[str]:
+    """Which lossy setting reads the fewest bytes within each perplexity limit, counted only when it is shown to
+    stay within: its paired 95% interval's upper end (:mod:`epqlab.studies.paired`), not its point estimate, is
+    at most the limit, and it reads fewer bytes than exact. A point estimate below x1 is noise on a few hundred
+    tokens, never a gain; when no setting's interval excludes x1, the reading says no setting is distinguishable
+    from exact."""
+    lossy = d[d["knob"] != "exact"]
+    if lossy.empty or "ppl_ratio_high" not in lossy:
+        return []
+    n = int(lossy["scored_tokens"].iloc[0])
+    out = []
+    for lim in limits:
+        ok = lossy[(lossy["ppl_ratio_high"] <= lim) & (lossy["ssd_mb_per_token"] < base["ssd_mb_per_token"])]
+        if ok.empty:
+            out.append(f"No lossy setting reads fewer bytes than exact with its 95% interval within PPL x{lim:.2f} "
+                       f"on these {n} scored tokens.")
+        else:
+            b = ok.loc[ok["ssd_mb_per_token"].idxmin()]
+            out.append(f"Fewest bytes with the 95% interval within PPL x{lim:.2f}: {b['knob']} {b['setting']} "
+                       f"({b['ssd_mb_per_token']:.3f} MB/token against exact's {base['ssd_mb_per_token']:.3f}; "
+                       f"{_interval(b)}).")
+    if ((lossy["ppl_ratio_low"] <= 1.0) & (lossy["ppl_ratio_high"] >= 1.0)).all():
+        out.append(f"No lossy setting is distinguishable from exact here: every 95% interval holds x1 over these {n} "
+                   "scored tokens (a ratio below x1 is noise, not a gain; score more text to tell them apart).")
+    return out
 
 
 def to_json(df) -> dict:

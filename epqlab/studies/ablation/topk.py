@@ -30,7 +30,7 @@ def resolve_texts(texts, max_chars: int | None = None) -> dict[str, str]:
     synthesized model with random weights, whose perplexity means nothing).
 
     Raises:
-        ValueError: an unknown held-out name.
+        ValueError: an unknown held-out name, ``max_chars`` < 1, a text that is empty (or only whitespace).
     """
     held = heldout_texts()
     if texts is None:
@@ -45,7 +45,15 @@ def resolve_texts(texts, max_chars: int | None = None) -> dict[str, str]:
             if t not in held:
                 raise ValueError(f"unknown held-out text {t!r}; choose from {', '.join(held)} or pass {{name: text}}")
             out[t] = held[t]
-    return {k: v[:int(max_chars)] if max_chars else v for k, v in out.items()}
+    if max_chars is not None and int(max_chars) < 1:
+        raise ValueError(f"max_chars (--text-chars) must be >= 1 characters, or None for whole texts; got {max_chars}")
+    out = {k: v[:int(max_chars)] if max_chars else v for k, v in out.items()}
+    empty = [k for k, v in out.items() if not v.strip()]
+    if empty:
+        raise ValueError(f"text{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+                         f"{'are' if len(empty) > 1 else 'is'} empty: a perplexity needs at least 2 tokens; pass some "
+                         "text, or no texts at all (texts=[], --texts '') for no perplexity")
+    return out
 
 
 def resolve_prompts(prompts) -> list[Prompt]:
