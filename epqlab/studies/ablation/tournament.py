@@ -42,7 +42,7 @@ PROMPT = "Text:"
 def record_routes(model, text: str, n_tokens: int, session_kwargs: dict | None = None):
     """Route log of ``text`` read teacher-forced (``n_tokens`` decode steps after :data:`PROMPT`), every
     expert resident. Returns a :class:`epqlab.routes.RouteLog`."""
-    with tempfile.TemporaryDirectory() as d, Session(model, route_log=Path(d) / "r.npz", n_ctx=n_tokens + 64,
+    with tempfile.TemporaryDirectory() as d, Session(model, route_log=Path(d) / "r.npz", n_ctx=max(256, n_tokens + 64),
                                                       **(session_kwargs or {})) as s:
         s.generate(PROMPT, n_tokens, forced=text)
         return s.route_log()
@@ -164,7 +164,7 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
                 # a route log makes the live run route every token through every layer, as the recording did
                 # (without one, llama.cpp skips the last layer of a prompt token that gives no logits)
                 with tempfile.TemporaryDirectory() as d, \
-                        Session(model, n_ctx=n_tokens + 64, route_log=Path(d) / "live.npz", **pk) as s:
+                        Session(model, n_ctx=max(256, n_tokens + 64), route_log=Path(d) / "live.npz", **pk) as s:
                     g = s.generate(PROMPT, n_tokens, forced=text)
                     st = s.stats
                 hit = st["hits"] / st["requests"] if st["requests"] else float("nan")
