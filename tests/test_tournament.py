@@ -12,6 +12,7 @@ import pytest
 import epqlab
 from epqlab.data import heldout_texts
 from epqlab.studies.ablation.grid import memory_points
+from epqlab.routes.online import simulate_online
 from epqlab.studies.ablation.tournament import record_routes, tournament
 
 
@@ -60,7 +61,7 @@ def test_tournament_prefetch_runs_live_only(default_model_path):
     from epqlab.studies.ablation.tournament import layer_table
 
     df = tournament(default_model_path, [0.5], policies=["lru", "fnu", "coact"], n_tokens=12,
-                    prefetch=["off", "lookahead"], confirm=1)            # native replay (the default)
+                    prefetch=["off", "lookahead"], confirm=1, simulator="native")
     live = df[df.kind == "live"]
     best = df[(df.kind == "sim") & (df["rank"] == 1)].policy.iloc[0]
     assert sorted(live.prefetch) == ["lookahead", "off"] and set(live.policy) == {best}
@@ -81,3 +82,21 @@ def test_tournament_refuses_bad_input(default_model_path):
     bad = subprocess.run([sys.executable, "-m", "epqlab", "ablate", "policies", str(default_model_path),
                           "--policies", "lru,clock"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "epqlab: error:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tournament_simulates_the_live_addressing(tiny_gguf):
+    """On a model whose live Sessions address experts by slot (two slot classes; a unit keeps to its own class),
+    the simulation and Belady run in slot mode too and the live runs reproduce the simulated counts; region-mode
+    counts of the same routes differ, so a tournament that ignored the addressing would not match."""
+    df = tournament(tiny_gguf, ["2000000"], policies=["lru", "heat", "lfu"], n_tokens=32, confirm=3,
+                    text=heldout_texts()["code"])
+    live = df[df.kind == "live"]
+    assert set(df.addressing) == {"slots"} and len(live) == 3
+    assert bool(live.live_equal.all()), live[["policy", "hit_rate"]]
+    lay = epqlab.inspect(tiny_gguf)
+    log = record_routes(str(tiny_gguf), heldout_texts()["code"], 32)
+    classes = [(c["slot_bytes"], c["slots"]) for c in epqlab.Pager(lay, 2_000_000, prefault=False).stats["slot_classes"]]
+    kw = dict(slot_classes=classes, unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
+    by_slot = [simulate_online(log, None, p, slot_mode=True, **kw)["hits"] for p in ("lru", "heat", "lfu")]
+    by_region = [simulate_online(log, None, p, **kw)["hits"] for p in ("lru", "heat", "lfu")]
+    assert by_slot != by_region

@@ -24,9 +24,9 @@ def register(sub) -> None:
     p.add_argument("--predictor", default=None, help="trained predictor NPZ for --prefetch trained")
     p.add_argument("--confirm", type=int, default=3, help="live runs per arena: the best simulated (default 3)")
     p.add_argument("--threads", type=int, default=None, help="compute threads")
-    p.add_argument("--simulator", choices=["native", "python"], default="native",
-                   help="replay engine of the ranking: the pager's C++ replay or epqlab.routes.simulate_online "
-                        "(equal counts; default native)")
+    p.add_argument("--simulator", choices=["native", "python"], default="python",
+                   help="replay engine of the ranking: epqlab.routes.simulate_online (no reads) or the pager's C++ "
+                        "replay, which reads every miss from the file (equal counts; default python)")
     p.add_argument("--json", default=None, help="write the table and settings as JSON here")
     p.set_defaults(func=run)
 

@@ -4,9 +4,11 @@ at several arena sizes, scored against LRU and Belady's MIN, and the top three p
 - The routes are recorded once (teacher-forced decode of the text: one token per forward pass after a short
   prompt); routing never depends on paging (logits are bit-identical), so one route log serves every policy,
   arena and live run.
-- Each policy is simulated by :func:`epqlab.routes.online.simulate_online` with the arena's own slot classes,
-  which predicts the live pager hit for hit; Belady's MIN is :meth:`epqlab.Pager.replay` of the same log
-  under the same constraints.
+- Each policy is simulated by :func:`epqlab.routes.online.simulate_online` with the arena's own slot classes
+  and the expert addressing a live Session uses there (slot addressing keeps each expert in a slot of its own
+  size class, docs/DESIGN.md §3f; region addressing lets it take a larger one), which predicts the live pager
+  hit for hit; Belady's MIN is :meth:`epqlab.Pager.replay` of the same log under the same constraints. The
+  live runs ask for that addressing by name, so a simulation and its live run never differ in it.
 - Score: ``gap_share = (hit − LRU) / (Belady − LRU)`` (hit rates over every request; NaN where Belady does not
   beat LRU), per arena and per MoE layer.
 - Live: the top three online policies of each arena run the same forced text through a real Session; their
@@ -48,12 +50,30 @@ def record_routes(model, text: str, n_tokens: int, session_kwargs: dict | None =
         return s.route_log()
 
 
-def _replay(lay, arena: int, policy: str, log, hot) -> dict:
-    """The counters of :func:`simulate_online` from the native pager's replay of ``log``."""
-    p = Pager(lay, arena, policy=policy, prefault=False)
+def slot_addressed(lay, arena: int) -> bool:
+    """Whether a Session with ``arena`` bytes (``expert_addressing="auto"``) addresses experts by slot: the
+    pager's own test (``set_slot_addressing``), on a pager with the fill mapping a Session has."""
+    p = Pager(lay, arena, prefault=True)
+    try:
+        return not p.native.set_slot_addressing(True)
+    finally:
+        del p
+
+
+def _replay_stats(lay, arena: int, policy: str, log, slots: bool, hot=None) -> dict:
+    """:meth:`epqlab.Pager.replay`'s stats of ``log`` (slot addressing when ``slots``: the replay then needs the
+    arena's fill mapping)."""
+    p = Pager(lay, arena, policy=policy, prefault=slots)
+    if slots and p.native.set_slot_addressing(True):
+        raise RuntimeError("slot addressing was possible at this arena a moment ago")
     if policy == "static":
         p.set_hot([[lay.moe_layers[li], e] for li, e in hot])
-    st = p.replay(log)
+    return p.replay(log)
+
+
+def _replay(lay, arena: int, policy: str, log, hot, slots: bool = False) -> dict:
+    """The counters of :func:`simulate_online` from the native pager's replay of ``log``."""
+    st = _replay_stats(lay, arena, policy, log, slots, hot)
     req = [int(x) for x in st["layer_requests"]]
     return dict(hits=st["hits"], misses=st["misses"], evictions=st["evictions"], requests=st["requests"],
                 requests_by_layer=req, misses_by_layer=[r - int(h) for r, h in zip(req, st["layer_hits"])])
@@ -65,7 +85,7 @@ def _gap(hit: float, lru: float, bel: float) -> float:
 
 def tournament(model, budgets: Sequence, text: str | None = None, *, policies: Sequence[str] = TOURNAMENT_POLICIES,
                n_tokens: int = 256, prefetch: Sequence[str] = ("off",), predictor: str | None = None,
-               confirm: int = 3, session_kwargs: dict | None = None, simulator: str = "native") -> pd.DataFrame:
+               confirm: int = 3, session_kwargs: dict | None = None, simulator: str = "python") -> pd.DataFrame:
     """Run the tournament; one row per (arena point, policy, prefetch mode, kind) with kind ``"sim"`` (every
     policy, Belady included, prefetch off) or ``"live"`` (the top ``confirm`` per point and prefetch mode).
 
@@ -79,11 +99,12 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
         predictor: a trained predictor NPZ (``epqlab predictor fit``) for prefetch ``"trained"``.
         confirm: live runs per point (the best simulated online policies).
         session_kwargs: passed to every Session (e.g. ``n_threads``).
-        simulator: ``"native"``: :meth:`epqlab.Pager.replay` (C++, fast enough for the 35B shape); ``"python"``:
-            :func:`epqlab.routes.online.simulate_online`. tests/test_eviction_policies.py holds the two equal on
-            every counter, so the ranking is the same; the live runs check whichever ran.
+        simulator: ``"python"``: :func:`epqlab.routes.online.simulate_online` (no reads: minutes on the 35B
+            shape); ``"native"``: :meth:`epqlab.Pager.replay`, which reads every miss from the file (on the 35B
+            shape at a 1.4 GiB arena ~75 GB per policy, ~20 min for the field). tests/test_eviction_policies.py
+            holds the two equal on every counter, so the ranking is the same; the live runs check whichever ran.
 
-    Columns: point, arena_bytes, slots, policy, prefetch, kind, hit_rate, lru_hit_rate, belady_hit_rate,
+    Columns: point, arena_bytes, slots, addressing (``"slots"`` or ``"region"``), policy, prefetch, kind, hit_rate, lru_hit_rate, belady_hit_rate,
     gap_share, layer_gap_share (list per MoE layer), ssd_mb_per_token (simulated: misses x expert bytes per
     decode token; live: bytes read), decode_tok_s (live), live_equal (live: counts equal the simulation's),
     rank (by simulated hit rate within the point).
@@ -121,8 +142,10 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
         probe = Pager(lay, pt.arena_bytes, prefault=False)
         classes = [(c["slot_bytes"], c["slots"]) for c in probe.stats["slot_classes"]]
         slots = probe.n_slots
-        bel = Pager(lay, pt.arena_bytes, policy="belady", prefault=False)
-        bst = bel.replay(log)
+        del probe
+        by_slot = slot_addressed(lay, pt.arena_bytes)
+        addressing = "slots" if by_slot else "region"
+        bst = _replay_stats(lay, pt.arena_bytes, "belady", log, by_slot)
         bel_rate = bst["hits"] / bst["requests"]
         bel_l = np.asarray(bst["layer_hits"]) / np.maximum(1, np.asarray(bst["layer_requests"]))
         sims = {}
@@ -130,15 +153,15 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
             if p == "static":
                 hot = [(int(np.searchsorted(lay.moe_layers, b)), int(e)) for b, e in hot_experts(hot_log, slots // 2)]
             if simulator == "python":
-                sims[p] = simulate_online(log, None, p, slot_classes=classes, unit_bytes=ub,
+                sims[p] = simulate_online(log, None, p, slot_classes=classes, unit_bytes=ub, slot_mode=by_slot,
                                           hot=hot if p == "static" else None)
             else:
-                sims[p] = _replay(lay, pt.arena_bytes, p, log, hot)
+                sims[p] = _replay(lay, pt.arena_bytes, p, log, hot, by_slot)
         lru = sims["lru"]
         lru_rate = lru["hits"] / lru["requests"]
         req_l = np.asarray(lru["requests_by_layer"])
         lru_l = 1 - np.asarray(lru["misses_by_layer"]) / np.maximum(1, req_l)
-        base = dict(point=pt.label, arena_bytes=pt.arena_bytes, slots=slots, lru_hit_rate=lru_rate,
+        base = dict(point=pt.label, arena_bytes=pt.arena_bytes, slots=slots, addressing=addressing, lru_hit_rate=lru_rate,
                     belady_hit_rate=bel_rate)
         ranked = sorted(policies, key=lambda p: (-sims[p]["hits"], p))
         for p in [*policies, "belady"]:
@@ -154,7 +177,7 @@ def tournament(model, budgets: Sequence, text: str | None = None, *, policies: S
                              rank=ranked.index(p) + 1 if p in ranked else None))
         for mode in prefetch:
             for p in ranked[:confirm]:
-                pk = dict(kw, arena_bytes=pt.arena_bytes, policy=p)
+                pk = dict(kw, arena_bytes=pt.arena_bytes, policy=p, expert_addressing=addressing)
                 if p == "static":
                     pk["hot_experts"] = np.array([[lay.moe_layers[li], e] for li, e in hot], np.int32)
                 if mode != "off":
