@@ -175,6 +175,29 @@ def test_least_stale_paper_shows_the_routing_cap_table():
     assert "reaches 56% of Belady (31.6% vs 56.7%)" in md
 
 
+def test_tournament_json_becomes_a_section_of_paper_03():
+    """``epqlab ablate policies --json`` output is recognised as study 03 and rendered as a tournament: the gap share
+    table holds (hit - LRU) / (Belady - LRU) of the JSON's own hit rates, worked out here by hand."""
+    from epqlab.papers.studies import least_stale, study_of
+
+    base = dict(point="arena 50%", arena_bytes=1 << 20, slots=100, addressing="slots", lru_hit_rate=0.40,
+                belady_hit_rate=0.80, prefetch="off", layer_gap_share=[0.5], ssd_mb_per_token=1.0,
+                decode_tok_s=float("nan"), live_equal=None)
+    rows = [dict(base, policy="lru", kind="sim", hit_rate=0.40, gap_share=0.0, rank=2),
+            dict(base, policy="heat", kind="sim", hit_rate=0.70, gap_share=0.75, rank=1),
+            dict(base, policy="belady", kind="sim", hit_rate=0.80, gap_share=1.0, rank=None),
+            dict(base, policy="heat", kind="live", hit_rate=0.70, gap_share=0.75, rank=1, live_equal=True,
+                 layer_gap_share=None, decode_tok_s=5.0)]
+    doc = {"model": "m.gguf", "n_tokens": 8, "decode_tokens": 7, "rows": rows}
+    assert study_of(doc) == "03_least_stale"
+    md = least_stale(doc)
+    lines = md.splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("| policy") and "arena 50%" in l)
+    gaps = {c[0]: c[1] for c in ([x.strip() for x in l.strip("|").split("|")] for l in lines[i + 2:i + 5])}
+    assert gaps == {"belady": "100.0", "heat": f"{100 * (0.70 - 0.40) / (0.80 - 0.40):.1f}", "lru": "0.0"}
+    assert "best online policy heat" in md and "| True" in md
+
+
 def test_seed_scale_json_becomes_a_section_of_paper_05(tmp_path):
     """bench/bench_seed_scale.py's JSON (here the committed transcription of the stand-in's table) is recognised as
     study 05 and rendered with each summary row joined to the paged run of the same level *and* prefetch."""

@@ -11,6 +11,7 @@ import pandas as pd
 from ..routes import report as routes_report
 from ..studies import batching_report, plan_report, probe_report, seed_scale_report, speculative_report, strict_report
 from ..studies.ablation import eviction_reading, routing_cap_reading
+from ..studies.ablation import tournament as tournament_study
 from ..studies.ablation import batch_lossy_report, lossy_report, topk_report
 from ..units import fmt_bytes
 from .markdown import table
@@ -48,9 +49,47 @@ def route_overlap(doc: dict) -> str:
     return "\n\n".join(parts)
 
 
+def tournament(rows: list, attrs: dict | None = None) -> str:
+    """03's tournament (``epqlab ablate policies``, notebook 03's tournament cells): gap share per policy and point
+    (simulated), the live confirmation rows, the winners, and
+    :func:`epqlab.studies.ablation.tournament.reading`."""
+    df = _frame(rows, attrs)
+    sim = df[df.kind == "sim"]
+    gap = sim.pivot(index="policy", columns="point", values="gap_share")
+    gap = gap.sort_values(gap.columns[0], ascending=False).reset_index()
+    hit = sim.pivot(index="policy", columns="point", values="hit_rate").reset_index()
+    live = df[df.kind == "live"]
+    model = (attrs or {}).get("model")
+    head = (f"**Tournament** ({'model `' + str(model) + '`, ' if model else ''}held-out text read teacher-forced; "
+            "every online policy replayed with the arena's slot classes and addressing, Belady beside it; "
+            "gap share = (hit − LRU) / (Belady − LRU)).")
+    parts = [head, "Gap share per policy and arena, % (simulated):",
+             table(gap, {"policy": "policy", **{c: f"{c} %" for c in gap.columns if c != "policy"}}),
+             "Hit rate per policy and arena, % (simulated):",
+             table(hit, {"policy": "policy", **{c: f"{c} %" for c in hit.columns if c != "policy"}})]
+    if len(live):
+        parts += ["Live runs (the best three per arena; `live_equal`: hits, misses and evictions equal the "
+                  "simulation's; prefetch modes other than off are not simulated; tok/s of one run each):",
+                  table(live, {"point": "point", "policy": "policy", "prefetch": "prefetch", "hit_rate": "hit %",
+                               "gap_share": "gap share %", "ssd_mb_per_token": "SSD MB/token",
+                               "decode_tok_s": "decode tok/s", "live_equal": "live = sim"})]
+    parts += [table(tournament_study.winners(df), {"point": "point", "slots": "slots", "policy": "best", "hit_rate": "hit %",
+                                                   "lru_hit_rate": "LRU %", "belady_hit_rate": "Belady %",
+                                                   "gap_share": "gap share %", "never_below_lru": "never below LRU"}),
+              tournament_study.reading(df)]
+    return "\n\n".join(parts)
+
+
+def _is_tournament(rows) -> bool:
+    return bool(rows) and isinstance(rows[0], dict) and {"gap_share", "kind", "policy"} <= set(rows[0])
+
+
 def least_stale(doc: dict) -> str:
     """03: hit rates, SSD MB/token and decode speed per (memory point, policy), and
-    :func:`epqlab.studies.ablation.eviction_reading`."""
+    :func:`epqlab.studies.ablation.eviction_reading`; a tournament (its own JSON from ``epqlab ablate policies
+    --json``, or the notebook's ``tournament`` records) as :func:`tournament`."""
+    if _is_tournament(doc.get("rows")):
+        return tournament(doc["rows"], {k: doc[k] for k in ("model", "n_tokens", "decode_tokens", "layers") if k in doc})
     df = _frame(doc["rows"])
     t = table(df, {"point": "point", "policy": "policy", "slots": "slots", "hit_rate": "hit %",
                    "decode_hit_rate": "decode hit %", "steady_hit_rate": "steady hit %",
@@ -70,6 +109,8 @@ def least_stale(doc: dict) -> str:
                               "uniform_best_online": "uniform best online %", "uniform_belady": "uniform Belady %",
                               "model_best_online": "model best online %", "model_belady": "model Belady %"}),
                   "\n\n".join(routing_cap_reading(cap).splitlines())]
+    if doc.get("tournament"):
+        parts.append(tournament(doc["tournament"], {"layers": (doc.get("tournament_attrs") or {}).get("layers")}))
     return "\n\n".join(parts)
 
 
