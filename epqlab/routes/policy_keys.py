@@ -167,20 +167,23 @@ class Heat(KeyPolicy):
         self.t = [0] * n
         self.hk = [0.0] * n
 
+    def added(self, u) -> float:
+        """What one request adds to the heat of ``u``."""
+        return 1.0
+
     def request(self, u, resident):
         H, t = self.p["half_life"], self.st.passno
-        self.h[u] = self.h[u] * math.pow(2.0, -(t - self.t[u]) / H) + 1.0
+        self.h[u] = self.h[u] * math.pow(2.0, -(t - self.t[u]) / H) + self.added(u)
         self.t[u] = t
-        self.hk[u] = math.log2(self.h[u]) + t / H
+        self.hk[u] = math.log2(max(self.h[u], 1e-300)) + t / H  # h >= 1 for heat: the floor is gate_rank's
 
     def key(self, u, li):
         return (0, self.hk[u])
 
 
-class GateRank(KeyPolicy):
-    """Gate-rank: decayed router-probability mass per expert (issue 50; bigrig ships a gate-rank policy; the
-    router's probability as an expert's worth is the signal of ExpertFlow, arXiv 2410.17954, and of
-    Fiddler-style expert caches). Heat's rule (:class:`Heat`) with the request's probability mass for its 1:
+class GateRank(Heat):
+    """Gate-rank: decayed router-probability mass per expert (issue 50's gate-rank, as the peer bigrig ships
+    one; no paper defines it, so its half-life is heat's). Heat's rule (:class:`Heat`) with the request's probability mass for its 1:
     each request at forward pass t sets h = h * 2^(-(t - t_last) / half_life) + m, where m sums the router's
     probability (``RouteLog.probs``, normalised over the layer's experts) of that expert over the pass's
     tokens; evict the smallest log2(max(h, 1e-300)) + t_last / half_life. An expert picked often but with a
@@ -188,21 +191,8 @@ class GateRank(KeyPolicy):
 
     needs_probs = True
 
-    def __init__(self, *a) -> None:
-        super().__init__(*a)
-        n = self.L * self.E
-        self.h = [0.0] * n
-        self.t = [0] * n
-        self.hk = [0.0] * n
-
-    def request(self, u, resident):
-        H, t = self.p["half_life"], self.st.passno
-        self.h[u] = self.h[u] * math.pow(2.0, -(t - self.t[u]) / H) + self.st.mass.get(u, 0.0)
-        self.t[u] = t
-        self.hk[u] = math.log2(max(self.h[u], 1e-300)) + t / H
-
-    def key(self, u, li):
-        return (0, self.hk[u])
+    def added(self, u) -> float:
+        return self.st.mass.get(u, 0.0)
 
 
 KEY_POLICIES = {"lru": Lru, "ls": Ls, "ls_pos": LsPos, "lfu": Lfu, "static": Static, "fnu": Fnu,
