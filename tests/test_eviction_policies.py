@@ -124,12 +124,12 @@ def test_wtinylfu_admission_refusal(one):
 # buffer; nothing is evicted, residents stay a, b, c (with admit="slot" d enters the window and the candidate c
 # loses its duel: one eviction, residents a, b, d). "dddd": d is refused at 2 and 3 requests too; its 4th beats
 # a's 3, so it is admitted (window), and the window's candidate c (1) loses to a: one eviction, residents a, b, d.
-def run_admit(lay, trace, admit):
+def run_admit(lay, trace, admit, policy="wtinylfu", slots=3):
     unit = epqlab.Pager.unit_slot_bytes(lay)[0]
     prm = {"admit": admit}
-    p = epqlab.Pager(lay, 3 * unit, policy="wtinylfu", policy_params=prm, prefault=False)
+    p = epqlab.Pager(lay, slots * unit, policy=policy, policy_params=prm, prefault=False)
     log = trace_log(lay, trace)
-    st, sim = p.replay(log), simulate_online(log, 3, "wtinylfu", params=prm)
+    st, sim = p.replay(log), simulate_online(log, slots, policy, params=prm)
     keys = ("hits", "misses", "evictions", "admission_staged")
     assert [st[k] for k in keys] == [sim[k] for k in keys]
     res = "".join(chr(ord("a") + e) for e in range(lay.n_expert) if p.is_resident(lay.moe_layers[0], e))
@@ -144,6 +144,18 @@ def test_wtinylfu_admit_stage_refuses_without_evicting(one):
     assert policy_params("wtinylfu")["admit"] == "slot"
     with pytest.raises(ValueError, match="wtinylfu admit must be one of slot, stage, got 'never'"):
         epqlab.Pager(one, 3 * epqlab.Pager.unit_slot_bytes(one)[0], policy="wtinylfu", policy_params={"admit": "never"})
+
+
+# 2Q (Kin 1, Kout 2) and S3-FIFO (|S| target 1, 3 ghosts), 4 slots, "abcdeabe". a-d fill the free slots. e: no
+# slot is free and e is not a ghost, so with admit=stage it is staged and its id becomes a ghost; a, b hit. e again:
+# a ghost now, so it is admitted (into Am / M) and A1in's / S's oldest, a, goes: hits 2, misses 6, 1 eviction,
+# 1 staged, residents b c d e. With admit=slot, e evicts a, a evicts b, b evicts c (each returning ghost enters
+# Am / M) and only e's second request hits: 1 hit, residents a b d e.
+@pytest.mark.parametrize("policy", ["2q", "s3fifo"])
+def test_ghost_admission_stages_a_first_miss(one, policy):
+    assert run_admit(one, "abcdeabe", "stage", policy, 4) == (2, 6, 1, 1, "bcde")
+    assert run_admit(one, "abcdeabe", "slot", policy, 4) == (1, 7, 3, 0, "abde")
+    assert policy_params(policy)["admit"] == "slot"
 
 
 # LFUDA, 2 slots, "aaabcdea": a: K = 0 + 3 after its hits. b (K 1) fills. c: evict b (K 1): age 1; c K = 2.
@@ -295,17 +307,23 @@ def test_lirs_live_equals_simulated_at_a_larger_arena(default_path, ref, tmp_pat
     assert sim["hits"] > simulate_online(log, None, "lru", **kw)["hits"]
 
 
-def test_admit_stage_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path):
-    """wtinylfu admit="stage" live at a small arena: the refused experts are read by the layer's staging, so logits
+@pytest.mark.parametrize("policy,extra,factor", [("wtinylfu", {}, 1.5), ("2q", {"kout": 4.0}, 8),
+                                                 ("s3fifo", {"ghost_ratio": 4.0}, 8)])
+def test_admit_stage_live_equals_simulated_and_bit_identical(default_path, ref, tmp_path, policy, extra, factor):
+    """admit="stage" live at a small arena: the refused experts are read by the layer's staging, so logits
     stay bit-identical to pager=False; the live hits, misses, evictions and refusals equal the simulator's on the
-    run's own route log, and refusals really happened (and were staged)."""
-    prm = {"admit": "stage"}
-    st = check_identical(default_path, ref, "wtinylfu", None, 0, route_log=tmp_path / "r.npz", policy_params=prm)
+    run's own route log, and refusals really happened (and were staged). The ghost admissions of 2Q and S3-FIFO
+    need a ghost list longer than a token's 90 requests (30 layers x top-3) to see a staged expert come back, so
+    they run at 8x the smallest arena with 4 ghosts per slot (at 1.5x and the papers' ratios every miss is staged
+    and nothing is ever evicted)."""
+    prm = {"admit": "stage", **extra}
+    st = check_identical(default_path, ref, policy, None, 0, route_log=tmp_path / "r.npz", policy_params=prm,
+                         arena_factor=factor)
     log = RouteLog.load(tmp_path / "r.npz")
     lay = epqlab.inspect(default_path)
     classes = [(c["slot_bytes"], c["slots"]) for c in
-               epqlab.Pager(lay, small_arena(default_path), policy="wtinylfu", prefault=False).stats["slot_classes"]]
-    sim = simulate_online(log, None, "wtinylfu", params=prm, slot_classes=classes,
+               epqlab.Pager(lay, small_arena(default_path, factor), policy=policy, prefault=False).stats["slot_classes"]]
+    sim = simulate_online(log, None, policy, params=prm, slot_classes=classes,
                           unit_bytes=epqlab.Pager.unit_slot_bytes(lay))
     keys = ("hits", "misses", "evictions", "admission_staged")
     assert [st[k] for k in keys] == [sim[k] for k in keys]

@@ -160,7 +160,7 @@ class Session:
             in the reserve. ``stats["memory"]`` reports each part. :meth:`resize` changes it later.
         policy_params: the eviction policy's parameters by name over their defaults, e.g. ``{"half_life": 64}``
             for ``"heat"`` (:func:`epqlab.routes.policy_params.policy_params` names each one's range and source).
-            ``{"admit": "stage"}`` with ``"wtinylfu"``: a miss TinyLFU refuses is used from the staging buffer
+            ``{"admit": "stage"}`` with ``"wtinylfu"``, ``"2q"`` or ``"s3fifo"``: a miss the policy refuses is used from the staging buffer
             without a slot (needs ``arena_bytes``: under ``ram_budget`` staging borrows arena slots; ValueError).
         max_ram_budget: the largest budget :meth:`resize` may grow to (default: the opening budget);
             the arena's slots above the opening budget hold no memory until a resize gives them out.

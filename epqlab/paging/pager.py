@@ -82,10 +82,11 @@ class Pager:
               whose ``simulate_online`` replays each exactly as this pager runs it. A prefetched expert enters
               a policy's structures as a miss does (the same admission and insertion; in LIRS a resident HIR
               expert at Q's tail), with no request counted; its first demand request is a hit.
-              ``policy_params={"admit": "stage"}`` with ``"wtinylfu"`` (issue 50's admission knob): a miss that
+              ``policy_params={"admit": "stage"}`` (issue 50's admission knob) with ``"wtinylfu"``: a miss that
               finds no free slot and that TinyLFU rates no more frequent than main's victim is refused a slot;
-              the layer is then staged (:meth:`replay` counts it the same way: ``admission_staged``), so it
-              takes no slot and evicts nothing.
+              with ``"2q"`` / ``"s3fifo"``: one that finds no free slot and is not a ghost (A1out / G) is refused
+              and becomes one, so its next miss is admitted. A refused miss's layer is staged (:meth:`replay`
+              counts it the same way: ``admission_staged``), so it takes no slot and evicts nothing.
             - ``"gate_rank"``: heat weighted by the router: each request adds the expert's router
               probability mass in that forward pass (not 1), decayed with ``half_life`` passes; a live
               Session hands the pager each step's probabilities (``ffn_moe_probs``), :meth:`replay`

@@ -12,7 +12,7 @@ The model (that of :mod:`epqlab.routes.reference`, plus the pager's forward pass
 - Every request counts in the request order (the pager's tick: ``last_use``; ``count``; hits refresh the
   policy's structures at once); then each miss, in order, gets a free slot or the policy's victim among the
   evictable (resident, unpinned) experts, and is inserted. Every miss is admitted (demand paging), except
-  under admission staging (``wtinylfu``'s ``admit="stage"``): a miss the policy refuses when no slot is free
+  under admission staging (``admit="stage"`` of ``wtinylfu``, ``2q``, ``s3fifo``): a miss the policy refuses when no slot is free
   takes none, evicts nothing and is not inserted (the pager reads it into the staging buffer for that step).
 - ``per_layer=True`` gives each MoE layer its own pool of ``capacity`` slots and its own policy state.
 
@@ -184,6 +184,7 @@ def simulate_online(log: RouteLog, capacity: int | None, policy: str, *, per_lay
                             break
                 ok = lambda x: x not in pinned and fits(cls_b[slot_of[x]], nb)  # noqa: E731
                 if got is None and pol.refuse(u, ok):
+                    pol.refused(u)
                     refused += 1   # admission staging: read for this step only; no slot, no victim, no insertion
                     continue
                 if got is None:

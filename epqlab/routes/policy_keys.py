@@ -29,6 +29,8 @@ class KeyPolicy:
     def refuse(self, u: int, ok) -> bool:  # admission staging: every miss takes a slot
         return False
 
+    def refused(self, u: int) -> None: ...
+
     def insert(self, u: int) -> None:
         self.res.add(u)
 

@@ -34,6 +34,8 @@ _SPEC: dict[str, dict[str, tuple]] = {
 # (epqlab.routes.policy_tinylfu.WTinyLfu).
 _CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "wtinylfu": {"admit": ("slot", "stage")},
+    "2q": {"admit": ("slot", "stage")},      # stage: a miss not in A1out is staged, its id put in A1out
+    "s3fifo": {"admit": ("slot", "stage")},  # stage: a miss not in the ghost FIFO G is staged, its id put in G
 }
 
 

@@ -33,10 +33,13 @@ class QueuePolicy:
     def admit(self, u: int) -> None: ...
 
     def refuse(self, u: int, ok) -> bool:
-        """Admission staging (``wtinylfu``'s ``admit="stage"``): asked only when no slot is free for the miss
-        ``u``; True = ``u`` is used from the staging buffer for its layer step, takes no slot, evicts nothing
-        and is not inserted."""
+        """Admission staging (``admit="stage"`` of ``wtinylfu``, ``2q``, ``s3fifo``): asked only when no slot is
+        free for the miss ``u`` (a prefetch asks too, so it changes nothing); True = ``u`` is used from the
+        staging buffer for its layer step, takes no slot, evicts nothing and is not inserted."""
         return False
+
+    def refused(self, u: int) -> None:
+        """A demand miss was refused (the driver calls it after :meth:`refuse` said True)."""
 
 
 class Arc(QueuePolicy):
@@ -112,6 +115,15 @@ class TwoQ(QueuePolicy):
         self.kin = max(1, int(self.p["kin"] * self.c))
         self.kout = max(1, int(self.p["kout"] * self.c))
         self.A1in, self.A1out, self.Am = OrderedDict(), OrderedDict(), OrderedDict()
+        self.stage = self.p.get("admit", "slot") == "stage"
+
+    def refuse(self, u, ok):
+        return self.stage and u not in self.A1out
+
+    def refused(self, u):
+        self.A1out[u] = None
+        while len(self.A1out) > self.kout:
+            self.A1out.popitem(last=False)
 
     def request(self, u, resident):
         if resident and u in self.Am:
@@ -216,15 +228,27 @@ class S3Fifo(QueuePolicy):
     S's oldest moves to M if its frequency >= ``move_threshold`` (the paper's "freq > 1": 2), else it is evicted
     and its id enters G. Otherwise from M: M's oldest with frequency > 0 is reinserted at M's head with its
     frequency decremented, the first with 0 is evicted. One victim per miss: a promotion into a full M does not
-    evict from M by itself (the |S| test keeps M's share)."""
+    evict from M by itself (the |S| test keeps M's share).
+    ``admit="stage"`` (issue 50's admission knob at S's door; default ``"slot"``): a miss that finds no free slot
+    and is not in G is staged (used for its layer step from the staging buffer, no slot taken) and its id goes
+    to G, so its next miss enters M: a one-hit wonder never takes a slot once the arena is full."""
 
     def __init__(self, *a) -> None:
         super().__init__(*a)
         self.s_n = max(1, int(self.p["small_ratio"] * self.c))
         self.g_n = max(1, int(self.p["ghost_ratio"] * self.c))
         self.thr = int(self.p["move_threshold"])
+        self.stage = self.p.get("admit", "slot") == "stage"
         self.S, self.M, self.G = OrderedDict(), OrderedDict(), OrderedDict()
         self.freq: dict = {}
+
+    def refuse(self, u, ok):
+        return self.stage and u not in self.G
+
+    def refused(self, u):
+        self.G[u] = None
+        while len(self.G) > self.g_n:
+            self.G.popitem(last=False)
 
     def request(self, u, resident):
         if resident:

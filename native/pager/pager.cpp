@@ -916,6 +916,7 @@ std::vector<int> pager::place_misses(int li, const int32_t * ids, int n, uint8_t
         for (int u : misses) {
             if (qpol_) qpol_->admit(u);
             if (refusing_ && admission_refused(li, u)) {  // staged by the caller: no slot, no victim, no insertion
+                qpol_->refused(u);
                 refused_.push_back(u);
                 stats_.admission_staged++;
                 continue;

@@ -90,8 +90,16 @@ struct twoq final : queue_policy {
     enum { A1IN, A1OUT, AM };
     unit_lists q;
     int64_t kin, kout;
-    twoq(int64_t c, size_t n, double fin, double fout)
-        : q(n, 3), kin(std::max<int64_t>(1, (int64_t) (fin * (double) c))), kout(std::max<int64_t>(1, (int64_t) (fout * (double) c))) {}
+    bool stage = false;  // admit = stage: a miss not in A1out is staged, its id put in A1out
+    twoq(int64_t c, size_t n, double fin, double fout, bool stage_refused)
+        : q(n, 3), kin(std::max<int64_t>(1, (int64_t) (fin * (double) c))), kout(std::max<int64_t>(1, (int64_t) (fout * (double) c))),
+          stage(stage_refused) {}
+    bool stages() const override { return stage; }
+    bool refuse(int u, const std::function<bool(int)> &) override { return stage && !q.in(A1OUT, u); }
+    void refused(int u) override {
+        q.push(A1OUT, u);
+        while (q.size(A1OUT) > kout) q.pop_oldest(A1OUT);
+    }
     void request(int u, bool resident) override {
         if (resident && q.in(AM, u)) q.to_newest(u);
     }
@@ -157,9 +165,16 @@ struct s3fifo final : queue_policy {
     std::vector<uint8_t> freq;
     int64_t s_n, g_n;
     int thr;
-    s3fifo(int64_t c, size_t n, double small, double ghost, int threshold)
+    bool stage = false;  // admit = stage: a miss not in G is staged, its id put in G
+    s3fifo(int64_t c, size_t n, double small, double ghost, int threshold, bool stage_refused)
         : q(n, 3), freq(n, 0), s_n(std::max<int64_t>(1, (int64_t) (small * (double) c))),
-          g_n(std::max<int64_t>(1, (int64_t) (ghost * (double) c))), thr(threshold) {}
+          g_n(std::max<int64_t>(1, (int64_t) (ghost * (double) c))), thr(threshold), stage(stage_refused) {}
+    bool stages() const override { return stage; }
+    bool refuse(int u, const std::function<bool(int)> &) override { return stage && !q.in(G, u); }
+    void refused(int u) override {
+        q.push(G, u);
+        while (q.size(G) > g_n) q.pop_oldest(G);
+    }
     void request(int u, bool resident) override {
         if (resident) freq[u] = (uint8_t) std::min(freq[u] + 1, 3);
     }
@@ -280,12 +295,12 @@ std::unique_ptr<queue_policy> make_queue_policy(const std::string & policy, int6
     if (policy == "coact") return make_coact_policy(n, n_expert);
     if (policy == "lirs") return make_lirs_policy(c, n, param(p, "hir_ratio"));
     if (policy == "arc") return std::make_unique<arc>(c, n);
-    if (policy == "2q") return std::make_unique<twoq>(c, n, param(p, "kin"), param(p, "kout"));
+    const bool stage = p.count("admit") && p.at("admit") == 1.0;  // admit = stage (policy_params.py's index 1)
+    if (policy == "2q") return std::make_unique<twoq>(c, n, param(p, "kin"), param(p, "kout"), stage);
     if (policy == "sieve") return std::make_unique<sieve>(n);
     if (policy == "s3fifo")
-        return std::make_unique<s3fifo>(c, n, param(p, "small_ratio"), param(p, "ghost_ratio"), (int) param(p, "move_threshold"));
+        return std::make_unique<s3fifo>(c, n, param(p, "small_ratio"), param(p, "ghost_ratio"), (int) param(p, "move_threshold"), stage);
     if (policy == "wtinylfu")
-        return std::make_unique<wtinylfu>(c, n, param(p, "window"), param(p, "protected"), (int64_t) param(p, "sample_factor"),
-                                          p.count("admit") && p.at("admit") == 1.0);
+        return std::make_unique<wtinylfu>(c, n, param(p, "window"), param(p, "protected"), (int64_t) param(p, "sample_factor"), stage);
     return nullptr;
 }

@@ -52,6 +52,9 @@ struct queue_policy {
     // inserted. ok as for victim().
     virtual bool stages() const { return false; }
     virtual bool refuse(int /*u*/, const std::function<bool(int)> & /*ok*/) { return false; }
+    // A demand miss was refused (staged): 2Q and S3-FIFO remember it as a ghost, so its next miss is
+    // admitted (refuse() itself changes nothing: a prefetch asks it too).
+    virtual void refused(int /*u*/) {}
 };
 
 // policy: "arc" | "2q" | "sieve" | "s3fifo" | "wtinylfu"; params as epqlab.routes.policy_params fills them
