@@ -128,7 +128,7 @@ def test_engine_hits_equal_numpy_count(default_path, fitted, tmp_path, weight_ty
         s.decoder.capture_router_inputs(True)
         g = s.generate(heldout_texts()["prose"][:200], 12)
         flat, dim = s.decoder.take_router_inputs()
-        routes, _, ubs = s.decoder.routes(s.n_expert_used)
+        routes, _, ubs, _ = s.decoder.routes(s.n_expert_used)
     st = g.stats
     T, L, k = routes.shape
     H = np.asarray(flat).reshape(T, L, dim)

@@ -96,7 +96,7 @@ def test_pager_refuses_a_changed_file(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["-n", "2", "--n-ctx", "50000000"], "context"),
+    (["-n", "2", "--n-ctx", "50000128"], "context"),
     (["-n", "2", "--ram-budget", "99999999999TiB"], "too large"),
     (["-n", "2", "--ram-budget", "1e30"], "not a byte count"),
     (["-n", "2", "--ram-budget", "lots"], "not a byte count"),
