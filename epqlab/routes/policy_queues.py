@@ -42,6 +42,13 @@ class QueuePolicy:
         """A demand miss was refused (the driver calls it after :meth:`refuse` said True)."""
 
 
+def _ghost(q: OrderedDict, u: int, n: int) -> None:
+    """Append ``u`` to the ghost FIFO ``q`` and drop its oldest ids beyond ``n``."""
+    q[u] = None
+    while len(q) > n:
+        q.popitem(last=False)
+
+
 class Arc(QueuePolicy):
     """ARC (Megiddo & Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache", FAST 2003): T1 (seen once
     recently) and T2 (seen at least twice) with ghost lists B1, B2 of their recent victims; a miss that hits a
@@ -121,9 +128,7 @@ class TwoQ(QueuePolicy):
         return self.stage and u not in self.A1out
 
     def refused(self, u):
-        self.A1out[u] = None
-        while len(self.A1out) > self.kout:
-            self.A1out.popitem(last=False)
+        _ghost(self.A1out, u, self.kout)
 
     def request(self, u, resident):
         if resident and u in self.Am:
@@ -139,9 +144,7 @@ class TwoQ(QueuePolicy):
     def evicted(self, v):
         if v in self.A1in:
             del self.A1in[v]
-            self.A1out[v] = None
-            while len(self.A1out) > self.kout:
-                self.A1out.popitem(last=False)
+            _ghost(self.A1out, v, self.kout)
         else:
             del self.Am[v]
 
@@ -246,9 +249,7 @@ class S3Fifo(QueuePolicy):
         return self.stage and u not in self.G
 
     def refused(self, u):
-        self.G[u] = None
-        while len(self.G) > self.g_n:
-            self.G.popitem(last=False)
+        _ghost(self.G, u, self.g_n)
 
     def request(self, u, resident):
         if resident:
@@ -287,9 +288,7 @@ class S3Fifo(QueuePolicy):
     def evicted(self, v):
         if v in self.S:
             del self.S[v]
-            self.G[v] = None
-            while len(self.G) > self.g_n:
-                self.G.popitem(last=False)
+            _ghost(self.G, v, self.g_n)
         else:
             del self.M[v]
         del self.freq[v]
