@@ -38,11 +38,11 @@ def _pairs(items, what):
     return out
 
 
-def tune_vs_grid(model, quality, n, repeats, threads) -> dict:
+def tune_vs_grid(model, quality, n, repeats, threads, budget=None) -> dict:
     """``epqlab.tune``'s pick against the fastest qualifying setting of an exhaustive grid at the same budget and
     quality rule: every online policy x prefetch off / the plan's predictor, top-k at every k below the model's,
     cache routing at four margins and both adaptive-k rules (with tune's policy), all measured as tune measures (same windows, repeats,
-    interleaved). Goal: the pick within 5% of the grid's best."""
+    interleaved), at ``budget`` (default the plan's recommended one). Goal: the pick within 5% of the grid's best."""
     import pandas as pd
 
     from epqlab.constants import ONLINE_POLICIES
@@ -54,7 +54,7 @@ def tune_vs_grid(model, quality, n, repeats, threads) -> dict:
     from epqlab.studies.tune import pick, tune, tune_point
 
     t0 = time.perf_counter()
-    t = tune(model, quality, n=n, repeats=repeats, n_threads=threads)
+    t = tune(model, quality, budget=budget, n=n, repeats=repeats, n_threads=threads)
     tune_s = time.perf_counter() - t0
     print(f"== tune ({tune_s:.0f} s)", flush=True)
     lay = inspect(model)
@@ -106,6 +106,8 @@ def main(argv=None) -> int:
                     help="also write each model's plan as DIR/08_plan/<name>.json (for epqlab report: papers/08_plan.md)")
     ap.add_argument("--tune", default=None, metavar="NAME", help="also check tune on this model against an exhaustive grid")
     ap.add_argument("--quality", default="0.5%")
+    ap.add_argument("--tune-budget", default=None, metavar="SIZE",
+                    help="the budget tune and the grid run at (default the plan's recommended one)")
     a = ap.parse_args(argv)
     models = _pairs(a.model, "model")
     budgets = _pairs(a.budgets, "budgets")
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
     if a.tune:
         path = models[a.tune]
         path = str(default_model(progress=False)) if path == "default" else path
-        out["tune"] = tune_vs_grid(path, a.quality, a.n, a.repeats, a.threads)
+        out["tune"] = tune_vs_grid(path, a.quality, a.n, a.repeats, a.threads, a.tune_budget)
         if a.json:
             write_json(out, a.json)
     if errs:

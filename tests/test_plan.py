@@ -80,8 +80,9 @@ def test_terms_reproduce_each_row(verified):
         assert r["decode_ms"] == pytest.approx(r["compute_ms"] + r["io_ms"] + r["map_ms"] + r["predict_ms"])
         assert r["decode_tok_s"] == pytest.approx(1000 / r["decode_ms"])
         t = doc["terms"]["off"]
-        if r["prefetch"] == "off":  # C0 + kappa x the MB its misses read
-            assert r["compute_ms"] == pytest.approx((t["compute_us"] + t["kappa_us_per_mb"] * r["miss_mb_per_token"]) / 1e3)
+        if r["prefetch"] == "off":  # C0 + kappa x the MB its misses read + c_wait x the layers that wait
+            assert r["compute_ms"] == pytest.approx((t["compute_us"] + t["kappa_us_per_mb"] * r["miss_mb_per_token"]
+                                                     + t["wait_us_per_layer"] * r["waits_per_token"]) / 1e3)
 
 
 def test_python_api_session_kwargs_open_as_is(default_path, verified):
@@ -118,6 +119,26 @@ def test_probe_cache_reused_and_refused_when_corrupt(default_path, cache, tmp_pa
     finally:
         p.write_text(good)
     assert not list(p.parent.glob("*.part"))
+
+
+def test_compute_term_from_the_resident_run(default_path, cache, tmp_path):
+    """At 1 GiB the default model's arena holds every expert, so plan adds the resident run (cache-aware routing, a
+    margin of 1): C0 is the median compute of its steps that read nothing, recomputed here from the run's own
+    per-step series (wall - compute <= 2% of wall), and the printed terms say so."""
+    out = tmp_path / "x.json"
+    r = _plan(str(default_path), "--budgets", "1GiB", "-n", N, "--threads", "1", "--json", str(out), cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    res = doc["calibration"]["resident"]
+    wall, comp = np.array(res["step_wall_us"]), np.array(res["step_compute_us"])
+    zero = comp[(wall - comp) <= 0.02 * wall]
+    assert zero.size >= 4
+    t = doc["terms"]["off"]
+    assert t["notes"]["compute_fit"] == "resident" and t["notes"]["resident_steps"] == zero.size
+    assert t["compute_us"] == pytest.approx(float(np.median(zero)))
+    assert t["kappa_us_per_mb"] == 0 and t["wait_us_per_layer"] >= 0
+    assert f"resident run's {zero.size} steps that read nothing" in r.stdout
+    assert 0 < res["peak_charged"] <= 2**30 + HEADROOM
 
 
 def test_budget_below_the_minimum_quotes_the_smallest(default_path, cache, tmp_path):

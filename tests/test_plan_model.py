@@ -50,6 +50,30 @@ def test_reads_take_compute_by_hand():
     assert decode_us_prefetch(MISSES, SHAPES, tp, DEV)["compute"] == pytest.approx(1009.0)
 
 
+def test_layers_that_wait_take_compute_by_hand():
+    """C = C0 + c_wait x W(t), W(t) = sum_l min(1, m[t,l]): MISSES [[1, 0], [2, 1]] -> W = 1, then 2 -> mean 1.5; at
+    200 µs per waiting layer, 300 µs more. Half the misses (a policy's scaled count) -> W = 0.5, 1 + 0.5 -> mean 1.0."""
+    from epqlab.studies.plan_model import step_waits
+
+    t = Terms(compute_us=1000.0, map_us_per_miss=0.0, k_io=0.0, io_threads=4, wait_us_per_layer=200.0)
+    assert list(step_waits(MISSES)) == [1.0, 2.0]
+    assert decode_us_off(MISSES, SHAPES, t, DEV)["compute"] == pytest.approx(1300.0)
+    assert decode_us_off(MISSES * 0.5, SHAPES, t, DEV)["compute"] == pytest.approx(1200.0)
+    assert decode_us_prefetch(MISSES, SHAPES, t, DEV)["compute"] == pytest.approx(1300.0)
+
+
+def test_predictor_cost_scales_with_the_misses_it_covers():
+    """P = 50 µs measured at 3 would-be misses per step: MISSES has 1 and 3 -> mean 2 -> 50 x 2/3; at all-resident
+    (no misses) 0; more misses than the calibration's cap it at P; predict_misses_per_step 0 keeps P fixed."""
+    t = Terms(compute_us=1000.0, map_us_per_miss=0.0, k_io=0.0, io_threads=4, predict_us=50.0, phi=0.5,
+              predict_misses_per_step=3.0)
+    assert decode_us_prefetch(MISSES, SHAPES, t, DEV)["predict"] == pytest.approx(50 * 2 / 3)
+    assert decode_us_prefetch(MISSES * 0, SHAPES, t, DEV)["predict"] == 0.0
+    assert decode_us_prefetch(MISSES * 4, SHAPES, t, DEV)["predict"] == pytest.approx(50.0)
+    t.predict_misses_per_step = 0.0
+    assert decode_us_prefetch(MISSES * 0, SHAPES, t, DEV)["predict"] == 50.0
+
+
 def test_decode_prefetch_by_hand():
     t = Terms(compute_us=1000.0, map_us_per_miss=10.0, k_io=1.5, io_threads=4, predict_us=50.0, phi=0.5,
               waste_per_layer=0.0, window_us=100.0, k_pf=2.0)
@@ -142,3 +166,49 @@ def test_fit_compute_recovers_the_line_and_ignores_outliers():
     assert how == "median" and kappa == 0 and c0 == pytest.approx(np.median(9000 + 120 * flat))
     with pytest.raises(ValueError, match="step"):
         fit_compute([1.0, 2.0], [1.0])
+
+
+def test_resident_compute_takes_only_steps_that_read_nothing():
+    """The resident run's first steps still read (the arena fills), its later ones read nothing: C0 is the median
+    compute of the steps whose io wait + mapping is at most 2% of their wall time, the line then runs from (0 MB, C0)
+    to the paged calibration's (mean MB, median compute), or from a resident run that still reads. Worked by hand: C0 = median(9000, 9100, 9050, 8950, 9020)
+    = 9020 µs; the calibration's median compute 14020 µs at a mean 5 MB per step: kappa = 5000 / 5 = 1000 µs/MB."""
+    from epqlab.studies.plan_model import compute_line, resident_compute
+
+    compute = [15000, 12000, 9000, 9100, 9050, 8950, 9020]
+    io_map = [9000, 3000, 0, 100, 0, 179, 0]          # 179 µs of 9129: just under 2%
+    wall = [c + w for c, w in zip(compute, io_map)]
+    c0, n = resident_compute(wall, compute)
+    assert n == 5 and c0 == pytest.approx(9020)
+    io_map[5] = 200                                    # 200 of 9150: over 2%, the step drops out
+    c0, n = resident_compute([c + w for c, w in zip(compute, io_map)], compute)
+    assert n == 4 and c0 == pytest.approx(np.median([9000, 9100, 9050, 9020]))
+    assert resident_compute([10.0, 20.0, 30.0], [1.0, 2.0, 3.0]) == (None, 0)
+    c0, kappa = compute_line(9020, 0.0, [14020, 13000, 15000], [4.0, 5.0, 6.0])
+    assert c0 == 9020 and kappa == pytest.approx(1000)
+    assert compute_line(9020, 0.0, [8000, 8100], [4.0, 6.0])[1] == 0.0  # a slower resident run: no negative kappa
+    # a resident run that still reads 1.5 MB per step at 10520 µs: kappa = (14020 - 10520) / (5 - 1.5) = 1000 µs/MB,
+    # C0 = 10520 - 1000 x 1.5 = 9020 µs
+    c0, kappa = compute_line(10520, 1.5, [14020, 13000, 15000], [4.0, 5.0, 6.0])
+    assert kappa == pytest.approx(1000) and c0 == pytest.approx(9020)
+    with pytest.raises(ValueError, match="not less than"):
+        compute_line(10520, 5.0, [14020], [5.0])
+    with pytest.raises(ValueError, match="step"):
+        resident_compute([1.0, 2.0], [1.0])
+
+
+def test_resident_run_needs_top_k_slots_for_every_layer(default_path):
+    """The resident run is made only where the smallest budget's arena holds top-k experts of every layer of each
+    slot class at once (counted by hand from the layout); one slot fewer in any class and plan says why not."""
+    from epqlab.layout import inspect
+    from epqlab.studies.plan import _classes, resident_run_possible
+
+    lay = inspect(default_path)
+    slot_b, _ = _classes(lay)
+    k = lay.n_expert_used
+    enough = {b: k * slot_b.count(b) for b in set(slot_b)}
+    assert resident_run_possible(lay, enough) is None
+    for b in enough:
+        short = {**enough, b: enough[b] - 1}
+        why = resident_run_possible(lay, short)
+        assert why and f"{enough[b] - 1} slots" in why and f"({enough[b]})" in why

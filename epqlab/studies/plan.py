@@ -4,8 +4,9 @@
 :mod:`epqlab.studies.plan_probe`), and runs a short teacher-forced calibration at the **smallest** budget asked
 for (the process never holds more): one Session with prefetch off and one with the predictor (``trained`` when
 a fitted predictor for this model is given or lies beside it as ``<model>.predictor.npz``, else router
-``lookahead``, labelled so). From them it takes the terms of :mod:`epqlab.studies.plan_model` (compute per
-step, µs per missed expert, the ratio of measured io wait to the probe's read time, the predictor's cost and
+``lookahead``, labelled so), and where that budget's arena holds top-k experts of every layer a third, the
+resident run (:data:`RESIDENT_RUN`: its steps read nothing, so it measures the compute term's zero-read point).
+From them it takes the terms of :mod:`epqlab.studies.plan_model` (compute per step, µs per missed expert, the ratio of measured io wait to the probe's read time, the predictor's cost and
 coverage) and the route trace, which the eviction simulators replay at every budget's slots. The forecast
 rows are a :class:`Plan`; :meth:`Plan.verify` measures every row under a hard memory limit
 (:mod:`epqlab.studies.strict`) on text the calibration did not see, and puts the error beside each forecast.
@@ -39,7 +40,8 @@ from ..routes.log import RouteLog
 from ..routes.simulators import simulate, stack_distances
 from ..units import fmt_bytes, parse_bytes
 from .plan_model import (DeviceTable, LayerShape, Terms, decode_us_off, decode_us_prefetch, expected_union, fit_compute,
-                         prefetch_wait_us, prefill_us, step_read_us)
+                         compute_line, prefetch_wait_us, prefill_us, resident_compute, step_read_us,
+                         step_waits)
 from . import strict
 from .plan_probe import ProbeUnusableError, probe_for_plan
 from .strict import _run_one
@@ -54,6 +56,11 @@ PLAN_POLICIES = ("lru", "ls", "ls_pos", "lfu", "fnu", "heat")
 """Policies ``plan`` simulates by default: the fast simulators' three and the policy tournament's leaders (``epqlab
 ablate policies``: heat first at the 35B-A3B shape's 4 GiB, 55% of the LRU-to-Belady gap; fnu first on the default
 model; lfu close behind both). The others cost 2-5 s each per budget on a 35B trace (docs/DESIGN.md §9)."""
+RESIDENT_RUN = {"route_bias": "cache", "route_delta": 1.0}
+"""The resident run's Session settings: cache-aware routing with a margin of 1 gives every non-resident choice a
+resident expert of its layer, so once each layer holds top-k experts a decode step reads nothing and computes
+what an all-resident step computes (top-k expert matmuls per layer, the same shapes); its logits differ, its
+time is the compute term's zero-read point (docs/DESIGN.md §9)."""
 KNEE = 0.05              # the recommended budget: the smallest within this share of the fastest forecast
 PAYS = 0.05              # prefetch is recommended when it forecasts at least this much faster than off
 
@@ -123,6 +130,7 @@ class Calibration:
     peak_charged: int = 0      # the child's peak charged memory (cgroup or sampled RSS), bytes
     limit_mode: str = ""
     step_compute_us: tuple = ()  # per single-token decode step: wall - io wait - map, µs
+    step_wall_us: tuple = ()     # per single-token decode step: wall, µs
 
 
 @dataclass
@@ -147,6 +155,7 @@ class PlanRow:
     measured_reason: str | None = None
     measured_hit_rate: float | None = None        # median decode hit rate of the verification runs
     measured_mb_per_token: float | None = None    # median decode SSD MB per token of the verification runs
+    waits_per_token: float = 0.0                  # MoE layers per step that wait on a read (W, plan_model)
 
     @property
     def error_pct(self) -> float | None:
@@ -192,7 +201,7 @@ class Plan:
             d = {k: getattr(r, k) for k in ("budget", "arena_bytes", "slots", "coverage", "policy", "prefetch", "hit_rate",
                                              "miss_mb_per_token", "decode_ms", "decode_tok_s", "roofline_ms",
                                              "prefill_tok_s", "measured_tok_s", "measured_hit_rate",
-                                             "measured_mb_per_token")}
+                                             "measured_mb_per_token", "waits_per_token")}
             d.update({f"{k}_ms": v for k, v in r.parts_ms.items()})
             d["error_pct"] = r.error_pct
             recs.append(d)
@@ -235,13 +244,14 @@ class Plan:
 # ------------------------------------------------------------------------------------------- calibration
 def _calibrate(model, limit: int, prompt: str, text: str, n: int, workdir: str, *, prefetch=None, predictor=None,
                n_threads=None, n_ctx=None, io_threads=None, policy=DEFAULT_POLICY, headroom=HEADROOM,
-               limit_mode=None) -> Calibration:
+               limit_mode=None, extra: dict | None = None, tag: str | None = None) -> Calibration:
     """One calibration run: a child process under a hard limit of ``limit`` bytes (Session ram_budget = limit -
-    headroom), exactly as :meth:`Plan.verify` and :mod:`epqlab.studies.strict` run each row, its routes recorded."""
+    headroom), exactly as :meth:`Plan.verify` and :mod:`epqlab.studies.strict` run each row, its routes recorded.
+    ``extra``: more Session settings (the resident run's cache routing); ``tag`` names its route log."""
 
     t0 = time.perf_counter()
-    log_path = os.path.join(workdir, f"routes-{prefetch or 'off'}.npz")
-    kw = dict(route_log=log_path, io_threads=io_threads)
+    log_path = os.path.join(workdir, f"routes-{tag or prefetch or 'off'}.npz")
+    kw = dict(route_log=log_path, io_threads=io_threads, **(extra or {}))
     for k, v in (("n_threads", n_threads), ("n_ctx", n_ctx)):
         if v:
             kw[k] = v
@@ -283,7 +293,8 @@ def _calibrate(model, limit: int, prompt: str, text: str, n: int, workdir: str, 
         prefetch_used=int(st.get("prefetch_used") or 0), prefetch_wasted_bytes=int(st.get("prefetch_wasted_bytes") or 0),
         decode_tok_s=float(st.get("decode_tok_s") or 0.0), log=log, seconds=time.perf_counter() - t0,
         peak_charged=int(run.get("peak_charged") or 0), limit_mode=str(run.get("limit_mode")),
-        step_compute_us=tuple(1e3 * float(x) for x in (st.get("time_split_tokens") or {}).get("t_compute_ms", [])))
+        step_compute_us=tuple(1e3 * float(x) for x in (st.get("time_split_tokens") or {}).get("t_compute_ms", [])),
+        step_wall_us=tuple(1e3 * float(x) for x in (st.get("time_split_tokens") or {}).get("wall_ms", [])))
 
 
 # ------------------------------------------------------------------------------------------- simulation
@@ -333,23 +344,70 @@ def simulate_misses(log: RouteLog, layer_slot_bytes, class_slots: dict, policies
 
 
 # ------------------------------------------------------------------------------------------- the plan
-def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float) -> tuple[float, float, str]:
-    """``(C0, kappa, how)`` for a calibration: :func:`~epqlab.studies.plan_model.fit_compute` of its per-step compute
-    against its steps' simulated miss MB (``miss`` ``[T, L]``, LRU at its arena: the live pager's count); the steps
-    are matched from the end (the decode steps the time split saw). Without a per-step series: the old rule, the
-    mean compute less ``probe_kappa`` x MB per step (``how`` = ``"probe"``)."""
+def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float, cal_res: Calibration | None = None,
+               plain_us: float | None = None) -> tuple[float, float, float, str]:
+    """``(C0, kappa, c_wait, how)`` for a calibration ``cal`` (prefetch off), with ``miss`` ``[T, L]`` its simulated
+    misses (LRU at its arena: the live pager's count; steps matched from the end, the decode steps the time split
+    saw).
+
+    - ``"resident"``: the resident run ``cal_res`` has steps that read nothing; C0 = their median compute
+      (:func:`~epqlab.studies.plan_model.resident_compute`), c_wait the line from (0 waits, C0) to ``cal``'s (mean
+      layers waiting per step, median compute) (:func:`~epqlab.studies.plan_model.compute_line`), kappa 0.
+    - ``"plain"``: no resident run, but plain llama.cpp ran inside the limit (``plain_us``, its µs per decode step
+      with every weight in the page cache): the same line from (0 waits, plain_us).
+    - else :func:`~epqlab.studies.plan_model.fit_compute` of ``cal``'s per-step compute against its steps' MB
+      (``"fit"`` or ``"median"``); without a per-step series the mean compute less ``probe_kappa`` x MB per step
+      (``"probe"``)."""
     steps = max(1, cal.n_steps)
     y = np.asarray(cal.step_compute_us, float)
     mb = miss.astype(float) @ np.array([sh.unit_bytes for sh in shapes], float) / 1e6
     n = min(y.size, mb.size)
     if n == 0:
         mb_cal = cal.decode_read_bytes / steps / 1e6
-        return max(0.0, cal.compute_us / steps - probe_kappa * mb_cal), probe_kappa, "probe"
-    return fit_compute(y[-n:], mb[-n:])
+        return max(0.0, cal.compute_us / steps - probe_kappa * mb_cal), probe_kappa, 0.0, "probe"
+    waits = step_waits(miss)
+    if cal_res is not None and cal_res.step_wall_us:
+        c0, _ = resident_compute(cal_res.step_wall_us, cal_res.step_compute_us)
+        if c0 is not None:
+            c0, cw = compute_line(c0, 0.0, y[-n:], waits[-n:])
+            return c0, 0.0, cw, "resident"
+    if plain_us:
+        c0, cw = compute_line(plain_us, 0.0, y[-n:], waits[-n:])
+        return c0, 0.0, cw, "plain"
+    c0, kappa, how = fit_compute(y[-n:], mb[-n:])
+    return c0, kappa, 0.0, how
+
+
+def _plain_step_us(model, limit: int, prompt: str, text: str, n: int, *, headroom=HEADROOM, limit_mode=None,
+                   n_threads=None, n_ctx=None) -> float | None:
+    """µs per decode step of plain llama.cpp (``pager=False``: every weight through mmap and the page cache) under the
+    same hard limit, teacher-forced on ``text``; None when the run fails (the file did not fit, ...)."""
+    kw = {k: v for k, v in (("n_threads", n_threads), ("n_ctx", n_ctx)) if v}
+    df = strict.run(model, [limit], prompt=prompt, n_predict=n, forced=text, pager=False, repeats=1,
+                    headroom=headroom, limit_mode=limit_mode, **kw)
+    run = (df.attrs.get("runs") or [{}])[0]
+    tok_s = float((run.get("stats") or {}).get("decode_tok_s") or 0.0) if run.get("status") == "PASS" else 0.0
+    return 1e6 / tok_s if tok_s > 0 else None
+
+
+def resident_run_possible(lay, class_slots: dict) -> str | None:
+    """None when the arena of ``class_slots`` (slot bytes -> slots) can hold top-k experts of every MoE layer at
+    once (each slot class: its layers x k slots), so the resident run can reach steps that read nothing; else why
+    not, in words."""
+    slot_b, _ = _classes(lay)
+    k = int(lay.n_expert_used or 1)
+    for sb in sorted(set(slot_b)):
+        need = k * sum(1 for b in slot_b if b == sb)
+        have = int(class_slots.get(sb, 0))
+        if have < need:
+            return (f"the smallest budget's arena holds {have} slots of {fmt_bytes(sb)}, fewer than top-{k} for each of "
+                    f"its {need // k} layers ({need}): no decode step can read nothing there")
+    return None
 
 
 def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTable, io_threads: int,
-           kappa: float = 0.0) -> dict:
+           kappa: float = 0.0, cal_res: Calibration | None = None, res_why: str | None = None,
+           plain_us: float | None = None) -> dict:
     slot_b, shapes = _classes(lay)
     dec = cal_off.log.phase != 0
     m_off, _ = simulate_misses(cal_off.log, slot_b, cal_off.class_slots)
@@ -357,15 +415,17 @@ def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTab
     steps = max(1, cal_off.n_steps)
     k_io = cal_off.io_us / model_read if model_read > 0 and cal_off.io_us > 0 else 1.0
     # compute with nothing read and per MB read: fitted on the calibration's own steps (plan_model.fit_compute)
-    c0, kappa, how = _fit_steps(cal_off, m_off[dec], shapes, kappa)
-    base = dict(compute_us=c0, kappa_us_per_mb=kappa,
+    c0, kappa, c_wait, how = _fit_steps(cal_off, m_off[dec], shapes, kappa, cal_res, plain_us)
+    res_steps = resident_compute(cal_res.step_wall_us, cal_res.step_compute_us)[1] if cal_res is not None else 0
+    base = dict(compute_us=c0, kappa_us_per_mb=kappa, wait_us_per_layer=c_wait,
                 map_us_per_miss=cal_off.map_us / cal_off.misses if cal_off.misses else 0.0,
                 k_io=k_io, io_threads=io_threads, window_us=cal_off.layer_compute_us,
                 prefill_us_per_token=max(0.0, 1e6 * cal_off.prefill_s - 1e6 * cal_off.prefill_read_bytes
                                          / (dev.best(float(np.mean([sh.unit_bytes / sh.n_mat for sh in shapes]))) * 1e6))
                 / max(1, cal_off.prefill_tokens))
     out = {"off": Terms(**base, notes={"model_read_us": model_read, "measured_io_us": cal_off.io_us, "compute_fit": how,
-                                       "sim_decode_misses": int(m_off[dec].sum()), "live_decode_misses": cal_off.misses})}
+                                       "sim_decode_misses": int(m_off[dec].sum()), "live_decode_misses": cal_off.misses,
+                                       "resident_steps": res_steps, "resident_why": res_why, "plain_us": plain_us})}
     if cal_pf is not None:
         psteps = max(1, cal_pf.n_steps)
         served = cal_pf.prefetch_used + cal_pf.misses
@@ -374,6 +434,7 @@ def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTab
                   waste_per_layer=cal_pf.prefetch_wasted_bytes / unit / psteps / len(shapes))
         m_pf, _ = simulate_misses(cal_pf.log, slot_b, cal_pf.class_slots)
         pdec = cal_pf.log.phase != 0
+        t.predict_misses_per_step = float(m_pf[pdec].sum(1).mean()) if pdec.any() else 0.0
         model_wait = float(prefetch_wait_us(m_pf[pdec], shapes, t, dev).sum())
         t.k_pf = cal_pf.io_us / model_wait if model_wait > 0 and cal_pf.io_us > 0 else 1.0
         t.notes = {"model_wait_us": model_wait, "measured_io_us": cal_pf.io_us, "prefetch_used": cal_pf.prefetch_used,
@@ -406,7 +467,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         row_policies: which policies get forecast rows at each budget: ``"best+default"`` (the best simulated
             one and :data:`epqlab.constants.DEFAULT_POLICY`) or ``"best"``.
 
-    Each calibration run is a child process with ``Session(ram_budget=<smallest budget>)`` under a hard memory
+    Each calibration run (prefetch off, the predictor, and the resident run where the arena allows it: see the
+    module docstring) is a child process with ``Session(ram_budget=<smallest budget>)`` under a hard memory
     limit of that budget + 16 MiB (:mod:`epqlab.studies.strict`, as each :meth:`Plan.verify` row); this
     process loads no model.
 
@@ -454,7 +516,20 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         cal_off = _calibrate(model, b0 + HEADROOM, prompt, cal_text, n, td, limit_mode=limit_mode, **common)
         cal_pf = _calibrate(model, b0 + HEADROOM, prompt, cal_text, n, td, prefetch=pf_mode,
                             predictor=pred_path if have_pred else None, limit_mode=limit_mode, **common)
-    terms = _terms(cal_off, cal_pf, lay, dev, io_threads, kappa=float(probe_info.get("cpu_us_per_mb") or 0.0))
+        # the compute term's zero-read point: steps that read nothing where the smallest budget's arena holds
+        # top-k of every layer; else plain llama.cpp where the whole file fits in the limit (mmap: the process
+        # holds what it holds before the arena, with the experts' pages in place of an arena)
+        res_why = resident_run_possible(lay, cal_off.class_slots)
+        cal_res = plain_us = None
+        short = max(MIN_TEXT_TOKENS, int(n) // 2)
+        if res_why is None:
+            cal_res = _calibrate(model, b0 + HEADROOM, prompt, cal_text, short, td, limit_mode=limit_mode,
+                                 extra=RESIDENT_RUN, tag="resident", **common)
+        elif cal_off.used_before_arena + Pager.all_experts_bytes(lay) <= b0:
+            plain_us = _plain_step_us(model, b0 + HEADROOM, prompt, cal_text, short, limit_mode=limit_mode,
+                                      n_threads=n_threads, n_ctx=n_ctx)
+    terms = _terms(cal_off, cal_pf, lay, dev, io_threads, kappa=float(probe_info.get("cpu_us_per_mb") or 0.0),
+                   cal_res=cal_res, res_why=res_why, plain_us=plain_us)
     if row_policies not in ("best+default", "best"):
         raise PlanInputError(f"row_policies must be 'best+default' or 'best', got {row_policies!r}")
     rows, pol_rows = _forecast(lay, b, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_path if have_pred else None,
@@ -463,8 +538,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
     calib = {k: {f: getattr(c, f) for f in ("prefetch", "used_before_arena", "arena_bytes", "n_steps", "wall_us",
                                             "compute_us", "io_us", "map_us", "predict_us", "misses", "decode_hit_rate",
                                             "decode_tok_s", "prefetch_used", "prefetch_wasted_bytes", "seconds",
-                                            "peak_charged", "limit_mode")}
-             for k, c in (("off", cal_off), (pf_mode, cal_pf))}
+                                            "peak_charged", "limit_mode", "step_wall_us", "step_compute_us")}
+             for k, c in (("off", cal_off), (pf_mode, cal_pf), ("resident", cal_res)) if c is not None}
     return Plan(model=str(lay.path), budgets=b, rows=rows, policies=pol_rows, terms=terms,
                 probe={**probe_info, "table": dev.mb_s}, calibration=calib, best=best, recommendation=rec,
                 seconds=time.perf_counter() - t0, n_steps=int(n), prompt=prompt, verify_text=verify_text,
@@ -559,7 +634,8 @@ def _forecast(lay, budgets, cal_off, cal_pf, terms, dev, pols, pf_mode, pred_pat
                 rows.append(PlanRow(
                     budget=B, arena_bytes=int(arena), slots=sum(cs.values()), coverage=min(1.0, sum(cs.values()) / routed),
                     policy=pol, prefetch=pf, hit_rate=1.0 - float(m.sum()) / dec_req,
-                    miss_mb_per_token=miss_bytes / 1e6, decode_ms=parts["total"] / 1e3,
+                    miss_mb_per_token=miss_bytes / 1e6, waits_per_token=float(step_waits(m).mean()) if m.size else 0.0,
+                    decode_ms=parts["total"] / 1e3,
                     decode_tok_s=1e6 / parts["total"], parts_ms={k: v / 1e3 for k, v in parts.items() if k != "total"},
                     roofline_ms=roof, prefill_tok_s=PREFILL_TOKENS / (pre["total"] / 1e6) if pre["total"] else None,
                     session_kwargs_=kw))

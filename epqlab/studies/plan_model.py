@@ -3,9 +3,9 @@ calibrated terms, with nothing measured here (the engine side is :mod:`epqlab.st
 
 The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
 
-    T_off(t)   = C0 + kappa * MB(t) + k_io * sum_l read(m[t,l]) + c_map * m[t]
-    T_pf(t)    = C0 + kappa * MB(t) + P + k_pf * sum_l ( read((1 - phi) m[t,l]) + max(0, read(phi m[t,l] + w_l) - W) )
-                 + c_map * m[t]
+    T_off(t)   = C(t) + k_io * sum_l read(m[t,l]) + c_map * m[t]
+    T_pf(t)    = C(t) + P(t) + k_pf * sum_l ( read((1 - phi) m[t,l]) + max(0, read(phi m[t,l] + w_l) - W) ) + c_map * m[t]
+    C(t)       = C0 + kappa * MB(t) + c_wait * W(t),   W(t) = sum_l min(1, m[t,l])
 
 - ``m[t,l]``: experts of layer l that step t misses at the arena's slots (the route trace replayed by the
   eviction simulators, :func:`epqlab.routes.simulate` / stack distances: exact for LRU, scaled for other policies);
@@ -14,16 +14,23 @@ The model (docs/DESIGN.md §9, "Forecasts"), per decode step t, in µs:
   I/O threads: ``n * n_mat`` reads of ``unit_bytes / n_mat`` bytes at ``min(n * n_mat, io_threads)`` in flight,
   at the aggregate MB/s the device probe measured at that size and concurrency (linear between probed
   concurrencies).
-- ``C0 + kappa * MB(t)``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and
-  mapping taken out). Reads in flight take CPU from the two compute threads (pinning pages, completions:
-  docs/DESIGN.md §3e measured 6-23 ms per token on the 35B shape), so compute grows with the MB a step reads,
-  ``MB(t)`` (its misses' bytes, plus wasted prefetch reads). ``C0`` and ``kappa`` are fitted on the calibration's
-  own steps (:func:`fit_compute`): each step's measured compute against the MB its simulated misses read (a cold
-  arena's first steps read far more than its last, which spreads MB(t)), a Theil-Sen line. Where the steps' MB
-  barely vary the fit is not trusted: kappa = 0 and C0 = the median step's compute. (The device probe's CPU per MB,
-  the first estimate, said 1977 µs/MB for the default model's 19-36 KiB reads, which left C0 at half the compute
-  an all-resident step measured.) ``c_map``: mapping and bookkeeping µs per missed expert, from the
-  same run; ``P``: the predictor's µs per step, from the prefetch calibration.
+- ``C(t)``: compute per decode step (attention + expert matmuls + the rest of the call, io wait and mapping taken
+  out). A step that reads costs more compute than one that reads nothing: reads in flight take CPU from the two
+  compute threads (pinning pages, completions: docs/DESIGN.md §3e measured 6-23 ms per token on the 35B shape),
+  and each MoE layer that waits on a read stalls the compute threads' pool and resumes it. The second grows with
+  the layers that wait, ``W(t)`` (a layer with one miss waits as long as one with k), not with the bytes: on the
+  default model at 55% hits 25 of 30 layers still wait and compute stays near the all-miss value.
+  ``C0`` is measured where the smallest budget can hold top-k experts of every layer: the resident run
+  (cache-aware routing with a margin of 1, so each choice is served by a resident expert of its layer) decodes
+  steps that read nothing, and C0 is their median compute (:func:`resident_compute`); elsewhere plain llama.cpp
+  under the same limit, where the whole file fits it (its µs per step). ``c_wait`` is then the line from
+  (0 waits, C0) to the paged calibration's (mean W, median compute) (:func:`compute_line`) and kappa = 0.
+  Without either, ``C0`` and ``kappa`` are fitted on the calibration's own steps (:func:`fit_compute`): each
+  step's measured compute against the MB its simulated misses read (a cold arena's first steps read far more
+  than its last, which spreads MB(t)), a Theil-Sen line; where the steps' MB barely vary, kappa = 0 and C0 = the
+  median step's compute. ``c_map``: mapping and bookkeeping µs per missed expert, from the same run; ``P``: the
+  predictor's µs per step, from the prefetch calibration, scaled by a step's would-be misses over the
+  calibration's (its reads and the evictions they cause are most of it; :func:`predict_us`).
 - ``k_io``: measured io wait over the model's read time at the calibration budget (1 = the device delivers what
   the probe promised; above 1: reads slow each other and compute, or pay a latency the probe did not see).
 - Prefetch: ``phi`` = share of would-be misses the predictor's reads served (its ``prefetch_used`` over
@@ -94,7 +101,9 @@ class Terms:
     map_us_per_miss: float       # c_map
     k_io: float                  # measured io wait / modelled read time, prefetch off
     kappa_us_per_mb: float = 0.0  # kappa: compute µs added per MB read in the step
-    predict_us: float = 0.0      # P
+    wait_us_per_layer: float = 0.0  # c_wait: compute µs added per MoE layer whose step waits on a read
+    predict_us: float = 0.0      # P, measured at predict_misses_per_step would-be misses per step
+    predict_misses_per_step: float = 0.0  # 0: P is fixed; else P scales with a step's misses, capped at P
     phi: float = 0.0             # share of would-be misses served by prefetch reads
     waste_per_layer: float = 0.0  # w_l: wasted expert reads per layer and step
     window_us: float = 0.0       # W: one layer's compute
@@ -128,12 +137,35 @@ def step_mb(misses_tl: np.ndarray, shapes, extra_per_layer: float = 0.0) -> np.n
     return ((misses_tl + extra_per_layer) * unit[None, :]).sum(1) / 1e6
 
 
+def step_waits(misses_tl: np.ndarray) -> np.ndarray:
+    """MoE layers per step whose step waits on a read, ``W(t) = sum_l min(1, m[t,l])``: float ``[T]`` (a fractional
+    count, as the policies' scaled misses are, is the chance that the layer misses)."""
+    return np.minimum(1.0, np.asarray(misses_tl, float)).sum(1)
+
+
+def compute_us(misses_tl: np.ndarray, shapes, terms: Terms, extra_per_layer: float = 0.0) -> float:
+    """Mean compute µs per step, ``C0 + kappa * MB(t) + c_wait * W(t)`` (module docstring)."""
+    mb = step_mb(misses_tl, shapes, extra_per_layer)
+    w = step_waits(misses_tl)
+    return (terms.compute_us + terms.kappa_us_per_mb * (float(mb.mean()) if mb.size else 0.0)
+            + terms.wait_us_per_layer * (float(w.mean()) if w.size else 0.0))
+
+
+def predict_us(misses_tl: np.ndarray, terms: Terms) -> float:
+    """The predictor's µs per step: ``P`` scaled by the step's would-be misses over those it was measured at
+    (``P * min(1, mean m[t] / predict_misses_per_step)``: issuing its reads and the evictions they cause scale with
+    the misses it covers), or ``P`` when that count is 0."""
+    if terms.predict_misses_per_step <= 0:
+        return terms.predict_us
+    m = float(np.asarray(misses_tl, float).sum(1).mean()) if np.size(misses_tl) else 0.0
+    return terms.predict_us * min(1.0, m / terms.predict_misses_per_step)
+
+
 def decode_us_off(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceTable) -> dict:
     """Mean µs per decode step with prefetch off and its parts: ``{"total", "compute", "io", "map"}``."""
     io = terms.k_io * step_read_us(misses_tl, shapes, terms.io_threads, dev)
     mp = terms.map_us_per_miss * misses_tl.sum(1)
-    mb = step_mb(misses_tl, shapes)
-    comp = terms.compute_us + terms.kappa_us_per_mb * (float(mb.mean()) if mb.size else 0.0)
+    comp = compute_us(misses_tl, shapes, terms)
     parts = {"compute": comp, "io": float(io.mean()) if io.size else 0.0,
              "map": float(mp.mean()) if mp.size else 0.0, "predict": 0.0}
     parts["total"] = parts["compute"] + parts["io"] + parts["map"]
@@ -157,10 +189,9 @@ def decode_us_prefetch(misses_tl: np.ndarray, shapes, terms: Terms, dev: DeviceT
     """Mean µs per decode step with prefetch and its parts: ``{"total", "compute", "io", "map", "predict"}``."""
     io = terms.k_pf * prefetch_wait_us(misses_tl, shapes, terms, dev)
     mp = terms.map_us_per_miss * misses_tl.sum(1)
-    mb = step_mb(misses_tl, shapes, terms.waste_per_layer)
-    comp = terms.compute_us + terms.kappa_us_per_mb * (float(mb.mean()) if mb.size else 0.0)
+    comp = compute_us(misses_tl, shapes, terms, terms.waste_per_layer)
     parts = {"compute": comp, "io": float(io.mean()) if io.size else 0.0,
-             "map": float(mp.mean()) if mp.size else 0.0, "predict": terms.predict_us}
+             "map": float(mp.mean()) if mp.size else 0.0, "predict": predict_us(misses_tl, terms)}
     parts["total"] = parts["compute"] + parts["io"] + parts["map"] + parts["predict"]
     return parts
 
@@ -181,7 +212,8 @@ def prefill_us(n_tokens: int, union_l: np.ndarray, shapes, terms: Terms, dev: De
 
 
 __all__ = ["DeviceTable", "LayerShape", "Terms", "read_us", "step_mb", "step_read_us", "decode_us_off", "decode_us_prefetch",
-           "prefetch_wait_us", "expected_union", "prefill_us"]
+           "prefetch_wait_us", "expected_union", "prefill_us", "fit_compute", "resident_compute", "compute_line", "step_waits",
+           "compute_us", "predict_us"]
 
 
 FIT_MIN_SPREAD = 0.25  # (max - min) of the steps' MB over their mean below which kappa is not fitted
@@ -211,3 +243,38 @@ def fit_compute(step_us, step_mb) -> tuple[float, float, str]:
         return float(np.median(y)), 0.0, "median"
     return c0, slope, "fit"
 
+
+
+RESIDENT_SHARE = 0.02   # a step "read nothing" when its io wait + mapping is at most this share of its wall time
+RESIDENT_MIN_STEPS = 4  # fewer such steps than this: no resident compute
+
+
+def resident_compute(step_wall_us, step_compute_us) -> tuple[float | None, int]:
+    """``(C0 µs or None, steps)``: the median compute of the decode steps that read nothing, from a run whose
+    experts were all resident (the calibration's cache-routed run, :func:`epqlab.studies.plan.plan`): a step
+    whose io wait + mapping (``wall - compute``) is at most :data:`RESIDENT_SHARE` of its wall time. None when
+    fewer than :data:`RESIDENT_MIN_STEPS` steps qualify. Raises ValueError when the series differ in length."""
+    w = np.asarray(step_wall_us, float)
+    c = np.asarray(step_compute_us, float)
+    if w.shape != c.shape:
+        raise ValueError(f"{w.size} step wall times but {c.size} step compute times")
+    ok = (w - c) <= RESIDENT_SHARE * w
+    n = int(ok.sum())
+    return (float(np.median(c[ok])) if n >= RESIDENT_MIN_STEPS else None), n
+
+
+def compute_line(c_us: float, x_mb: float, off_compute_us, off_mb) -> tuple[float, float]:
+    """``(C0 µs, kappa µs/MB)``: the compute line through the resident run's point ``(x_mb, c_us)`` (its MB read per
+    step and median compute; ``x_mb`` = 0 when its steps read nothing) and the paged calibration's (mean MB per step
+    of ``off_mb``, median of ``off_compute_us``), read at 0 MB. kappa is clipped at 0 (reads do not speed compute up;
+    a slower resident run is noise) and C0 at 0. Raises ValueError when the resident point reads at least as much
+    as the calibration (no line)."""
+    y = np.asarray(off_compute_us, float)
+    x = np.asarray(off_mb, float)
+    if y.size == 0 or x.size == 0:
+        return float(c_us), 0.0
+    dx = float(x.mean()) - float(x_mb)
+    if dx <= 0:
+        raise ValueError(f"the resident run read {x_mb:.2f} MB per step, not less than the calibration's {x.mean():.2f}")
+    kappa = max(0.0, (float(np.median(y)) - float(c_us)) / dx)
+    return max(0.0, float(c_us) - kappa * float(x_mb)), kappa

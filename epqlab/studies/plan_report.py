@@ -24,14 +24,24 @@ def size_arg(b: int) -> str:
 def terms_lines(p) -> list[str]:
     out = []
     for name, t in p.terms.items():
-        head = (f"  {name:<10} C0 {t.compute_us / 1e3:.1f} ms/step + kappa {t.kappa_us_per_mb:.1f} µs/MB read, c_map" f" {t.map_us_per_miss:.0f} µs/miss, k_io {t.k_io:.2f}")
+        head = (f"  {name:<10} C0 {t.compute_us / 1e3:.1f} ms/step + kappa {t.kappa_us_per_mb:.1f} µs/MB read + c_wait "
+                f"{t.wait_us_per_layer:.0f} µs/layer waiting, c_map {t.map_us_per_miss:.0f} µs/miss, k_io {t.k_io:.2f}")
         if name == "off":
             n = t.notes
             head += (f" (measured io wait {n['measured_io_us'] / 1e3:.1f} ms over the probe's {n['model_read_us'] / 1e3:.1f} ms "
                      f"for {n['sim_decode_misses']} simulated / {n['live_decode_misses']} live misses)")
+            fit = n.get("compute_fit")
+            if fit == "resident":
+                head += (f"; C0 = the median compute of the resident run's {n.get('resident_steps')} steps that read "
+                         "nothing, c_wait the line to the calibration's")
+            elif fit == "plain":
+                head += (f"; C0 = plain llama.cpp's {n['plain_us'] / 1e3:.1f} ms per step inside the same limit (every "
+                         f"weight in the page cache; {n.get('resident_why')}), c_wait the line to the calibration's")
+            elif fit:
+                head += f"; C0, kappa: {fit} of the calibration's steps" + (f" ({n['resident_why']})" if n.get("resident_why") else "")
         else:
             n = t.notes
-            head += (f", P {t.predict_us / 1e3:.2f} ms/step, phi {t.phi:.2f}, w {t.waste_per_layer:.2f} wasted/layer, "
+            head += (f", P {t.predict_us / 1e3:.2f} ms/step at {t.predict_misses_per_step:.1f} misses/step, phi {t.phi:.2f}, w {t.waste_per_layer:.2f} wasted/layer, "
                      f"W {t.window_us / 1e3:.2f} ms, k_pf {t.k_pf:.2f} (measured {n['measured_io_us'] / 1e3:.1f} ms over "
                      f"modelled {n['model_wait_us'] / 1e3:.1f} ms)")
         out.append(head)
@@ -52,8 +62,9 @@ def format_plan(p) -> str:
     lines.append(f"calibration at {_gib(p.budgets[0])}: {c['n_steps']} teacher-forced steps, {c['decode_tok_s']:.2f} tok/s "
                  f"(hit {c['decode_hit_rate']:.3f}), used before the arena {_gib(c['used_before_arena'])}; "
                  + "; ".join(f"{k} {v['decode_tok_s']:.2f} tok/s" for k, v in p.calibration.items() if k != "off"))
-    lines.append("terms (T_off = C0 + kappa*MB + k_io*read(m) + c_map*m; T_pf = C0 + kappa*MB + P + "
-                 "k_pf*(read((1-phi)m) + max(0, read(phi m + w) - W)) + c_map*m; m: a step's misses per layer):")
+    lines.append("terms (T_off = C + k_io*read(m) + c_map*m; T_pf = C + P + "
+                 "k_pf*(read((1-phi)m) + max(0, read(phi m + w) - W)) + c_map*m; C = C0 + kappa*MB + c_wait*layers waiting; "
+                 "m: a step's misses per layer):")
     lines += terms_lines(p)
     lines.append("")
     lines.append("simulated hit rate on the calibration trace (every slot class a shared pool):")
