@@ -74,8 +74,13 @@ def test_budgets_auto_cover_the_arena_and_the_calibration_stays_inside_its_limit
 
 
 def test_terms_reproduce_each_row(verified):
-    """Every row's ms/token is the sum of its printed parts, and its tok/s their inverse."""
+    """Every row's ms/token is the sum of its printed parts, and its tok/s their inverse. The smallest auto budget
+    holds 1/8 of the experts, fewer than top-3 of each layer, so C0 is plain llama.cpp's µs per step inside the same
+    limit (its own run's tok/s, inverted here)."""
     _, doc = verified
+    t = doc["terms"]["off"]
+    assert t["notes"]["compute_fit"] == "plain", t["notes"]
+    assert t["compute_us"] == pytest.approx(1e6 / doc["calibration"]["plain"]["decode_tok_s"])
     for r in doc["rows"]:
         assert r["decode_ms"] == pytest.approx(r["compute_ms"] + r["io_ms"] + r["map_ms"] + r["predict_ms"])
         assert r["decode_tok_s"] == pytest.approx(1000 / r["decode_ms"])

@@ -379,15 +379,22 @@ def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float, cal_res: Cali
 
 
 def _plain_step_us(model, limit: int, prompt: str, text: str, n: int, *, headroom=HEADROOM, limit_mode=None,
-                   n_threads=None, n_ctx=None) -> float | None:
-    """µs per decode step of plain llama.cpp (``pager=False``: every weight through mmap and the page cache) under the
-    same hard limit, teacher-forced on ``text``; None when the run fails (the file did not fit, ...)."""
+                   n_threads=None, n_ctx=None) -> tuple[float | None, dict]:
+    """``(µs per decode step or None, what the run measured)`` of plain llama.cpp (``pager=False``: every weight
+    through mmap and the page cache) under the same hard limit, teacher-forced on ``text``; None when the run failed
+    (the file did not fit, ...). The dict has the calibration fields ``plan`` reports (``decode_tok_s``,
+    ``n_steps``, ``peak_charged``, ``limit_mode``, ``seconds``, ``status``)."""
+    t0 = time.perf_counter()
     kw = {k: v for k, v in (("n_threads", n_threads), ("n_ctx", n_ctx)) if v}
     df = strict.run(model, [limit], prompt=prompt, n_predict=n, forced=text, pager=False, repeats=1,
                     headroom=headroom, limit_mode=limit_mode, **kw)
     run = (df.attrs.get("runs") or [{}])[0]
-    tok_s = float((run.get("stats") or {}).get("decode_tok_s") or 0.0) if run.get("status") == "PASS" else 0.0
-    return 1e6 / tok_s if tok_s > 0 else None
+    st = run.get("stats") or {}
+    tok_s = float(st.get("decode_tok_s") or 0.0) if run.get("status") == "PASS" else 0.0
+    info = {"prefetch": None, "decode_tok_s": tok_s, "n_steps": max(0, int(st.get("n_gen") or 0) - 1),
+            "peak_charged": int(run.get("peak_charged") or 0), "limit_mode": str(run.get("limit_mode")),
+            "seconds": time.perf_counter() - t0, "status": run.get("status"), "reason": run.get("reason")}
+    return (1e6 / tok_s if tok_s > 0 else None), info
 
 
 def resident_run_possible(lay, class_slots: dict) -> str | None:
@@ -520,14 +527,14 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         # top-k of every layer; else plain llama.cpp where the whole file fits in the limit (mmap: the process
         # holds what it holds before the arena, with the experts' pages in place of an arena)
         res_why = resident_run_possible(lay, cal_off.class_slots)
-        cal_res = plain_us = None
+        cal_res = plain_us = plain_info = None
         short = max(MIN_TEXT_TOKENS, int(n) // 2)
         if res_why is None:
             cal_res = _calibrate(model, b0 + HEADROOM, prompt, cal_text, short, td, limit_mode=limit_mode,
                                  extra=RESIDENT_RUN, tag="resident", **common)
         elif cal_off.used_before_arena + Pager.all_experts_bytes(lay) <= b0:
-            plain_us = _plain_step_us(model, b0 + HEADROOM, prompt, cal_text, short, limit_mode=limit_mode,
-                                      n_threads=n_threads, n_ctx=n_ctx)
+            plain_us, plain_info = _plain_step_us(model, b0 + HEADROOM, prompt, cal_text, short, limit_mode=limit_mode,
+                                                  n_threads=n_threads, n_ctx=n_ctx)
     terms = _terms(cal_off, cal_pf, lay, dev, io_threads, kappa=float(probe_info.get("cpu_us_per_mb") or 0.0),
                    cal_res=cal_res, res_why=res_why, plain_us=plain_us)
     if row_policies not in ("best+default", "best"):
@@ -540,6 +547,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
                                             "decode_tok_s", "prefetch_used", "prefetch_wasted_bytes", "seconds",
                                             "peak_charged", "limit_mode", "step_wall_us", "step_compute_us")}
              for k, c in (("off", cal_off), (pf_mode, cal_pf), ("resident", cal_res)) if c is not None}
+    if plain_info is not None:
+        calib["plain"] = plain_info
     return Plan(model=str(lay.path), budgets=b, rows=rows, policies=pol_rows, terms=terms,
                 probe={**probe_info, "table": dev.mb_s}, calibration=calib, best=best, recommendation=rec,
                 seconds=time.perf_counter() - t0, n_steps=int(n), prompt=prompt, verify_text=verify_text,
