@@ -4,10 +4,11 @@
 :mod:`epqlab.studies.plan_probe`), and runs a short teacher-forced calibration at the **smallest** budget asked
 for (the process never holds more): one Session with prefetch off and one with the predictor (``trained`` when
 a fitted predictor for this model is given or lies beside it as ``<model>.predictor.npz``, else router
-``lookahead``, labelled so), and where that budget's arena holds top-k experts of every layer a third, the
-resident run (:data:`RESIDENT_RUN`: its steps read nothing, so it measures the compute term's zero-read point).
-From them it takes the terms of :mod:`epqlab.studies.plan_model` (compute per step, µs per missed expert, the ratio of measured io wait to the probe's read time, the predictor's cost and
-coverage) and the route trace, which the eviction simulators replay at every budget's slots. The forecast
+``lookahead``, labelled so), and a third that measures the compute of a step that reads nothing: the resident
+run (:data:`RESIDENT_RUN`) where that budget's arena holds top-k experts of every layer, else plain llama.cpp
+under the same limit where the whole file fits in it. From them it takes the terms of
+:mod:`epqlab.studies.plan_model` (compute per step, µs per missed expert, the ratio of measured io wait to the
+probe's read time, the predictor's cost and coverage) and the route trace, which the eviction simulators replay at every budget's slots. The forecast
 rows are a :class:`Plan`; :meth:`Plan.verify` measures every row under a hard memory limit
 (:mod:`epqlab.studies.strict`) on text the calibration did not see, and puts the error beside each forecast.
 
@@ -344,17 +345,17 @@ def simulate_misses(log: RouteLog, layer_slot_bytes, class_slots: dict, policies
 
 
 # ------------------------------------------------------------------------------------------- the plan
-def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float, cal_res: Calibration | None = None,
-               plain_us: float | None = None) -> tuple[float, float, float, str]:
+def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float, zero_us: float | None = None,
+               zero_how: str | None = None) -> tuple[float, float, float, str]:
     """``(C0, kappa, c_wait, how)`` for a calibration ``cal`` (prefetch off), with ``miss`` ``[T, L]`` its simulated
     misses (LRU at its arena: the live pager's count; steps matched from the end, the decode steps the time split
     saw).
 
-    - ``"resident"``: the resident run ``cal_res`` has steps that read nothing; C0 = their median compute
-      (:func:`~epqlab.studies.plan_model.resident_compute`), c_wait the line from (0 waits, C0) to ``cal``'s (mean
-      layers waiting per step, median compute) (:func:`~epqlab.studies.plan_model.compute_line`), kappa 0.
-    - ``"plain"``: no resident run, but plain llama.cpp ran inside the limit (``plain_us``, its µs per decode step
-      with every weight in the page cache): the same line from (0 waits, plain_us).
+    - with a zero-read point ``zero_us`` (``zero_how``: ``"resident"``, the median compute of the resident run's
+      steps that read nothing, :func:`~epqlab.studies.plan_model.resident_compute`; or ``"plain"``, plain
+      llama.cpp's µs per decode step inside the same limit): C0 = ``zero_us``, c_wait the line from (0 waits, C0)
+      to ``cal``'s (mean layers waiting per step, median compute) (:func:`~epqlab.studies.plan_model.compute_line`),
+      kappa 0.
     - else :func:`~epqlab.studies.plan_model.fit_compute` of ``cal``'s per-step compute against its steps' MB
       (``"fit"`` or ``"median"``); without a per-step series the mean compute less ``probe_kappa`` x MB per step
       (``"probe"``)."""
@@ -365,15 +366,9 @@ def _fit_steps(cal: Calibration, miss, shapes, probe_kappa: float, cal_res: Cali
     if n == 0:
         mb_cal = cal.decode_read_bytes / steps / 1e6
         return max(0.0, cal.compute_us / steps - probe_kappa * mb_cal), probe_kappa, 0.0, "probe"
-    waits = step_waits(miss)
-    if cal_res is not None and cal_res.step_wall_us:
-        c0, _ = resident_compute(cal_res.step_wall_us, cal_res.step_compute_us)
-        if c0 is not None:
-            c0, cw = compute_line(c0, 0.0, y[-n:], waits[-n:])
-            return c0, 0.0, cw, "resident"
-    if plain_us:
-        c0, cw = compute_line(plain_us, 0.0, y[-n:], waits[-n:])
-        return c0, 0.0, cw, "plain"
+    if zero_us:
+        c0, cw = compute_line(zero_us, y[-n:], step_waits(miss)[-n:])
+        return c0, 0.0, cw, zero_how
     c0, kappa, how = fit_compute(y[-n:], mb[-n:])
     return c0, kappa, 0.0, how
 
@@ -421,9 +416,11 @@ def _terms(cal_off: Calibration, cal_pf: Calibration | None, lay, dev: DeviceTab
     model_read = float(step_read_us(m_off[dec], shapes, io_threads, dev).sum())
     steps = max(1, cal_off.n_steps)
     k_io = cal_off.io_us / model_read if model_read > 0 and cal_off.io_us > 0 else 1.0
-    # compute with nothing read and per MB read: fitted on the calibration's own steps (plan_model.fit_compute)
-    c0, kappa, c_wait, how = _fit_steps(cal_off, m_off[dec], shapes, kappa, cal_res, plain_us)
-    res_steps = resident_compute(cal_res.step_wall_us, cal_res.step_compute_us)[1] if cal_res is not None else 0
+    # compute with nothing read (the resident run's or plain llama.cpp's) and per layer waiting (_fit_steps)
+    res_c0, res_steps = (resident_compute(cal_res.step_wall_us, cal_res.step_compute_us) if cal_res is not None
+                         else (None, 0))
+    zero = (res_c0, "resident") if res_c0 is not None else (plain_us, "plain")
+    c0, kappa, c_wait, how = _fit_steps(cal_off, m_off[dec], shapes, kappa, *zero)
     base = dict(compute_us=c0, kappa_us_per_mb=kappa, wait_us_per_layer=c_wait,
                 map_us_per_miss=cal_off.map_us / cal_off.misses if cal_off.misses else 0.0,
                 k_io=k_io, io_threads=io_threads, window_us=cal_off.layer_compute_us,
@@ -474,8 +471,8 @@ def plan(model, budgets="auto", *, text: str | None = None, n: int = DEFAULT_N, 
         row_policies: which policies get forecast rows at each budget: ``"best+default"`` (the best simulated
             one and :data:`epqlab.constants.DEFAULT_POLICY`) or ``"best"``.
 
-    Each calibration run (prefetch off, the predictor, and the resident run where the arena allows it: see the
-    module docstring) is a child process with ``Session(ram_budget=<smallest budget>)`` under a hard memory
+    Each calibration run (prefetch off, the predictor, and the resident run or plain llama.cpp: see the module
+    docstring) is a child process with ``Session(ram_budget=<smallest budget>)`` under a hard memory
     limit of that budget + 16 MiB (:mod:`epqlab.studies.strict`, as each :meth:`Plan.verify` row); this
     process loads no model.
 

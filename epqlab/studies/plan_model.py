@@ -244,7 +244,6 @@ def fit_compute(step_us, step_mb) -> tuple[float, float, str]:
     return c0, slope, "fit"
 
 
-
 RESIDENT_SHARE = 0.02   # a step "read nothing" when its io wait + mapping is at most this share of its wall time
 RESIDENT_MIN_STEPS = 4  # fewer such steps than this: no resident compute
 
@@ -263,18 +262,14 @@ def resident_compute(step_wall_us, step_compute_us) -> tuple[float | None, int]:
     return (float(np.median(c[ok])) if n >= RESIDENT_MIN_STEPS else None), n
 
 
-def compute_line(c_us: float, x_mb: float, off_compute_us, off_mb) -> tuple[float, float]:
-    """``(C0 µs, kappa µs/MB)``: the compute line through the resident run's point ``(x_mb, c_us)`` (its MB read per
-    step and median compute; ``x_mb`` = 0 when its steps read nothing) and the paged calibration's (mean MB per step
-    of ``off_mb``, median of ``off_compute_us``), read at 0 MB. kappa is clipped at 0 (reads do not speed compute up;
-    a slower resident run is noise) and C0 at 0. Raises ValueError when the resident point reads at least as much
-    as the calibration (no line)."""
+def compute_line(c0_us: float, off_compute_us, off_x) -> tuple[float, float]:
+    """``(C0 µs, slope µs per unit of x)``: the compute line from the zero-read point ``(0, c0_us)`` (the resident
+    run's or plain llama.cpp's compute per step) to the paged calibration's (mean of ``off_x`` per step, median of
+    ``off_compute_us``); ``plan`` gives x = the MoE layers that wait on a read, so the slope is c_wait. The slope
+    is clipped at 0 (reads do not speed compute up; a slower zero-read run is noise), and is 0 when the
+    calibration's steps have no x (nothing to draw the line to)."""
     y = np.asarray(off_compute_us, float)
-    x = np.asarray(off_mb, float)
-    if y.size == 0 or x.size == 0:
-        return float(c_us), 0.0
-    dx = float(x.mean()) - float(x_mb)
-    if dx <= 0:
-        raise ValueError(f"the resident run read {x_mb:.2f} MB per step, not less than the calibration's {x.mean():.2f}")
-    kappa = max(0.0, (float(np.median(y)) - float(c_us)) / dx)
-    return max(0.0, float(c_us) - kappa * float(x_mb)), kappa
+    x = np.asarray(off_x, float)
+    if y.size == 0 or x.size == 0 or float(x.mean()) <= 0:
+        return float(c0_us), 0.0
+    return float(c0_us), max(0.0, (float(np.median(y)) - float(c0_us)) / float(x.mean()))
